@@ -1,0 +1,304 @@
+"""Model configurations for the looped families, parsed strictly from Hugging Face config.json.
+
+`OuroConfig` (model_type "ouro") and `HuginnConfig` (model_type "huginn_raven") carry the
+fields of reference/MODELS.md §1.2 / §2.1 plus a few derived properties shared by the
+runtime (`family`, `num_loops`, `max_loops`, `kv_heads`, ...). `hf_weight_shapes` lists every
+tensor a checkpoint must contain, with its shape, in the checkpoint's own names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Union
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class OuroConfig:
+    """Ouro: `num_hidden_layers` layers looped `total_ut_steps` times (sandwich norms, exit gate)."""
+
+    vocab_size: int = 49152
+    hidden_size: int = 2048
+    intermediate_size: int = 5632
+    num_hidden_layers: int = 24
+    num_attention_heads: int = 16
+    num_key_value_heads: int = 16
+    head_dim: int = 128
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 65536
+    rms_norm_eps: float = 1e-6
+    total_ut_steps: int = 4
+    early_exit_threshold: float = 1.0
+    bos_token_id: int = 0
+    eos_token_id: Union[int, list] = 0
+    initializer_range: float = 0.02
+    tie_word_embeddings: bool = False
+
+    family: ClassVar[str] = "ouro"
+    model_type: ClassVar[str] = "ouro"
+    max_supported_loops: ClassVar[int] = 8
+
+    def __post_init__(self):
+        _positive(self, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                  "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
+        if not 1 <= self.total_ut_steps <= self.max_supported_loops:
+            raise ConfigError(f"total_ut_steps must be in 1..{self.max_supported_loops}, got {self.total_ut_steps}")
+        _check_heads(self.num_attention_heads, self.num_key_value_heads)
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.tie_word_embeddings:
+            raise ConfigError("tie_word_embeddings=true is not supported for Ouro (the checkpoints untie lm_head)")
+
+    @property
+    def num_loops(self) -> int:
+        return self.total_ut_steps
+
+    @property
+    def num_heads(self) -> int:
+        return self.num_attention_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_key_value_heads
+
+    @property
+    def max_model_len(self) -> int:
+        return self.max_position_embeddings
+
+    @property
+    def norm_eps(self) -> float:
+        return self.rms_norm_eps
+
+    @property
+    def eos_token_ids(self) -> tuple:
+        return tuple(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else (self.eos_token_id,)
+
+    # Accepted and ignored config.json keys (see MODELS.md §1.2).
+    IGNORED_KEYS: ClassVar[frozenset] = frozenset({
+        "model_type", "architectures", "auto_map", "hidden_act", "rope_scaling", "attention_dropout",
+        "use_sliding_window", "sliding_window", "max_window_layers", "layer_types", "use_cache",
+        "transformers_version", "torch_dtype", "dtype", "_name_or_path", "pad_token_id",
+        "early_exit_step", "chunk_size", "attention_bias", "mlp_bias",
+    })
+
+
+@dataclass(frozen=True)
+class HuginnConfig:
+    """Huginn-0125: prelude blocks, a core block looped `mean_recurrence` times, coda blocks."""
+
+    vocab_size: int = 65536
+    n_embd: int = 5280
+    n_heads: int = 55
+    num_key_value_heads: int = 55
+    intermediate_size: int = 17920
+    n_layers_in_prelude: int = 2
+    n_layers_in_recurrent_block: int = 4
+    n_layers_in_coda: int = 2
+    mean_recurrence: int = 32
+    block_size: int = 4096
+    rope_base: float = 50000.0
+    norm_eps: float = 1e-6
+    qk_bias: bool = True
+    bias: bool = False
+    tie_embeddings: bool = True
+    init_scale: float = 1.0
+    bos_token_id: int = 65504
+    eos_token_id: Union[int, list] = field(default_factory=lambda: [65505, 65508])
+    pad_token_id: int = 65509
+
+    family: ClassVar[str] = "huginn"
+    model_type: ClassVar[str] = "huginn_raven"
+    max_supported_loops: ClassVar[int] = 128
+
+    def __post_init__(self):
+        _positive(self, "vocab_size", "n_embd", "n_heads", "num_key_value_heads", "intermediate_size",
+                  "n_layers_in_prelude", "n_layers_in_recurrent_block", "n_layers_in_coda", "block_size")
+        if not 1 <= self.mean_recurrence <= self.max_supported_loops:
+            raise ConfigError(f"mean_recurrence must be in 1..{self.max_supported_loops}, got {self.mean_recurrence}")
+        if self.n_embd % self.n_heads:
+            raise ConfigError(f"n_embd ({self.n_embd}) must be divisible by n_heads ({self.n_heads})")
+        _check_heads(self.n_heads, self.num_key_value_heads)
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.bias:
+            raise ConfigError("bias=true is not supported (Huginn-0125 has bias only on q/k)")
+        if not self.tie_embeddings:
+            raise ConfigError("tie_embeddings=false is not supported for Huginn")
+
+    @property
+    def hidden_size(self) -> int:
+        return self.n_embd
+
+    @property
+    def num_heads(self) -> int:
+        return self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_key_value_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_heads
+
+    @property
+    def num_loops(self) -> int:
+        return self.mean_recurrence
+
+    @property
+    def max_model_len(self) -> int:
+        return self.block_size
+
+    @property
+    def rope_theta(self) -> float:
+        return self.rope_base
+
+    @property
+    def embed_scale(self) -> float:
+        return math.sqrt(self.n_embd)
+
+    @property
+    def init_std(self) -> float:
+        """Takase std sqrt(2 / (5 h)) (MODELS.md §2.8)."""
+        return math.sqrt(2.0 / (5.0 * self.n_embd))
+
+    @property
+    def out_proj_std(self) -> float:
+        """std / sqrt(2 * effective depth), effective depth = prelude + coda + core * recurrence."""
+        depth = self.n_layers_in_prelude + self.n_layers_in_coda + self.n_layers_in_recurrent_block * self.mean_recurrence
+        return self.init_std / math.sqrt(2.0 * depth)
+
+    @property
+    def eos_token_ids(self) -> tuple:
+        return tuple(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else (self.eos_token_id,)
+
+    # config.json aliases (RavenConfig.attribute_map) and accepted-but-ignored keys.
+    ALIASES: ClassVar[dict] = {"hidden_size": "n_embd", "num_attention_heads": "n_heads", "padded_vocab_size": "vocab_size"}
+    IGNORED_KEYS: ClassVar[frozenset] = frozenset({
+        "model_type", "architectures", "auto_map", "transformers_version", "torch_dtype", "dtype",
+        "_name_or_path", "n_layers", "num_hidden_layers", "mean_backprop_depth", "sampling_scheme",
+        "norm_class_name", "injection_type", "state_init", "init_strategy", "effective_expected_depth",
+        "init_values", "use_cache", "intermediate_size_per_layer", "activation_checkpoint_impl",
+        "test_time_noise", "test_time_noise_type", "randomize_embedding", "architecture_class_name",
+        "mlp_class_name", "nonlin_name", "block_class_name", "rope_settings", "tie_word_embeddings",
+        "num_key_value_heads_alias",
+    })
+
+
+ModelConfig = Union[OuroConfig, HuginnConfig]
+CONFIG_CLASSES: dict[str, Any] = {"ouro": OuroConfig, "huginn_raven": HuginnConfig}
+
+
+def _positive(cfg, *names):
+    for name in names:
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_heads(heads: int, kv_heads: int):
+    if heads % kv_heads:
+        raise ConfigError(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
+
+
+def config_from_dict(data: dict, source: str = "config.json") -> ModelConfig:
+    """Build a config from a parsed config.json, rejecting unknown fields with a clear error."""
+    model_type = data.get("model_type")
+    if model_type not in CONFIG_CLASSES:
+        raise ConfigError(f"{source}: model_type must be one of {sorted(CONFIG_CLASSES)}, got {model_type!r}")
+    cls = CONFIG_CLASSES[model_type]
+    names = {f.name for f in dataclasses.fields(cls)}
+    aliases = getattr(cls, "ALIASES", {})
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        target = aliases.get(key, key)
+        if target in names:
+            kwargs[target] = value
+        elif key in cls.IGNORED_KEYS:
+            continue
+        else:
+            raise ConfigError(f"{source}: unsupported field {key!r} for model_type {model_type!r}")
+    if model_type == "ouro" and "head_dim" not in kwargs and "hidden_size" in kwargs:
+        kwargs["head_dim"] = kwargs["hidden_size"] // kwargs.get("num_attention_heads", OuroConfig.num_attention_heads)
+    if model_type == "ouro" and data.get("rope_scaling") not in (None, {}):
+        raise ConfigError(f"{source}: rope_scaling {data['rope_scaling']!r} is not supported (only null)")
+    if model_type == "ouro" and data.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"{source}: hidden_act must be 'silu', got {data['hidden_act']!r}")
+    if model_type == "ouro" and data.get("use_sliding_window"):
+        raise ConfigError(f"{source}: use_sliding_window=true is not supported")
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # wrong value types reaching the dataclass
+        raise ConfigError(f"{source}: {exc}") from exc
+
+
+def config_to_dict(cfg: ModelConfig) -> dict:
+    """The config.json dict a checkpoint writer stores (round-trips through config_from_dict)."""
+    data = dataclasses.asdict(cfg)
+    data["model_type"] = cfg.model_type
+    data["architectures"] = ["OuroForCausalLM"] if cfg.family == "ouro" else ["RavenForCausalLM"]
+    return data
+
+
+def hf_weight_shapes(cfg: ModelConfig) -> dict[str, tuple]:
+    """Every tensor of a checkpoint in its Hugging Face name, with its shape (MODELS.md §1.6/§2.7)."""
+    if cfg.family == "ouro":
+        h, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+        q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        shapes = {"model.embed_tokens.weight": (v, h)}
+        for i in range(cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            shapes.update({
+                p + "self_attn.q_proj.weight": (q, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, q),
+                p + "mlp.gate_proj.weight": (f, h),
+                p + "mlp.up_proj.weight": (f, h),
+                p + "mlp.down_proj.weight": (h, f),
+                p + "input_layernorm.weight": (h,),
+                p + "input_layernorm_2.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "post_attention_layernorm_2.weight": (h,),
+            })
+        shapes.update({
+            "model.norm.weight": (h,),
+            "model.early_exit_gate.weight": (1, h),
+            "model.early_exit_gate.bias": (1,),
+            "lm_head.weight": (v, h),
+        })
+        return shapes
+    h, f, v = cfg.n_embd, cfg.intermediate_size, cfg.vocab_size
+    kv = cfg.num_key_value_heads * cfg.head_dim
+    shapes = {"transformer.wte.weight": (v, h)}
+
+    def block(prefix):
+        shapes.update({
+            prefix + "norm_1.weight": (h,),
+            prefix + "attn.Wqkv.weight": (h + 2 * kv, h),
+            prefix + "attn.proj.weight": (h, h),
+            prefix + "norm_2.weight": (h,),
+            prefix + "mlp.fc.weight": (2 * f, h),
+            prefix + "mlp.proj.weight": (h, f),
+            prefix + "norm_3.weight": (h,),
+            prefix + "norm_4.weight": (h,),
+        })
+        if cfg.qk_bias:
+            shapes[prefix + "attn.qk_bias"] = (2, 1, cfg.n_heads, cfg.head_dim)
+
+    for i in range(cfg.n_layers_in_prelude):
+        block(f"transformer.prelude.{i}.")
+    shapes["transformer.adapter.weight"] = (h, 2 * h)
+    for i in range(cfg.n_layers_in_recurrent_block):
+        block(f"transformer.core_block.{i}.")
+    for i in range(cfg.n_layers_in_coda):
+        block(f"transformer.coda.{i}.")
+    shapes["transformer.ln_f.weight"] = (h,)
+    return shapes
+
+
+# Tensors a checkpoint may carry beyond hf_weight_shapes; the loader drops them.
+OPTIONAL_EXTRA_TENSORS = {"huginn": ("lm_head.weight", "freqs_cis"), "ouro": ()}
