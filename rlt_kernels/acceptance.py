@@ -29,7 +29,9 @@ import math
 import torch
 
 from ._rows import active_count
-from .sampling import STREAM_ACCEPT, STREAM_RECOVER, STREAM_SAMPLE, philox_uniform
+from ._triton import check_launchable, tl, triton
+from .sampling import BLOCK_V, NUM_WARPS, STREAM_ACCEPT, STREAM_RECOVER, STREAM_SAMPLE, philox_uniform, philox_uniform_tl
+from .sampling import _argmax_of_lanes, _lane_argmax
 
 
 def _gumbel_pick(probs: torch.Tensor, seed: int, position: int, stream: int) -> int:
@@ -78,4 +80,112 @@ def accept_draft_reference(
         out_tokens[r] = -1
         out_tokens[r, : len(committed)] = torch.tensor(committed, dtype=torch.int64, device=dev)
         num_accepted[r] = acc
+    return out_tokens, num_accepted
+
+
+@triton.jit
+def _accept_kernel(
+    draft_ptr, num_drafts_ptr, target_tok_ptr, target_probs_ptr, draft_probs_ptr, greedy_ptr, seed_ptr, pos_ptr,
+    out_tok_ptr, num_acc_ptr, active_ptr, K, V,
+    stride_draft, stride_target_tok, stride_tp_row, stride_tp_step, stride_dp_row, stride_dp_step, stride_out,
+    HAS_ACTIVE: tl.constexpr, HAS_PROBS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK: tl.constexpr,
+    ACCEPT: tl.constexpr, RECOVER: tl.constexpr, SAMPLE: tl.constexpr,
+):
+    r = tl.program_id(0)
+    if HAS_ACTIVE:
+        if r >= tl.load(active_ptr):
+            return
+    r64 = r.to(tl.int64)
+    steps = tl.arange(0, BLOCK_K)
+    k = tl.load(num_drafts_ptr + r).to(tl.int32)
+    in_k = steps < k
+    drafts = tl.load(draft_ptr + r64 * stride_draft + steps, mask=in_k, other=-1).to(tl.int64)
+    seed = tl.load(seed_ptr + r).to(tl.int64)
+    position = tl.load(pos_ptr + r).to(tl.int64)
+    if HAS_PROBS:
+        sampled = tl.load(greedy_ptr + r) == 0
+    else:
+        sampled = False
+    if sampled:
+        # Every draft's test at once: u_j < min(1, p_j(y_j) / q_j(y_j)) in fp64, as the reference.
+        y = tl.where(in_k, drafts, 0)
+        p = tl.load(target_probs_ptr + r64 * stride_tp_row + steps * stride_tp_step + y, mask=in_k, other=0.0)
+        q = tl.load(draft_probs_ptr + r64 * stride_dp_row + steps * stride_dp_step + y, mask=in_k, other=0.0)
+        u = philox_uniform_tl(seed, position + steps, ACCEPT, 0)
+        ratio = tl.minimum(p.to(tl.float64) / tl.where(q > 0.0, q, 1.0).to(tl.float64), 1.0)
+        passed = (q > 0.0) & (u.to(tl.float64) < ratio)
+    else:
+        targets = tl.load(target_tok_ptr + r64 * stride_target_tok + steps, mask=in_k, other=-1).to(tl.int64)
+        passed = drafts == targets
+    accepted = tl.min(tl.where(in_k & passed, BLOCK_K, steps), axis=0)
+    if sampled:
+        # One pass over p (and q after a rejection): Gumbel-max over the residual (p - q)+ and
+        # over p with the same noise; the residual pick wins unless the residual is empty.
+        rejected = accepted < k
+        stream = tl.where(rejected, RECOVER, SAMPLE)
+        q_len = tl.where(rejected, V, 0)  # q is read only after a rejection
+        p_row = target_probs_ptr + r64 * stride_tp_row + accepted * stride_tp_step
+        q_row = draft_probs_ptr + r64 * stride_dp_row + accepted * stride_dp_step
+        lanes = tl.arange(0, BLOCK)
+        best_p = tl.full([BLOCK], float("-inf"), tl.float32)
+        best_r = tl.full([BLOCK], float("-inf"), tl.float32)
+        pick_p = lanes
+        pick_r = lanes
+        for start in range(0, V, BLOCK):
+            offs = start + lanes
+            p = tl.load(p_row + offs, mask=offs < V, other=0.0).to(tl.float32)
+            q = tl.load(q_row + offs, mask=offs < q_len, other=0.0).to(tl.float32)
+            residual = tl.maximum(p - q, 0.0)
+            noise = tl.log(-tl.log(philox_uniform_tl(seed, position + accepted, stream, offs)))
+            score_p = tl.where(p > 0.0, tl.log(tl.where(p > 0.0, p, 1.0)) - noise, float("-inf"))
+            score_r = tl.where(residual > 0.0, tl.log(tl.where(residual > 0.0, residual, 1.0)) - noise, float("-inf"))
+            best_p, pick_p = _lane_argmax(best_p, pick_p, score_p, offs)
+            best_r, pick_r = _lane_argmax(best_r, pick_r, score_r, offs)
+        residual_empty = tl.max(best_r, axis=0) == float("-inf")
+        final = tl.where(rejected & ~residual_empty, _argmax_of_lanes(best_r, pick_r), _argmax_of_lanes(best_p, pick_p))
+        final = final.to(tl.int64)
+    else:
+        final = tl.load(target_tok_ptr + r64 * stride_target_tok + accepted).to(tl.int64)
+    committed = tl.where(steps < accepted, drafts, tl.where(steps == accepted, final, -1))
+    tl.store(out_tok_ptr + r64 * stride_out + steps, committed, mask=steps <= K)
+    tl.store(num_acc_ptr + r, accepted)
+
+
+def accept_draft(
+    draft_tokens, num_drafts, target_tokens, target_probs, draft_probs, greedy, seeds, positions, *,
+    out_tokens=None, num_accepted=None, active_rows=None,
+):
+    """Fused acceptance (Triton): one launch, one program per request; same contract as
+    `accept_draft_reference` (module docstring).
+
+    Shapes and dtypes as in the module docstring; probability tensors fp32 with a contiguous
+    last dimension (other strides free). With ``target_probs=None`` every row takes the greedy
+    path. The acceptance tests of all drafts are one vector step; a sampling row then makes a
+    single pass over V (residual or bonus draw). No host sync, no allocation when
+    ``out_tokens`` and ``num_accepted`` are given.
+    """
+    check_launchable(draft_tokens)
+    r_total, k_max = draft_tokens.shape
+    dev = draft_tokens.device
+    out_tokens = torch.empty((r_total, k_max + 1), dtype=torch.int64, device=dev) if out_tokens is None else out_tokens
+    num_accepted = torch.empty(r_total, dtype=torch.int32, device=dev) if num_accepted is None else num_accepted
+    has_probs = target_probs is not None
+    if has_probs and k_max > 0 and draft_probs is None:
+        raise ValueError("draft_probs is required with target_probs when drafts exist")
+    tp = target_probs if has_probs else out_tokens
+    dp = draft_probs if (has_probs and draft_probs is not None) else tp
+    if has_probs and (tp.stride(-1) != 1 or dp.stride(-1) != 1):
+        raise ValueError("target_probs and draft_probs need a contiguous last dimension")
+    v = tp.shape[-1] if has_probs else 1
+    if r_total:
+        _accept_kernel[(r_total,)](
+            draft_tokens, num_drafts, target_tokens, tp, dp, greedy, seeds, positions, out_tokens, num_accepted,
+            num_accepted if active_rows is None else active_rows, k_max, v,
+            draft_tokens.stride(0), target_tokens.stride(0),
+            tp.stride(0) if has_probs else 0, tp.stride(1) if has_probs else 0,
+            dp.stride(0) if has_probs else 0, dp.stride(1) if has_probs else 0, out_tokens.stride(0),
+            HAS_ACTIVE=active_rows is not None, HAS_PROBS=has_probs,
+            BLOCK_K=triton.next_power_of_2(k_max + 1), BLOCK=BLOCK_V,
+            ACCEPT=STREAM_ACCEPT, RECOVER=STREAM_RECOVER, SAMPLE=STREAM_SAMPLE, num_warps=NUM_WARPS,
+        )
     return out_tokens, num_accepted

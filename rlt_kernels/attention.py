@@ -32,17 +32,40 @@ Numerics: fp32 scores and softmax, keys visited in tiles of 64 from position 0 u
 online softmax, so a query's result is identical however many queries share its program.
 Long contexts are split into fixed-size key ranges (``split_size``, never derived from the
 batch) merged in a fixed order, so splitting never changes a result.
+
+The Triton kernel (`paged_attention`)
+    Inputs bf16/fp16/fp32 (q, caches and out share a contiguous last dimension; other strides
+    are free; k_cache and v_cache share one layout), head_dim up to 256 (non powers of two,
+    e.g. Huginn's 96, are padded with masks), any block size (16..256 typical; a 64-key tile
+    may span several pages), int64 address arithmetic. ``query_depth`` values must be >= 0.
+    A program owns one KV head and a tile of ``BLOCK_M`` rows: ``BLOCK_M // GP`` consecutive
+    queries of one sequence times the ``GP`` (group size rounded up to a power of two) query
+    heads that share the KV head. The tile shape depends only on the group size and head_dim,
+    so decode, verify and prefill rows run the same instructions. Every key range of
+    ``split_size`` keys starts a fresh (max, sum, acc) state, and the ranges are merged in
+    order 0, 1, 2, ...; with few programs (small decode batches at long context) the ranges
+    run in parallel programs that write fp32 partials to ``workspace`` and a combine kernel
+    merges them in the same order with the same arithmetic, so the output bits are the same
+    whether or not the launch splits. Size the workspace with `attention_workspace_size`;
+    with ``out`` and a large enough ``workspace`` given the call allocates nothing (CUDA graph
+    safe). Without a workspace the call allocates one when it decides to split. Results
+    depend on ``split_size``: keep it fixed for a deployment (default `DEFAULT_SPLIT_SIZE`).
+    The kernel cannot raise on device data: a live sequence with more queries than
+    ``seq_len`` (an error for the reference) gets zeros for the rows that see no key.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
 from ._rows import active_count, compute_dtype
+from ._triton import check_launchable, interpreter_active, tl, triton
 
 KEY_TILE = 64
+DEFAULT_SPLIT_SIZE = 1024
 
 
 def _plane_index(qd, kd, plane_offset, plane_modulus):
@@ -133,4 +156,419 @@ def paged_attention_reference(
     res = acc / torch.where(l_i > 0, l_i, torch.ones_like(l_i))[..., None]
     res = torch.where(live[:, None, None], res, torch.zeros_like(res))
     out[tok_idx] = res.to(out.dtype)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernels
+# ---------------------------------------------------------------------------------------------
+
+_LOG2E = 1.4426950408889634
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_INT_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32)
+
+
+@triton.jit
+def _locate_tile(qsl_ptr, active_ptr, seq_lens_ptr, n_seqs, QPT: tl.constexpr, HAS_ACTIVE: tl.constexpr):
+    """Map program_id(0) to its sequence and query tile.
+
+    Sequence s owns program ids ``qsl[s] // QPT + s`` up to ``qsl[s+1] // QPT + s``: room for
+    its ceil(q_len / QPT) tiles, so ``T // QPT + S`` programs cover any batch without the host
+    reading the metadata. Returns (seq, q_begin, q_len, first local query, seq_len, idle).
+    """
+    pid = tl.program_id(0)
+    n_active = n_seqs + pid * 0
+    if HAS_ACTIVE:
+        n_active = tl.minimum(tl.load(active_ptr), n_seqs)
+    lo = pid * 0
+    hi = tl.maximum(n_active, 1)
+    while hi - lo > 1:  # largest s < n_active whose first program id is <= pid
+        mid = (lo + hi) // 2
+        ahead = tl.load(qsl_ptr + mid) // QPT + mid > pid
+        lo = tl.where(ahead, lo, mid)
+        hi = tl.where(ahead, mid, hi)
+    seq = lo
+    q_begin = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_begin
+    first = (pid - (q_begin // QPT + seq)) * QPT
+    seq_len = tl.load(seq_lens_ptr + seq)
+    idle = (n_active <= 0) | (first < 0) | (first >= q_len)
+    return seq, q_begin, q_len, first, seq_len, idle
+
+
+@triton.jit
+def _mma(a, b, acc, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):
+    """tl.dot with fp32 accumulation. DOT_UPCAST (interpreter + bf16 only): the Triton
+    interpreter multiplies bf16 bit patterns as integers, so exact fp32 copies go in instead."""
+    if DOT_UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _merge(m_run, l_run, acc_run, m_part, l_part, acc_part):
+    """Fold a key range's softmax state into the running one; rows whose range saw no key keep
+    theirs. The side with the larger max keeps weight exactly 1, so every update is a single
+    multiply-add whose rounding does not depend on the compiler's FMA contraction choices."""
+    take = m_part > float("-inf")
+    run_larger = m_run >= m_part
+    m_max = tl.maximum(m_run, m_part)
+    w = tl.exp2(tl.minimum(m_run, m_part) - tl.where(take, m_max, 0.0))  # weight of the smaller
+    l_new = tl.where(run_larger, l_run + l_part * w, l_run * w + l_part)
+    acc_new = tl.where(run_larger[:, None], acc_run + acc_part * w[:, None], acc_run * w[:, None] + acc_part)
+    return (tl.where(take, m_max, m_run), tl.where(take, l_new, l_run),
+            tl.where(take[:, None], acc_new, acc_run))
+
+
+@triton.jit
+def _store_output(out_ptr, token, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run):
+    """out = acc / l (zero for rows that saw no key), rounded to out's dtype."""
+    o = acc_run / tl.where(l_run > 0, l_run, 1.0)[:, None]
+    ptrs = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+    tl.store(ptrs, o.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+@triton.jit(do_not_specialize=["partial"])
+def _paged_attention_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, ws_ptr,
+    tables_ptr, seq_lens_ptr, qsl_ptr, slots_ptr, qdepth_ptr, key_depth_ptr, active_ptr,
+    qk_scale, n_seqs, n_heads, qdepth_value, plane_offset, plane_modulus,
+    split_size, n_splits_max, ml_base, partial,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_cb, stride_co, stride_ch,
+    stride_tp, stride_ts, stride_tb, stride_kdb, stride_kdo,
+    GROUP: tl.constexpr, GP: tl.constexpr, QPT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HAS_ACTIVE: tl.constexpr, HAS_SLOTS: tl.constexpr, QDEPTH_TENSOR: tl.constexpr,
+    HAS_KEY_DEPTH: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+):
+    """One program: KV head program_id(1), a tile of BLOCK_M (query, head) rows, and either
+    every key range (partial == 0: writes out) or range program_id(2) only (partial != 0:
+    writes the range's fp32 state to the workspace for `_combine_kernel`)."""
+    seq, q_begin, q_len, first, seq_len, idle = _locate_tile(
+        qsl_ptr, active_ptr, seq_lens_ptr, n_seqs, QPT, HAS_ACTIVE)
+    if idle:
+        return
+    kvh = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    local = first + rows // GP
+    row_ok = (local < q_len) & (rows % GP < GROUP)
+    head = kvh * GROUP + rows % GP
+    token = (q_begin + local).to(tl.int64)
+    limit = tl.where(row_ok, seq_len - q_len + local + 1, 0)  # keys each row sees
+    kv_end = tl.maximum(seq_len - q_len + tl.minimum(q_len, first + QPT), 0)
+    n_ranges = (kv_end + split_size - 1) // split_size
+    c_lo = tl.program_id(2)  # 0 when not splitting (grid dimension 2 is 1)
+    c_hi = tl.where(partial != 0, tl.minimum(c_lo + 1, n_ranges), n_ranges)
+    if (partial != 0) & (c_lo >= n_ranges):
+        return
+
+    offs_d = tl.arange(0, DP)
+    offs_n = tl.arange(0, BLOCK_N)
+    if HEAD_DIM == DP:
+        io_mask = row_ok[:, None]
+    else:
+        io_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=io_mask, other=0.0)
+
+    if HAS_SLOTS:
+        slot = tl.load(slots_ptr + seq)
+    else:
+        slot = seq
+    table = tables_ptr + slot.to(tl.int64) * stride_ts
+    if QDEPTH_TENSOR:
+        qd = tl.load(qdepth_ptr + seq)
+    else:
+        qd = qdepth_value + seq * 0
+    own_plane_table = table + (plane_offset + qd % plane_modulus).to(tl.int64) * stride_tp
+    k_head = k_ptr + kvh.to(tl.int64) * stride_ch
+    v_head = v_ptr + kvh.to(tl.int64) * stride_ch
+
+    m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_run = tl.zeros([BLOCK_M], tl.float32)
+    acc_run = tl.zeros([BLOCK_M, DP], tl.float32)
+    for c in range(c_lo, c_hi):
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, DP], tl.float32)
+        range_end = tl.minimum((c + 1) * split_size, kv_end)
+        for start in range(c * split_size, range_end, BLOCK_N):
+            pos = start + offs_n
+            key_ok = pos < range_end
+            logical = pos // BLOCK_SIZE
+            within = pos % BLOCK_SIZE
+            if HAS_KEY_DEPTH:
+                blk0 = tl.load(table + logical * stride_tb, mask=key_ok, other=0).to(tl.int64)
+                kd = tl.load(key_depth_ptr + blk0 * stride_kdb + within * stride_kdo, mask=key_ok, other=0)
+                plane = plane_offset + tl.minimum(qd, kd.to(tl.int32)) % plane_modulus
+                blk = tl.load(table + plane.to(tl.int64) * stride_tp + logical * stride_tb, mask=key_ok, other=0)
+            else:
+                blk = tl.load(own_plane_table + logical * stride_tb, mask=key_ok, other=0)
+            kv_row = blk.to(tl.int64) * stride_cb + within.to(tl.int64) * stride_co
+            if HEAD_DIM == DP:
+                kv_mask = key_ok[:, None]
+            else:
+                kv_mask = key_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+            k = tl.load(k_head + kv_row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(v_head + kv_row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+
+            s = _mma(q, tl.trans(k), None, DOT_PRECISION, DOT_UPCAST) * qk_scale
+            s = tl.where(pos[None, :] < limit[:, None], s, float("-inf"))
+            # A row without a visible key in this tile keeps its state bit for bit: its
+            # rescale factor is exactly 1 and its weights exactly 0 (no -inf - -inf NaN).
+            m_tile = tl.max(s, 1)
+            seen = m_tile > float("-inf")
+            m_i_new = tl.maximum(m_i, m_tile)
+            m_ref = tl.where(seen, m_i_new, 0.0)
+            alpha = tl.where(seen, tl.exp2(m_i - m_ref), 1.0)
+            p = tl.exp2(s - m_ref[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], DOT_PRECISION, DOT_UPCAST)
+            m_i = m_i_new
+        m_run, l_run, acc_run = _merge(m_run, l_run, acc_run, m_i, l_i, acc)
+
+    if partial != 0:
+        idx = (token * n_heads + head) * n_splits_max + c_lo
+        has = row_ok & (c_lo * split_size < limit)
+        if HEAD_DIM == DP:
+            ws_mask = has[:, None]
+        else:
+            ws_mask = has[:, None] & (offs_d[None, :] < HEAD_DIM)
+        tl.store(ws_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], acc_run, mask=ws_mask)
+        tl.store(ws_ptr + ml_base + 2 * idx, m_run, mask=has)
+        tl.store(ws_ptr + ml_base + 2 * idx + 1, l_run, mask=has)
+    else:
+        _store_output(out_ptr, token, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run)
+
+
+@triton.jit
+def _combine_kernel(
+    out_ptr, ws_ptr, seq_lens_ptr, qsl_ptr, active_ptr,
+    n_seqs, n_heads, split_size, n_splits_max, ml_base, stride_ot, stride_oh,
+    GROUP: tl.constexpr, GP: tl.constexpr, QPT: tl.constexpr, BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DP: tl.constexpr, HAS_ACTIVE: tl.constexpr,
+):
+    """Merge the key-range partials of one (query tile, KV head) in order 0, 1, 2, ... with
+    `_merge` (the very arithmetic the unsplit kernel uses) and write the output rows."""
+    seq, q_begin, q_len, first, seq_len, idle = _locate_tile(
+        qsl_ptr, active_ptr, seq_lens_ptr, n_seqs, QPT, HAS_ACTIVE)
+    if idle:
+        return
+    kvh = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    local = first + rows // GP
+    row_ok = (local < q_len) & (rows % GP < GROUP)
+    head = kvh * GROUP + rows % GP
+    token = (q_begin + local).to(tl.int64)
+    limit = tl.where(row_ok, seq_len - q_len + local + 1, 0)
+    kv_end = tl.maximum(seq_len - q_len + tl.minimum(q_len, first + QPT), 0)
+    n_ranges = (kv_end + split_size - 1) // split_size
+    offs_d = tl.arange(0, DP)
+    if HEAD_DIM == DP:
+        io_mask = row_ok[:, None]
+    else:
+        io_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+
+    m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_run = tl.zeros([BLOCK_M], tl.float32)
+    acc_run = tl.zeros([BLOCK_M, DP], tl.float32)
+    base = (token * n_heads + head) * n_splits_max
+    for c in range(0, n_ranges):
+        has = row_ok & (c * split_size < limit)
+        idx = base + c
+        m_part = tl.load(ws_ptr + ml_base + 2 * idx, mask=has, other=float("-inf"))
+        l_part = tl.load(ws_ptr + ml_base + 2 * idx + 1, mask=has, other=0.0)
+        if HEAD_DIM == DP:
+            ws_mask = has[:, None]
+        else:
+            ws_mask = has[:, None] & (offs_d[None, :] < HEAD_DIM)
+        acc_part = tl.load(ws_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], mask=ws_mask, other=0.0)
+        m_run, l_run, acc_run = _merge(m_run, l_run, acc_run, m_part, l_part, acc_part)
+    _store_output(out_ptr, token, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch configuration: fixed by the group size, head_dim and dtype; never by the batch.
+# ---------------------------------------------------------------------------------------------
+
+# A tile has 64 rows (the smallest Hopper wgmma tile): MHA decode wastes 63 of them, but at 64
+# rows x 64 keys the tile does ~64 FLOP per KV byte, several times below the H200's
+# FLOP/byte balance, so decode stays bandwidth bound while prefill and verify get full tiles.
+_MIN_BLOCK_M = 64
+# Split the keys only when the unsplit launch has fewer tile programs than this many per SM.
+SPLIT_BELOW_PROGRAMS_PER_SM = 2
+# Largest workspace the call allocates by itself when it decides to split (no workspace given).
+AUTO_WORKSPACE_BYTES = 256 << 20
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _tile_shape(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> dict:
+    """The tile geometry and launch knobs for one model shape (batch independent)."""
+    group = num_heads // num_kv_heads
+    gp = _next_pow2(group)
+    block_m = max(_MIN_BLOCK_M, gp)
+    dp = max(16, _next_pow2(head_dim))
+    return dict(
+        GROUP=group, GP=gp, QPT=block_m // gp, BLOCK_M=block_m, HEAD_DIM=head_dim, DP=dp,
+        num_warps=4 if block_m * dp <= 64 * 128 and dtype != torch.float32 else 8,
+        num_stages=2 if dtype == torch.float32 or dp > 128 else 3,
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0  # the interpreter never splits on its own
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _should_split(programs: int, num_ranges: int, needed: int, workspace, device: torch.device) -> bool:
+    """Fixed rule: split the keys across programs when the unsplit launch leaves the GPU idle
+    (fewer than SPLIT_BELOW_PROGRAMS_PER_SM tile programs per SM), there is more than one key
+    range, and a big enough workspace is given (or needs at most AUTO_WORKSPACE_BYTES).
+    Splitting never changes the output bits, so this may depend on anything."""
+    if num_ranges < 2 or programs >= SPLIT_BELOW_PROGRAMS_PER_SM * _sm_count(device):
+        return False
+    if workspace is not None:
+        return workspace.numel() >= needed
+    return needed * 4 <= AUTO_WORKSPACE_BYTES
+
+
+def _check_split_size(split_size) -> int:
+    split = DEFAULT_SPLIT_SIZE if split_size is None else int(split_size)
+    if split <= 0 or split % KEY_TILE:
+        raise ValueError(f"split_size must be a positive multiple of {KEY_TILE}, got {split_size}")
+    return split
+
+
+def attention_workspace_size(num_tokens: int, num_heads: int, head_dim: int, max_context_len: int,
+                             split_size: int | None = None) -> int:
+    """fp32 elements of a workspace that lets `paged_attention` split any call with up to
+    ``num_tokens`` query tokens and block tables covering ``max_context_len`` keys
+    (max_blocks * block_size)."""
+    split = _check_split_size(split_size)
+    num_ranges = -(-max_context_len // split)
+    return num_tokens * num_heads * num_ranges * (head_dim + 2)
+
+
+def new_attention_workspace(num_tokens: int, num_heads: int, head_dim: int, max_context_len: int, *,
+                            split_size: int | None = None, device=None) -> torch.Tensor:
+    """Allocate the workspace sized by `attention_workspace_size` (fp32, contiguous)."""
+    n = attention_workspace_size(num_tokens, num_heads, head_dim, max_context_len, split_size)
+    return torch.empty(n, dtype=torch.float32, device=device)
+
+
+def _check_int(name, t, dtypes=(torch.int32,), dim=1):
+    if t.dtype not in dtypes or t.dim() != dim:
+        raise ValueError(f"{name} must be a {dim}-D tensor of {[str(d) for d in dtypes]}, got "
+                         f"{t.dim()}-D {t.dtype}")
+
+
+def paged_attention(
+    q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *,
+    scale=None, out=None, workspace=None, seq_slots=None, query_depth=None, key_depth=None,
+    plane_offset=0, plane_modulus=None, active_seqs=None, split_size=None,
+):
+    """Paged attention (Triton). Same arguments and semantics as `paged_attention_reference`;
+    see the module docstring for layouts, the loop-depth plane map and the split rules.
+
+    q [T, H, D] bf16/fp16/fp32; k/v_cache [num_blocks, block_size, KVH, D] (same dtype);
+    block_tables int32 [S_rows, max_blocks] or [P, S_rows, max_blocks]; seq_lens int32 [S];
+    query_start_loc int32 [S + 1]; out [T, H, D] (default: new, q's dtype); workspace fp32
+    (see `attention_workspace_size`). Returns out.
+    """
+    check_launchable(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, workspace,
+                     seq_slots, key_depth, active_seqs,
+                     query_depth if isinstance(query_depth, torch.Tensor) else None)
+    if q.dim() != 3 or k_cache.dim() != 4:
+        raise ValueError(f"q must be [T, H, D] and k_cache [blocks, block_size, KVH, D]; got "
+                         f"{tuple(q.shape)} and {tuple(k_cache.shape)}")
+    t_total, h, d = q.shape
+    _, block_size, kvh, d_cache = k_cache.shape
+    if v_cache.shape != k_cache.shape or v_cache.stride() != k_cache.stride():
+        raise ValueError("k_cache and v_cache must have the same shape and strides")
+    if d_cache != d or h % kvh:
+        raise ValueError(f"q [T, {h}, {d}] does not fit a cache with {kvh} kv heads of dim {d_cache}")
+    if q.dtype not in _KERNEL_DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise ValueError(f"q, k_cache and v_cache must share one of {_KERNEL_DTYPES}; got "
+                         f"{q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if d > 256:
+        raise ValueError(f"head_dim {d} > 256 is not supported")
+    out = torch.empty_like(q) if out is None else out
+    if out.shape != q.shape:
+        raise ValueError(f"out must have q's shape {tuple(q.shape)}, got {tuple(out.shape)}")
+    for name, t in (("q", q), ("out", out), ("k_cache", k_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension")
+    _check_int("seq_lens", seq_lens)
+    _check_int("query_start_loc", query_start_loc)
+    n_seqs = seq_lens.shape[0]
+    if query_start_loc.shape[0] != n_seqs + 1:
+        raise ValueError(f"query_start_loc must have {n_seqs + 1} entries, got {query_start_loc.shape[0]}")
+    tables = block_tables if block_tables.dim() == 3 else block_tables.unsqueeze(0)
+    _check_int("block_tables", tables, dim=3)
+    num_planes = tables.shape[0]
+    modulus = (num_planes - plane_offset) if plane_modulus is None else int(plane_modulus)
+    if plane_offset < 0 or modulus < 1 or plane_offset + modulus > num_planes:
+        raise ValueError(f"planes plane_offset..plane_offset+plane_modulus-1 ({plane_offset}, "
+                         f"{modulus}) must lie within the {num_planes} block-table planes")
+    if seq_slots is not None:
+        _check_int("seq_slots", seq_slots)
+    if isinstance(query_depth, torch.Tensor):
+        _check_int("query_depth", query_depth)
+    if key_depth is not None:
+        _check_int("key_depth", key_depth, _INT_DTYPES, dim=2)
+    if active_seqs is not None:
+        _check_int("active_seqs", active_seqs)
+    split = _check_split_size(split_size)
+    if workspace is not None and (workspace.dtype != torch.float32 or not workspace.is_contiguous()):
+        raise ValueError("workspace must be a contiguous fp32 tensor")
+    if t_total == 0 or n_seqs == 0:
+        return out
+
+    cfg = _tile_shape(h, kvh, d, q.dtype)
+    num_warps, num_stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+    tile_programs = t_total // cfg["QPT"] + n_seqs
+    num_ranges = -(-tables.shape[2] * block_size // split)
+    needed = attention_workspace_size(t_total, h, d, tables.shape[2] * block_size, split)
+    split_launch = _should_split(tile_programs * kvh, num_ranges, needed, workspace, q.device)
+    if workspace is None:
+        workspace = torch.empty(needed if split_launch else 0, dtype=torch.float32, device=q.device)
+    ml_base = t_total * h * num_ranges * d
+
+    qdepth_tensor = isinstance(query_depth, torch.Tensor)
+    upcast = interpreter_active() and q.dtype == torch.bfloat16
+    common = dict(HAS_ACTIVE=active_seqs is not None, **cfg)
+    active = active_seqs if active_seqs is not None else seq_lens
+    _paged_attention_kernel[(tile_programs, kvh, num_ranges if split_launch else 1)](
+        q, k_cache, v_cache, out, workspace,
+        tables, seq_lens, query_start_loc,
+        seq_slots if seq_slots is not None else seq_lens,
+        query_depth if qdepth_tensor else seq_lens,
+        key_depth if key_depth is not None else seq_lens,
+        active,
+        float(scale if scale is not None else 1.0 / math.sqrt(d)) * _LOG2E,
+        n_seqs, h, 0 if qdepth_tensor or query_depth is None else int(query_depth), plane_offset, modulus,
+        split, num_ranges, ml_base, int(split_launch),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        tables.stride(0), tables.stride(1), tables.stride(2),
+        key_depth.stride(0) if key_depth is not None else 0,
+        key_depth.stride(1) if key_depth is not None else 0,
+        BLOCK_N=KEY_TILE, BLOCK_SIZE=block_size,
+        HAS_SLOTS=seq_slots is not None, QDEPTH_TENSOR=qdepth_tensor, HAS_KEY_DEPTH=key_depth is not None,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", DOT_UPCAST=upcast,
+        num_warps=num_warps, num_stages=num_stages, **common,
+    )
+    if split_launch:
+        _combine_kernel[(tile_programs, kvh)](
+            out, workspace, seq_lens, query_start_loc, active,
+            n_seqs, h, split, num_ranges, ml_base, out.stride(0), out.stride(1),
+            num_warps=num_warps, **common,
+        )
     return out

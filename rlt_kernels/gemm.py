@@ -13,13 +13,21 @@ Contract shared by the Triton kernel and the torch reference:
 * ``active_rows`` (int32 [1] on the device): rows at or past the count are not written and
   their tiles are skipped inside the kernel, so a CUDA graph captured at a large bucket only
   pays for the live rows.
+
+The Triton kernel (`linear`) takes bf16/fp16/fp32 x and weight of the same dtype with a
+contiguous last dimension (row strides are free). Its launch configuration comes from
+`linear_config(N, K, dtype, activation)` -- the one place to tune after measuring.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ._rows import active_count, by_row_chunks, compute_dtype
+from ._triton import check_launchable, interpreter_active, tl, triton
+from .norms import silu_mul
 
 
 def _matmul_rows(x, weight, activation):
@@ -40,4 +48,190 @@ def linear_reference(x, weight, *, out=None, active_rows=None, activation=None):
     m = active_count(active_rows, x.shape[0])
     if m:
         out[:m] = by_row_chunks(_matmul_rows, x[:m], weight, activation).to(out.dtype)
+    return out
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch configuration: a fixed function of the weight shape, never of M.
+# ---------------------------------------------------------------------------------------------
+
+# Rows per tile. 64 is the smallest tile Hopper runs on wgmma, and at decode (M <= 16, one row
+# tile) it keeps the wasted tensor-core work at 64 FLOP per weight byte, well under what the
+# SMs can issue while streaming weights at full HBM bandwidth.
+BLOCK_M = 64
+# Output-column tile widths, widest first. Decode has a single row tile, so its CTA count is
+# the number of column tiles: the widest width giving at least MIN_COLUMN_TILES of them wins
+# (H200: 132 SMs), and the narrowest is used when none does.
+COLUMN_TILE_WIDTHS = (128, 64, 32)
+MIN_COLUMN_TILES = 64
+# Bytes of one K step of the weight tile row (BLOCK_K * element size): wider for narrow column
+# tiles so that every stage still moves >= 8 KiB of weights.
+K_STEP_BYTES_NARROW = 256  # column tile <= 64
+K_STEP_BYTES_WIDE = 128  # column tile 128
+# Shared memory for the software pipeline (H100/H200 allow 227 KiB per CTA); stages are as
+# many as fit, between 2 and MAX_STAGES.
+SMEM_BUDGET_BYTES = 160 * 1024
+MAX_STAGES = 5
+# Row tiles that share a column band in the launch order (L2 reuse of weight tiles at large M;
+# it only reorders programs, never changes a tile's arithmetic).
+GROUP_M = 8
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    """Tile shape and pipeline of the `linear` kernel for one weight shape."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = GROUP_M
+
+
+def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = None) -> LinearConfig:
+    """The launch configuration for a weight [n, k] of ``dtype`` (n = 2F for swiglu).
+
+    Depends on nothing else -- in particular not on M -- which is what makes `linear` batch
+    invariant. Examples (bf16): Ouro o/down (2048 x 2048/5632) -> 64x32x128, 5 stages;
+    Ouro qkv (6144 x 2048) -> 64x64x128; gate_up swiglu (2 x 5632) -> 64x(2x64)x128, 3 stages;
+    lm_head (49152) and Huginn Wqkv (15840) -> 64x128x64.
+    """
+    _check_activation(activation)
+    n_out = n // 2 if activation == "swiglu" else n
+    block_n = next((w for w in COLUMN_TILE_WIDTHS if triton.cdiv(n_out, w) >= MIN_COLUMN_TILES), COLUMN_TILE_WIDTHS[-1])
+    elem = torch.empty((), dtype=dtype).element_size()
+    step_bytes = K_STEP_BYTES_NARROW if block_n <= 64 else K_STEP_BYTES_WIDE
+    block_k = max(16, min(step_bytes // elem, triton.next_power_of_2(max(k, 1))))
+    accumulators = 2 if activation == "swiglu" else 1
+    stage_bytes = (BLOCK_M + accumulators * block_n) * block_k * elem
+    num_stages = max(2, min(MAX_STAGES, SMEM_BUDGET_BYTES // stage_bytes))
+    num_warps = 4 if accumulators * block_n <= 128 else 8
+    return LinearConfig(BLOCK_M, block_n, block_k, num_warps, num_stages)
+
+
+def _check_activation(activation) -> None:
+    if activation not in (None, "swiglu"):
+        raise ValueError(f"activation must be None or 'swiglu', got {activation!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["m"])
+def _linear_kernel(
+    x_ptr, w_ptr, out_ptr, active_ptr, m, n_out, k, stride_x, stride_w, stride_out,
+    HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, DOT_IN_FP32: tl.constexpr, PRECISION: tl.constexpr,
+    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    # Grouped launch order: GROUP_M row tiles walk the column tiles together.
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(m, BLOCK_M)
+    tiles_n = tl.cdiv(n_out, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+
+    live = m
+    if HAS_ACTIVE:
+        live = tl.minimum(live, tl.load(active_ptr).to(tl.int32))
+    if pid_m * BLOCK_M >= live:
+        return  # dead row tile (graph captured at a larger bucket): no loads, no stores
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    row_ok = rows < live
+    col_ok = cols < n_out
+    x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_x + ks[None, :]
+    # Weight tiles are loaded as [BLOCK_K, BLOCK_N] views of the row-major [N, K] weight.
+    g_ptrs = w_ptr + cols.to(tl.int64)[None, :] * stride_w + ks[:, None]
+    u_ptrs = w_ptr + (cols + n_out).to(tl.int64)[None, :] * stride_w + ks[:, None]
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, k, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0)
+            g = tl.load(g_ptrs, mask=col_ok[None, :], other=0.0)
+        else:
+            k_ok = (k0 + ks) < k
+            a = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            g = tl.load(g_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        if DOT_IN_FP32:
+            a = a.to(tl.float32)
+            g = g.to(tl.float32)
+        acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
+        if SWIGLU:
+            if EVEN_K:
+                u = tl.load(u_ptrs, mask=col_ok[None, :], other=0.0)
+            else:
+                u = tl.load(u_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            if DOT_IN_FP32:
+                u = u.to(tl.float32)
+            acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
+            u_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K
+    if SWIGLU:
+        result = silu_mul(acc_g, acc_u)
+    else:
+        result = acc_g
+    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :]
+    tl.store(out_ptrs, result.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def linear(x, weight, *, out=None, active_rows=None, activation=None):
+    """Batch-invariant ``x @ weight.T`` (Triton), same contract as `linear_reference`.
+
+    x [M, K] bf16/fp16/fp32 (row stride free, last dim contiguous); weight [N, K] same dtype
+    (nn.Linear layout; [2F, K] = [gate rows | up rows] for ``activation="swiglu"``); out
+    [M, N] (or [M, F]) in x.dtype by default or fp32 when given so; active_rows int32 [1] on
+    the device or None. fp32 accumulation, rounded once to out.dtype. The tile configuration
+    is `linear_config(N, K, dtype, activation)`; row tiles starting at or past the active count
+    exit at once and rows past it are not written.
+    """
+    _check_activation(activation)
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"x [M, K] and weight [N, K] expected, got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if x.dtype not in _KERNEL_DTYPES or weight.dtype != x.dtype:
+        raise ValueError(f"x and weight must share a bf16/fp16/fp32 dtype (got {x.dtype}, {weight.dtype}); "
+                         "fp64 runs on rlt_kernels.reference")
+    m, k = x.shape
+    n = weight.shape[0]
+    if activation == "swiglu" and n % 2:
+        raise ValueError(f"swiglu needs an even number of weight rows [gate | up], got {n}")
+    n_out = n // 2 if activation == "swiglu" else n
+    if out is None:
+        out = torch.empty((m, n_out), dtype=x.dtype, device=x.device)
+    if tuple(out.shape) != (m, n_out) or out.dtype not in _KERNEL_DTYPES:
+        raise ValueError(f"out must be [{m}, {n_out}] bf16/fp16/fp32, got {tuple(out.shape)} {out.dtype}")
+    for name, t in (("x", x), ("weight", weight), ("out", out)):
+        if t.shape[1] > 1 and t.stride(1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension")
+    if active_rows is not None and (active_rows.numel() < 1 or active_rows.dtype not in (torch.int32, torch.int64)):
+        raise ValueError("active_rows must be an int32 tensor of shape [1]")
+    check_launchable(x, weight, out, active_rows)
+    if m == 0 or n_out == 0:
+        return out
+    cfg = linear_config(n, k, x.dtype, activation)
+    # The interpreter's dot mishandles bf16 (it multiplies the raw bits), so it gets fp32
+    # operands there; the products of bf16 values are exact in fp32 either way.
+    dot_in_fp32 = interpreter_active() and x.dtype == torch.bfloat16
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n_out, cfg.block_n),)
+    _linear_kernel[grid](
+        x, weight, out, out if active_rows is None else active_rows, m, n_out, k,
+        x.stride(0), weight.stride(0), out.stride(0),
+        HAS_ACTIVE=active_rows is not None, SWIGLU=activation == "swiglu", DOT_IN_FP32=dot_in_fp32,
+        PRECISION="ieee" if x.dtype == torch.float32 or dot_in_fp32 else "tf32",
+        EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
     return out

@@ -1,8 +1,16 @@
 """Masked KV scatter into paged caches, optionally fused with rotary embedding.
 
-Cache layout (one layer): k_cache, v_cache [num_blocks, block_size, kv_heads, head_dim].
-A token's slot is ``block * block_size + offset`` (int64). Rows whose slot is negative, or
-whose row index is at or past ``active_rows[0]`` (int32 device tensor), write nothing.
+Cache layout (one layer): k_cache, v_cache [num_blocks, block_size, kv_heads, head_dim]. The
+caches may be strided views (a layer slice of a [L, num_blocks, block_size, kv_heads,
+head_dim] pool); only the innermost dimension must be contiguous. A token's slot is
+``block * block_size + offset`` (int64). Rows whose slot is negative, or whose row index is
+at or past ``active_rows[0]`` (int32 device tensor), write nothing; the kernels test the row
+count before they read a row's slot, so padding rows with stale metadata stay inert.
+
+Kernels: one program per (token, group of heads); all address arithmetic is int64. The
+scatter is a bit-exact copy when k/v and the cache share a dtype. The fused RoPE kernel
+evaluates the rotation with the same fp32 operations as ``norms.apply_rope_reference`` and is
+compiled without FMA contraction, so its results equal the reference bit for bit.
 """
 
 from __future__ import annotations
@@ -10,7 +18,11 @@ from __future__ import annotations
 import torch
 
 from ._rows import active_count
+from ._triton import check_launchable, tl, triton
 from .norms import apply_rope_reference
+
+TILE_ELEMENTS = 2048  # heads x head_dim elements per program and tensor
+NUM_WARPS = 4
 
 
 def kv_scatter_reference(k, v, k_cache, v_cache, slot_mapping, *, active_rows=None):
@@ -40,4 +52,244 @@ def rope_kv_scatter_reference(
     q_out = apply_rope_reference(q, positions, cos_sin, style=style, bias=q_bias, out=q_out, active_rows=active_rows)
     k_rot = apply_rope_reference(k, positions, cos_sin, style=style, bias=k_bias, active_rows=active_rows)
     kv_scatter_reference(k_rot, v, k_cache, v_cache, slot_mapping, active_rows=active_rows)
+    return q_out
+
+
+@triton.jit
+def row_limit(active_ptr, num_rows, HAS_ACTIVE: tl.constexpr):
+    """Rows below this index are live: ``min(active_rows[0], num_rows)``, or num_rows."""
+    if HAS_ACTIVE:
+        return tl.minimum(tl.load(active_ptr).to(tl.int32), num_rows)
+    else:
+        return num_rows
+
+
+@triton.jit
+def slot_offset(slot, block_size, stride_block, stride_slot):
+    """int64 element offset of a cache slot (``block * block_size + offset``)."""
+    slot = slot.to(tl.int64)
+    return (slot // block_size) * stride_block + (slot % block_size) * stride_slot
+
+
+@triton.jit
+def _head_mask(heads, dims, num_heads, HEAD_DIM: tl.constexpr):
+    """In-bounds mask [BLOCK_H, BLOCK_D] of a (heads, dims) tile."""
+    return (heads[:, None] < num_heads) & (dims[None, :] < HEAD_DIM)
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def _kv_scatter_kernel(
+    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, active_ptr,
+    num_rows, num_kv_heads, block_size,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, HAS_ACTIVE: tl.constexpr,
+):
+    t = tl.program_id(0)
+    if t < row_limit(active_ptr, num_rows, HAS_ACTIVE):
+        slot = tl.load(slot_ptr + t)
+        if slot >= 0:
+            heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+            dims = tl.arange(0, BLOCK_D)
+            mask = _head_mask(heads, dims, num_kv_heads, HEAD_DIM)
+            t64 = t.to(tl.int64)
+            h64 = heads.to(tl.int64)[:, None]
+            k = tl.load(k_ptr + t64 * stride_kt + h64 * stride_kh + dims[None, :], mask=mask)
+            v = tl.load(v_ptr + t64 * stride_vt + h64 * stride_vh + dims[None, :], mask=mask)
+            k_dst = k_cache_ptr + slot_offset(slot, block_size, stride_kcb, stride_kcs) + h64 * stride_kch
+            v_dst = v_cache_ptr + slot_offset(slot, block_size, stride_vcb, stride_vcs) + h64 * stride_vch
+            tl.store(k_dst + dims[None, :], k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(v_dst + dims[None, :], v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rotate_tile(
+    x_ptr, bias_ptr, row, heads, num_heads, stride_t, stride_h, stride_bias_h, dims, partner, cos, signed_sin,
+    HEAD_DIM: tl.constexpr, HAS_BIAS: tl.constexpr, FP64: tl.constexpr,
+):
+    """Rotated tile [BLOCK_H, BLOCK_D] of token ``row``: (x + b) * cos + (x' + b') * ±sin.
+
+    x' is the rotation partner of each element; the math runs in fp32 (fp64 when FP64) and
+    matches the reference operation for operation: x1*cos - x2*sin == x1*cos + x2*(-sin).
+    """
+    if FP64:
+        cos = cos.to(tl.float64)
+        signed_sin = signed_sin.to(tl.float64)
+    mask = _head_mask(heads, dims, num_heads, HEAD_DIM)
+    h64 = heads.to(tl.int64)[:, None]
+    base = x_ptr + row * stride_t + h64 * stride_h
+    x = tl.load(base + dims[None, :], mask=mask, other=0).to(cos.dtype)
+    y = tl.load(base + partner[None, :], mask=mask, other=0).to(cos.dtype)
+    if HAS_BIAS:
+        bias = bias_ptr + h64 * stride_bias_h
+        x = x + tl.load(bias + dims[None, :], mask=mask, other=0).to(cos.dtype)
+        y = y + tl.load(bias + partner[None, :], mask=mask, other=0).to(cos.dtype)
+    return x * cos[None, :] + y * signed_sin[None, :]
+
+
+@triton.jit(do_not_specialize=["num_rows"])
+def _rope_kv_scatter_kernel(
+    q_ptr, q_out_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, q_bias_ptr, k_bias_ptr,
+    k_cache_ptr, v_cache_ptr, slot_ptr, active_ptr,
+    num_rows, num_q_heads, num_kv_heads, q_chunks, block_size,
+    stride_qt, stride_qh, stride_qot, stride_qoh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_cs, stride_qbh, stride_kbh,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, GPTJ: tl.constexpr,
+    HAS_Q_BIAS: tl.constexpr, HAS_K_BIAS: tl.constexpr, HAS_ACTIVE: tl.constexpr,
+    Q_FP64: tl.constexpr, K_FP64: tl.constexpr,
+):
+    # Programs (t, c) with c < q_chunks rotate a group of q heads; the others rotate a group
+    # of k heads, copy the matching v heads and write both into the caches.
+    t = tl.program_id(0)
+    c = tl.program_id(1)
+    if t < row_limit(active_ptr, num_rows, HAS_ACTIVE):
+        dims = tl.arange(0, BLOCK_D)
+        if GPTJ:  # pairs (2i, 2i + 1) share angle i
+            first = (dims % 2) == 0
+            partner = dims ^ 1
+            freq = dims // 2
+        else:  # pairs (i, i + D/2) share angle i
+            first = dims < HEAD_DIM // 2
+            partner = tl.where(first, dims + HEAD_DIM // 2, dims - HEAD_DIM // 2)
+            freq = tl.where(first, dims, dims - HEAD_DIM // 2)
+        t64 = t.to(tl.int64)
+        table = cos_sin_ptr + tl.load(pos_ptr + t).to(tl.int64) * stride_cs
+        cos = tl.load(table + freq, mask=dims < HEAD_DIM, other=0)
+        sin = tl.load(table + HEAD_DIM // 2 + freq, mask=dims < HEAD_DIM, other=0)
+        signed_sin = tl.where(first, -sin, sin)
+        if c < q_chunks:
+            heads = c * BLOCK_H + tl.arange(0, BLOCK_H)
+            q = _rotate_tile(
+                q_ptr, q_bias_ptr, t64, heads, num_q_heads, stride_qt, stride_qh, stride_qbh, dims, partner,
+                cos, signed_sin, HEAD_DIM, HAS_Q_BIAS, Q_FP64,
+            )
+            q = q.to(q_ptr.dtype.element_ty).to(q_out_ptr.dtype.element_ty)
+            h64 = heads.to(tl.int64)[:, None]
+            mask = _head_mask(heads, dims, num_q_heads, HEAD_DIM)
+            tl.store(q_out_ptr + t64 * stride_qot + h64 * stride_qoh + dims[None, :], q, mask=mask)
+        else:
+            slot = tl.load(slot_ptr + t)
+            if slot >= 0:
+                heads = (c - q_chunks) * BLOCK_H + tl.arange(0, BLOCK_H)
+                k = _rotate_tile(
+                    k_ptr, k_bias_ptr, t64, heads, num_kv_heads, stride_kt, stride_kh, stride_kbh, dims, partner,
+                    cos, signed_sin, HEAD_DIM, HAS_K_BIAS, K_FP64,
+                )
+                k = k.to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
+                h64 = heads.to(tl.int64)[:, None]
+                mask = _head_mask(heads, dims, num_kv_heads, HEAD_DIM)
+                v = tl.load(v_ptr + t64 * stride_vt + h64 * stride_vh + dims[None, :], mask=mask)
+                k_dst = k_cache_ptr + slot_offset(slot, block_size, stride_kcb, stride_kcs) + h64 * stride_kch
+                v_dst = v_cache_ptr + slot_offset(slot, block_size, stride_vcb, stride_vcs) + h64 * stride_vch
+                tl.store(k_dst + dims[None, :], k, mask=mask)
+                tl.store(v_dst + dims[None, :], v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def head_tile_shape(num_heads: int, head_dim: int) -> tuple[int, int]:
+    """(BLOCK_H, BLOCK_D): whole heads, about TILE_ELEMENTS elements per program."""
+    block_d = triton.next_power_of_2(head_dim)
+    return min(triton.next_power_of_2(num_heads), max(1, TILE_ELEMENTS // block_d)), block_d
+
+
+def _check_kv(k, v, k_cache, v_cache, slot_mapping, active_rows):
+    if k.dim() != 3 or v.shape != k.shape:
+        raise ValueError(f"k and v must both be [T, KVH, D], got {tuple(k.shape)} and {tuple(v.shape)}")
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.dim() != 4 or tuple(cache.shape[2:]) != tuple(k.shape[1:]):
+            raise ValueError(f"{name} must be [num_blocks, block_size, {k.shape[1]}, {k.shape[2]}], got {tuple(cache.shape)}")
+    if v_cache.shape[1] != k_cache.shape[1]:
+        raise ValueError("k_cache and v_cache must have the same block size")
+    if slot_mapping.shape != (k.shape[0],):
+        raise ValueError(f"slot_mapping must be [{k.shape[0]}], got {tuple(slot_mapping.shape)}")
+    if slot_mapping.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"slot_mapping must be int64 (or int32), got {slot_mapping.dtype}")
+    for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension (head_dim)")
+    if active_rows is not None and active_rows.numel() < 1:
+        raise ValueError("active_rows must be an int tensor of shape [1]")
+
+
+def kv_scatter(k, v, k_cache, v_cache, slot_mapping, *, active_rows=None):
+    """Write k, v [T, KVH, D] into k_cache, v_cache [num_blocks, block_size, KVH, D].
+
+    Row i goes to slot ``slot_mapping[i]`` (int64, ``block * block_size + offset``); rows with a
+    negative slot or with ``i >= active_rows[0]`` write nothing. Values are cast to the cache
+    dtype (a bit-exact copy when the dtypes match). Live slots must be distinct. One launch, no
+    allocation, no host sync (graph-safe). Returns None.
+    """
+    _check_kv(k, v, k_cache, v_cache, slot_mapping, active_rows)
+    check_launchable(k, v, k_cache, v_cache, slot_mapping, active_rows)
+    num_rows, num_kv_heads, head_dim = k.shape
+    if num_rows == 0:
+        return
+    block_h, block_d = head_tile_shape(num_kv_heads, head_dim)
+    grid = (num_rows, triton.cdiv(num_kv_heads, block_h))
+    _kv_scatter_kernel[grid](
+        k, v, k_cache, v_cache, slot_mapping, slot_mapping if active_rows is None else active_rows,
+        num_rows, num_kv_heads, k_cache.shape[1],
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d, HAS_ACTIVE=active_rows is not None,
+        num_warps=NUM_WARPS,
+    )
+
+
+def rope_kv_scatter(
+    q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, *,
+    style="neox", q_bias=None, k_bias=None, q_out=None, active_rows=None,
+):
+    """Rotate q and k, write the rotated k and v into the paged caches: one launch.
+
+    q [T, H, D] and k, v [T, KVH, D] (H a multiple of KVH is not required; GQA and MQA work),
+    positions [T] int32/int64, cos_sin [P, D] fp32 (``norms.rope_cos_sin``), k_cache, v_cache
+    [num_blocks, block_size, KVH, D], slot_mapping [T] int64. style "neox" rotates halves
+    (i, i + D/2), "gptj" interleaved pairs (2i, 2i + 1). q_bias [H, D] / k_bias [KVH, D] are added
+    before rotating. Math in fp32 (fp64 for fp64 inputs), rounded once to the input dtype, then
+    to the cache / q_out dtype. The rotated q goes to q_out (allocated when None; may alias q)
+    and is returned. Rows at or past ``active_rows[0]`` are neither rotated nor written; rows
+    with a negative slot still get q rotated but write no K/V. Graph-safe when q_out is given.
+    """
+    if style not in ("neox", "gptj"):
+        raise ValueError(f"style must be 'neox' or 'gptj', got {style!r}")
+    _check_kv(k, v, k_cache, v_cache, slot_mapping, active_rows)
+    if q.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(f"q must be [T, H, D] matching k {tuple(k.shape)}, got {tuple(q.shape)}")
+    num_rows, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even for RoPE, got {head_dim}")
+    if positions.shape != (num_rows,):
+        raise ValueError(f"positions must be [{num_rows}], got {tuple(positions.shape)}")
+    if cos_sin.dim() != 2 or cos_sin.shape[1] != head_dim or cos_sin.stride(1) != 1:
+        raise ValueError(f"cos_sin must be a row-contiguous [P, {head_dim}] table, got {tuple(cos_sin.shape)}")
+    for name, bias, heads in (("q_bias", q_bias, num_heads), ("k_bias", k_bias, num_kv_heads)):
+        if bias is not None and (tuple(bias.shape) != (heads, head_dim) or bias.stride(1) != 1):
+            raise ValueError(f"{name} must be a row-contiguous [{heads}, {head_dim}] tensor, got {tuple(bias.shape)}")
+    q_out = torch.empty_like(q) if q_out is None else q_out
+    if q_out.shape != q.shape or q.stride(-1) != 1 or q_out.stride(-1) != 1:
+        raise ValueError("q_out must have q's shape; q and q_out must be contiguous in head_dim")
+    check_launchable(q, q_out, k, v, positions, cos_sin, q_bias, k_bias, k_cache, v_cache, slot_mapping, active_rows)
+    if num_rows == 0:
+        return q_out
+    block_h, block_d = head_tile_shape(max(num_heads, num_kv_heads), head_dim)
+    q_chunks = triton.cdiv(num_heads, block_h)
+    grid = (num_rows, q_chunks + triton.cdiv(num_kv_heads, block_h))
+    _rope_kv_scatter_kernel[grid](
+        q, q_out, k, v, positions, cos_sin,
+        q if q_bias is None else q_bias, k if k_bias is None else k_bias,
+        k_cache, v_cache, slot_mapping, slot_mapping if active_rows is None else active_rows,
+        num_rows, num_heads, num_kv_heads, q_chunks, k_cache.shape[1],
+        q.stride(0), q.stride(1), q_out.stride(0), q_out.stride(1),
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        cos_sin.stride(0), 0 if q_bias is None else q_bias.stride(0), 0 if k_bias is None else k_bias.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d, GPTJ=style == "gptj",
+        HAS_Q_BIAS=q_bias is not None, HAS_K_BIAS=k_bias is not None, HAS_ACTIVE=active_rows is not None,
+        Q_FP64=q.dtype == torch.float64, K_FP64=k.dtype == torch.float64,
+        num_warps=NUM_WARPS, enable_fp_fusion=False,
+    )
     return q_out

@@ -8,6 +8,11 @@ Numerics shared by the kernels and their references:
 * One row per program: a row's result never depends on other rows (batch invariant).
 * ``active_rows`` (int32 device tensor, shape [1]) limits work to the leading rows; rows at
   or past the count are not written.
+
+The Triton kernels (`rms_norm`, `residual_norm`, `swiglu`, `apply_rope`) take bf16/fp16/fp32
+tensors whose last dimension is contiguous (row strides are free, so slices of a wider buffer
+need no copy); fp64 runs on the references only. A norm row is one padded power-of-two block
+(up to ``MAX_NORM_WIDTH`` elements), so its reduction order depends only on the width.
 """
 
 from __future__ import annotations
@@ -15,6 +20,10 @@ from __future__ import annotations
 import torch
 
 from ._rows import active_count, by_row_chunks, compute_dtype
+from ._triton import check_launchable, tl, triton
+
+MAX_NORM_WIDTH = 32768
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -129,4 +138,291 @@ def apply_rope_reference(x, positions, cos_sin, *, style="neox", bias=None, out=
         half = x.shape[-1] // 2
         cs = cos_sin[positions[:m].long()].to(cd)
         out[:m] = _rotate(xs, cs[:, :half], cs[:, half:], style).to(x.dtype)
+    return out
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernels
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def silu_mul(gate, up):
+    """silu(gate) * up on fp32 tensors (shared with the fused SwiGLU epilogue of `linear`)."""
+    return gate / (1.0 + tl.exp(-gate)) * up
+
+
+@triton.jit
+def _rms_row(x, weight, width, eps):
+    """RMSNorm of one row block: fp32 statistics, normalised value rounded to x.dtype, then
+    multiplied by the weight in x.dtype. Padding lanes of x must be zero."""
+    xf = x.to(tl.float32)
+    mean_sq = tl.sum(xf * xf, axis=0) / width
+    normed = (xf * tl.rsqrt(mean_sq + eps)).to(x.dtype)
+    return (normed.to(tl.float32) * weight.to(x.dtype).to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
+def _row_is_live(active_ptr, row, HAS_ACTIVE: tl.constexpr):
+    if HAS_ACTIVE:
+        return row < tl.load(active_ptr)
+    return True
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, w_ptr, out_ptr, active_ptr, width, stride_x, stride_out, eps,
+    HAS_ACTIVE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    if _row_is_live(active_ptr, row, HAS_ACTIVE):
+        cols = tl.arange(0, BLOCK)
+        ok = cols < width
+        x = tl.load(x_ptr + row.to(tl.int64) * stride_x + cols, mask=ok, other=0.0)
+        w = tl.load(w_ptr + cols, mask=ok, other=0.0)
+        tl.store(out_ptr + row.to(tl.int64) * stride_out + cols, _rms_row(x, w, width, eps), mask=ok)
+
+
+@triton.jit
+def _residual_norm_kernel(
+    sub_ptr, res_ptr, post_w_ptr, next_w_ptr, res_out_ptr, normed_ptr, active_ptr, width,
+    stride_sub, stride_res, stride_res_out, stride_normed, eps,
+    HUGINN: tl.constexpr, HAS_NEXT: tl.constexpr, HAS_ACTIVE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    if _row_is_live(active_ptr, row, HAS_ACTIVE):
+        row64 = row.to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        ok = cols < width
+        sub = tl.load(sub_ptr + row64 * stride_sub + cols, mask=ok, other=0.0)
+        res = tl.load(res_ptr + row64 * stride_res + cols, mask=ok, other=0.0)
+        post_w = tl.load(post_w_ptr + cols, mask=ok, other=0.0)
+        if HUGINN:
+            summed = (res.to(tl.float32) + sub.to(tl.float32)).to(sub.dtype)
+            new_res = _rms_row(summed, post_w, width, eps)
+        else:
+            new_res = (res.to(tl.float32) + _rms_row(sub, post_w, width, eps).to(tl.float32)).to(sub.dtype)
+        tl.store(res_out_ptr + row64 * stride_res_out + cols, new_res, mask=ok)
+        if HAS_NEXT:
+            next_w = tl.load(next_w_ptr + cols, mask=ok, other=0.0)
+            tl.store(normed_ptr + row64 * stride_normed + cols, _rms_row(new_res, next_w, width, eps), mask=ok)
+
+
+@triton.jit
+def _swiglu_kernel(
+    gate_up_ptr, out_ptr, active_ptr, f, stride_in, stride_out,
+    HAS_ACTIVE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    if _row_is_live(active_ptr, row, HAS_ACTIVE):
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = cols < f
+        src = gate_up_ptr + row.to(tl.int64) * stride_in + cols
+        gate = tl.load(src, mask=ok, other=0.0)
+        up = tl.load(src + f, mask=ok, other=0.0)
+        result = silu_mul(gate.to(tl.float32), up.to(tl.float32)).to(gate.dtype)
+        tl.store(out_ptr + row.to(tl.int64) * stride_out + cols, result, mask=ok)
+
+
+@triton.jit
+def _rope_kernel(
+    x_ptr, pos_ptr, cos_sin_ptr, bias_ptr, out_ptr, active_ptr, heads, half,
+    stride_xt, stride_xh, stride_ot, stride_oh, stride_cs, stride_bias,
+    GPTJ: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_ACTIVE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):
+    token = tl.program_id(0)
+    if _row_is_live(active_ptr, token, HAS_ACTIVE):
+        h = tl.arange(0, BLOCK_H)
+        i = tl.arange(0, BLOCK_HALF)
+        i_ok = i < half
+        ok = (h < heads)[:, None] & i_ok[None, :]
+        if GPTJ:
+            d1 = 2 * i
+            d2 = 2 * i + 1
+        else:
+            d1 = i
+            d2 = i + half
+        pos = tl.load(pos_ptr + token).to(tl.int64)
+        cos = tl.load(cos_sin_ptr + pos * stride_cs + i, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+        sin = tl.load(cos_sin_ptr + pos * stride_cs + half + i, mask=i_ok, other=0.0).to(tl.float32)[None, :]
+        src = x_ptr + token.to(tl.int64) * stride_xt + h.to(tl.int64)[:, None] * stride_xh
+        x1 = tl.load(src + d1[None, :], mask=ok, other=0.0)
+        x2 = tl.load(src + d2[None, :], mask=ok, other=0.0)
+        dtype = x1.dtype
+        x1 = x1.to(tl.float32)
+        x2 = x2.to(tl.float32)
+        if HAS_BIAS:
+            b = bias_ptr + h[:, None] * stride_bias
+            x1 += tl.load(b + d1[None, :], mask=ok, other=0.0).to(tl.float32)
+            x2 += tl.load(b + d2[None, :], mask=ok, other=0.0).to(tl.float32)
+        dst = out_ptr + token.to(tl.int64) * stride_ot + h.to(tl.int64)[:, None] * stride_oh
+        tl.store(dst + d1[None, :], (x1 * cos - x2 * sin).to(dtype), mask=ok)
+        tl.store(dst + d2[None, :], (x2 * cos + x1 * sin).to(dtype), mask=ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launchers
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_kernel_dtype(t: torch.Tensor, name: str) -> None:
+    if t.dtype not in _KERNEL_DTYPES:
+        raise ValueError(f"{name} must be bf16, fp16 or fp32 for the Triton kernel (got {t.dtype}); "
+                         "fp64 runs on rlt_kernels.reference")
+
+
+def _check_rows(t: torch.Tensor, name: str, shape: tuple, dtype: torch.dtype) -> None:
+    """t must have this shape and dtype and a contiguous last dimension."""
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+    if t.dtype != dtype:
+        raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dimension")
+
+
+def _check_vector(t: torch.Tensor, name: str, width: int) -> None:
+    if t.dim() != 1 or t.shape[0] != width or (width > 1 and t.stride(0) != 1):
+        raise ValueError(f"{name} must be a contiguous vector of {width} elements, got shape {tuple(t.shape)}")
+
+
+def _row_block(width: int) -> tuple[int, int]:
+    """(BLOCK, num_warps) for one row of ``width`` elements: a fixed function of the width."""
+    if width > MAX_NORM_WIDTH:
+        raise ValueError(f"norm rows are limited to {MAX_NORM_WIDTH} elements, got {width}")
+    block = triton.next_power_of_2(max(width, 16))
+    return block, min(16, max(4, block // 512))
+
+
+def _active_args(active_rows, like):
+    """(pointer argument, HAS_ACTIVE) for an optional device-side active-row count."""
+    if active_rows is None:
+        return like, False
+    if active_rows.numel() < 1 or active_rows.dtype not in (torch.int32, torch.int64):
+        raise ValueError("active_rows must be an int32 tensor of shape [1]")
+    return active_rows, True
+
+
+def rms_norm(x, weight, eps, *, out=None, active_rows=None):
+    """RMSNorm (Triton). x [M, N] bf16/fp16/fp32 (row stride free), weight [N] -> out [M, N] in
+    x.dtype. One row per program; rows at or past ``active_rows[0]`` are not written."""
+    _check_kernel_dtype(x, "x")
+    m, width = x.shape
+    _check_rows(x, "x", (m, width), x.dtype)
+    _check_vector(weight, "weight", width)
+    out = torch.empty_like(x) if out is None else out
+    _check_rows(out, "out", (m, width), x.dtype)
+    check_launchable(x, weight, out, active_rows)
+    if m == 0 or width == 0:
+        return out
+    block, warps = _row_block(width)
+    active, has_active = _active_args(active_rows, x)
+    _rms_norm_kernel[(m,)](
+        x, weight, out, active, width, x.stride(0), out.stride(0), float(eps),
+        HAS_ACTIVE=has_active, BLOCK=block, num_warps=warps,
+    )
+    return out
+
+
+def residual_norm(
+    sub, residual, post_weight, next_weight, eps, *, mode="ouro", residual_out=None, normed_out=None, active_rows=None
+):
+    """Sandwich-norm residual update, optionally followed by the next pre-norm (Triton).
+
+    Same contract as `residual_norm_reference`: sub, residual [M, N] (same dtype, row strides
+    free); mode "ouro": r = residual + rms(sub; post_weight); mode "huginn":
+    r = rms(residual + sub; post_weight); n = rms(r; next_weight) when next_weight is given, in
+    the same kernel. Returns (r, n), n None without next_weight. residual_out may alias
+    residual (in-place update).
+    """
+    if mode not in ("ouro", "huginn"):
+        raise ValueError(f"mode must be 'ouro' or 'huginn', got {mode!r}")
+    _check_kernel_dtype(sub, "sub")
+    m, width = sub.shape
+    _check_rows(sub, "sub", (m, width), sub.dtype)
+    _check_rows(residual, "residual", (m, width), sub.dtype)
+    _check_vector(post_weight, "post_weight", width)
+    residual_out = torch.empty_like(residual) if residual_out is None else residual_out
+    _check_rows(residual_out, "residual_out", (m, width), sub.dtype)
+    if next_weight is not None:
+        _check_vector(next_weight, "next_weight", width)
+        normed_out = torch.empty_like(sub) if normed_out is None else normed_out
+        _check_rows(normed_out, "normed_out", (m, width), sub.dtype)
+    check_launchable(sub, residual, post_weight, next_weight, residual_out, normed_out, active_rows)
+    normed = normed_out if next_weight is not None else None
+    if m == 0 or width == 0:
+        return residual_out, normed
+    block, warps = _row_block(width)
+    active, has_active = _active_args(active_rows, sub)
+    _residual_norm_kernel[(m,)](
+        sub, residual, post_weight, post_weight if next_weight is None else next_weight, residual_out,
+        residual_out if normed is None else normed, active, width,
+        sub.stride(0), residual.stride(0), residual_out.stride(0), (residual_out if normed is None else normed).stride(0),
+        float(eps), HUGINN=mode == "huginn", HAS_NEXT=normed is not None, HAS_ACTIVE=has_active,
+        BLOCK=block, num_warps=warps,
+    )
+    return residual_out, normed
+
+
+_SWIGLU_BLOCK = 1024
+
+
+def swiglu(gate_up, *, out=None, active_rows=None):
+    """SwiGLU (Triton). gate_up [M, 2F] = [gate | up] (row stride free) -> out [M, F] =
+    silu(gate) * up, fp32 math rounded once to gate_up.dtype."""
+    _check_kernel_dtype(gate_up, "gate_up")
+    m, two_f = gate_up.shape
+    if two_f % 2:
+        raise ValueError(f"gate_up must have an even number of columns, got {two_f}")
+    f = two_f // 2
+    _check_rows(gate_up, "gate_up", (m, two_f), gate_up.dtype)
+    out = torch.empty((m, f), dtype=gate_up.dtype, device=gate_up.device) if out is None else out
+    _check_rows(out, "out", (m, f), gate_up.dtype)
+    check_launchable(gate_up, out, active_rows)
+    if m == 0 or f == 0:
+        return out
+    block = min(_SWIGLU_BLOCK, triton.next_power_of_2(f))
+    active, has_active = _active_args(active_rows, gate_up)
+    _swiglu_kernel[(m, triton.cdiv(f, block))](
+        gate_up, out, active, f, gate_up.stride(0), out.stride(0), HAS_ACTIVE=has_active, BLOCK=block, num_warps=4,
+    )
+    return out
+
+
+def apply_rope(x, positions, cos_sin, *, style="neox", bias=None, out=None, active_rows=None):
+    """Rotary embedding (Triton), same contract as `apply_rope_reference`.
+
+    x [T, H, D] bf16/fp16/fp32 (token and head strides free, last dim contiguous; D even,
+    e.g. 64/96/128), positions [T] int32/int64 (each < P), cos_sin [P, D] fp32 from
+    `rope_cos_sin`, bias [H, D] or None (added before rotating). out [T, H, D] may alias x.
+    One program per token covers all its heads; math in fp32, rounded once.
+    """
+    if style not in ("neox", "gptj"):
+        raise ValueError(f"style must be 'neox' or 'gptj', got {style!r}")
+    _check_kernel_dtype(x, "x")
+    t, heads, dim = x.shape
+    if dim % 2:
+        raise ValueError(f"head_dim must be even, got {dim}")
+    _check_rows(x, "x", (t, heads, dim), x.dtype)
+    if positions.shape != (t,) or positions.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"positions must be an int32/int64 tensor of shape ({t},)")
+    if cos_sin.dim() != 2 or cos_sin.shape[1] != dim or cos_sin.stride(1) != 1:
+        raise ValueError(f"cos_sin must be [P, {dim}] with a contiguous last dimension, got {tuple(cos_sin.shape)}")
+    if bias is not None:
+        _check_rows(bias, "bias", (heads, dim), bias.dtype)
+    out = torch.empty_like(x) if out is None else out
+    _check_rows(out, "out", (t, heads, dim), x.dtype)
+    check_launchable(x, positions, cos_sin, bias, out, active_rows)
+    if t == 0 or heads == 0 or dim == 0:
+        return out
+    active, has_active = _active_args(active_rows, x)
+    _rope_kernel[(t,)](
+        x, positions, cos_sin, x if bias is None else bias, out, active, heads, dim // 2,
+        x.stride(0), x.stride(1), out.stride(0), out.stride(1), cos_sin.stride(0),
+        0 if bias is None else bias.stride(0),
+        GPTJ=style == "gptj", HAS_BIAS=bias is not None, HAS_ACTIVE=has_active,
+        BLOCK_H=triton.next_power_of_2(heads), BLOCK_HALF=triton.next_power_of_2(dim // 2), num_warps=4,
+    )
     return out

@@ -3,8 +3,8 @@
 Every random number is a pure function of (row key, position, stream, index):
 
     Philox4x32-10 with key (k0, k1) = (low, high 32 bits of the row key) and counter
-    (c0, c1, c2, c3) = (index, position, stream, 0); the first output word x gives
-    u = ((x >> 8) + 0.5) * 2**-24, uniform in (0, 1) and never 0 or 1.
+    (c0, c1, c2, c3) = (index, position mod 2**32, stream, 0); the first output word x gives
+    u = ((x >> 9) + 0.5) * 2**-23, exact in fp32, in [2**-24, 1 - 2**-24] (never 0 or 1).
 
 The row key is derived by the runtime from (seed, request); ``position`` is the output token's
 position, so a request's samples never depend on its batch neighbours, on padding or on
@@ -15,7 +15,7 @@ Sampling (per row; ``temperature <= 0`` means greedy argmax, lowest index on tie
     top-k  (0 < k < V): keep z >= the k-th largest z (ties kept)
     top-p  (p < 1):     over the top-k survivors, keep the smallest set of largest-probability
                         tokens whose mass reaches p (ties with its smallest member kept)
-    min-p  (m > 0):     keep z >= max(z) + log(m)
+    min-p  (m > 0):     keep z - max(z) >= log(m)
     token = argmax over kept of z_i - log(-log(u_i))     (Gumbel-max; exact categorical)
 """
 
@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ._rows import active_count
+from ._triton import check_launchable, tl, triton
 
 STREAM_SAMPLE = 0
 STREAM_DRAFT = 1
@@ -72,8 +73,8 @@ def philox_words(seeds, positions, stream: int, indices) -> np.ndarray:
 def philox_uniform(seeds, positions, stream: int, n: int, device=None) -> torch.Tensor:
     """Uniforms in (0, 1): fp32 [M, n] for indices 0..n-1 (see module docstring)."""
     words = philox_words(seeds, positions, stream, np.arange(n))
-    u = ((words >> np.uint32(8)).astype(np.float64) + 0.5) * 2.0**-24
-    return torch.from_numpy(u.astype(np.float32)).to(device)
+    u = ((words >> np.uint32(9)).astype(np.float32) + np.float32(0.5)) * np.float32(2.0**-23)
+    return torch.from_numpy(u).to(device)
 
 
 def _to_numpy_ints(t):
@@ -152,5 +153,382 @@ def compute_logprobs_reference(logits, tokens, num_top: int = 0):
     if num_top <= 0:
         empty = torch.empty((logits.shape[0], 0), device=logits.device)
         return chosen, empty.long(), empty
-    vals, ids = lp.topk(num_top, dim=1)
+    vals, ids = lp.sort(dim=1, descending=True, stable=True)
+    return chosen, ids[:, :num_top], vals[:, :num_top]
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernels: one program per row, streaming the vocabulary in chunks.
+#
+# Passes over a sampling row (temperature > 0):
+#   no filter          1 pass   Gumbel-max
+#   min-p only         2 passes max, Gumbel-max
+#   top-k and/or top-p 2 + 8 per filter: max, threshold searches, Gumbel-max
+# Greedy rows make one argmax pass. Top-k and top-p thresholds are found without sorting: each
+# search pass counts (top-k) or weighs by exp(z - max) (top-p) the elements at or above
+# SEARCH_CANDIDATES evenly spaced keys of the current key interval (keys are the fp32 bit
+# patterns mapped to a signed-int order), shrinking it 16x; SEARCH_PASSES = 8 passes resolve
+# the 32-bit key exactly, so thresholds are data values with tie-inclusive semantics.
+# ---------------------------------------------------------------------------------------------
+
+BLOCK_V = 2048  # vocabulary chunk of the streaming passes
+SEARCH_BLOCK_V = 512  # vocabulary chunk of the search passes (holds a [chunk, candidates] tile)
+SEARCH_CANDIDATES = 16
+SEARCH_PASSES = 8
+NUM_WARPS = 8
+
+
+@triton.jit
+def philox_uniform_tl(seed, position, stream, index):
+    """Triton twin of `philox_uniform`, bitwise equal: fp32 uniforms in (0, 1).
+
+    seed: int64 row key (scalar); position: int64 scalar or block (taken mod 2**32); stream:
+    int; index: int32 scalar or block (the vocabulary index).
+    """
+    word, _, _, _ = tl.random.philox(seed, index, position.to(tl.uint32), stream, 0)
+    return ((word >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23
+
+
+@triton.jit
+def _order_key(z):
+    """int32 key whose signed order is the float order of z (-0.0 and +0.0 share key 0)."""
+    bits = z.to(tl.int32, bitcast=True)
+    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return tl.where(key == -1, 0, key)
+
+
+@triton.jit
+def _lane_argmax(best, best_idx, score, idx):
+    """Per-lane running argmax over chunks; a lane keeps its lowest index on ties.
+
+    Start from best = -inf and best_idx = the first chunk's indices; finish with
+    `_argmax_of_lanes`. Reductions happen once per row, not once per chunk.
+    """
+    take = score > best
+    return tl.where(take, score, best), tl.where(take, idx, best_idx)
+
+
+@triton.jit
+def _argmax_of_lanes(best, best_idx):
+    """Row argmax from the per-lane results: the maximum, lowest index on ties."""
+    top = tl.max(best, axis=0)
+    return tl.min(tl.where(best == top, best_idx, 2147483647), axis=0)
+
+
+@triton.jit
+def _argmax_pass(row_ptr, V, BLOCK: tl.constexpr):
+    """Index of the largest logit of a row (fp32 compare, lowest index on ties)."""
+    lanes = tl.arange(0, BLOCK)
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_idx = lanes
+    for start in range(0, V, BLOCK):
+        offs = start + lanes
+        x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        best, best_idx = _lane_argmax(best, best_idx, x, offs)
+    return _argmax_of_lanes(best, best_idx)
+
+
+@triton.jit
+def _scaled(row_ptr, offs, V, t):
+    """z = logits / t for a chunk (IEEE division, as torch); -inf past V."""
+    x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+    return tl.math.div_rn(x, t)
+
+
+@triton.jit
+def _max_pass(row_ptr, V, t, BLOCK: tl.constexpr):
+    zmax = tl.full([BLOCK], float("-inf"), tl.float32)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        zmax = tl.maximum(zmax, _scaled(row_ptr, offs, V, t))
+    return tl.max(zmax, axis=0)
+
+
+@triton.jit
+def _search_key(
+    row_ptr, V, t, zmax, floor, need,
+    BY_MASS: tl.constexpr, BLOCK: tl.constexpr, CANDIDATES: tl.constexpr, PASSES: tl.constexpr,
+):
+    """Largest key T >= floor with W(T) >= need (count) or W(T) >= need * W(floor) (mass).
+
+    W(T) sums over the elements with key >= max(T, floor) either 1 (BY_MASS False: top-k,
+    need = k) or exp(z - zmax) (BY_MASS True: top-p, need = p). Invariant: W(lo) passes,
+    W(hi) fails; the candidates split [lo, hi) evenly.
+    """
+    cols = tl.arange(0, CANDIDATES)
+    lo = floor.to(tl.int64)
+    hi = _order_key(zmax).to(tl.int64) + 1
+    total = tl.full([], 0.0, tl.float32)
+    for it in range(PASSES):
+        cand = lo + ((hi - lo) * cols + (CANDIDATES - 1)) // CANDIDATES
+        cand32 = cand.to(tl.int32)
+        acc = tl.zeros([BLOCK, CANDIDATES], dtype=tl.float32)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            z = _scaled(row_ptr, offs, V, t)
+            key = _order_key(z)
+            if BY_MASS:
+                w = tl.where((offs < V) & (key >= floor), tl.exp(z - zmax), 0.0)
+            else:
+                w = tl.where(offs < V, 1.0, 0.0)
+            acc += tl.where(key[:, None] >= cand32[None, :], w[:, None], 0.0)
+        weight = tl.sum(acc, axis=0)
+        if BY_MASS:
+            # The first pass's candidate 0 is the floor itself: W(floor), the top-k mass.
+            total = tl.where(it == 0, tl.sum(tl.where(cols == 0, weight, 0.0), axis=0), total)
+            ok = weight >= need * total
+        else:
+            ok = weight >= need
+        lo_next = tl.max(tl.where(ok, cand, lo), axis=0)
+        hi = tl.min(tl.where(ok, hi, cand), axis=0)
+        lo = lo_next
+    return lo.to(tl.int32)
+
+
+@triton.jit
+def _keep_threshold(
+    row_ptr, V, t, zmax, top_k, top_p,
+    BLOCK: tl.constexpr, CANDIDATES: tl.constexpr, PASSES: tl.constexpr,
+):
+    """Key threshold of top-k and top-p together: a token survives both iff key(z) >= it."""
+    thresh = tl.full([], -2147483648, tl.int32)
+    if (top_k > 0) & (top_k < V):
+        thresh = _search_key(row_ptr, V, t, zmax, thresh, top_k.to(tl.float32), False, BLOCK, CANDIDATES, PASSES)
+    if top_p < 1.0:
+        thresh = _search_key(row_ptr, V, t, zmax, thresh, top_p, True, BLOCK, CANDIDATES, PASSES)
+    return thresh
+
+
+@triton.jit
+def _row_filter(
+    row_ptr, row, V, t, top_k_ptr, top_p_ptr, min_p_ptr, ALWAYS_MAX: tl.constexpr,
+    SEARCH_BLOCK: tl.constexpr, CANDIDATES: tl.constexpr, PASSES: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """(zmax, log_min_p, thresh) of a sampling row; keep = key(z) >= thresh & z - zmax >= log_min_p.
+
+    Rows without filters skip every pass (zmax = 0, log_min_p = -inf, thresh = INT32_MIN)
+    unless ALWAYS_MAX asks for the row maximum anyway.
+    """
+    top_k = tl.load(top_k_ptr + row).to(tl.int32)
+    top_p = tl.load(top_p_ptr + row).to(tl.float32)
+    min_p = tl.load(min_p_ptr + row).to(tl.float32)
+    zmax = tl.full([], 0.0, tl.float32)
+    log_min_p = tl.full([], float("-inf"), tl.float32)
+    thresh = tl.full([], -2147483648, tl.int32)
+    filtered = ((top_k > 0) & (top_k < V)) | (top_p < 1.0) | (min_p > 0.0)
+    if filtered | ALWAYS_MAX:
+        zmax = _max_pass(row_ptr, V, t, BLOCK)
+    if filtered:
+        thresh = _keep_threshold(row_ptr, V, t, zmax, top_k, top_p, SEARCH_BLOCK, CANDIDATES, PASSES)
+        if min_p > 0.0:
+            log_min_p = tl.log(tl.maximum(min_p, 1e-30))
+    return zmax, log_min_p, thresh
+
+
+@triton.jit
+def _kept(row_ptr, offs, V, t, zmax, log_min_p, thresh):
+    """Scaled logits of a chunk and their keep mask."""
+    z = _scaled(row_ptr, offs, V, t)
+    keep = (offs < V) & (_order_key(z) >= thresh) & (z - zmax >= log_min_p)
+    return z, keep
+
+
+@triton.jit
+def _sample_kernel(
+    logits_ptr, stride_row, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr, pos_ptr, out_ptr,
+    active_ptr, V, stream,
+    HAS_ACTIVE: tl.constexpr, BLOCK: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
+    CANDIDATES: tl.constexpr, PASSES: tl.constexpr,
+):
+    row = tl.program_id(0)
+    if HAS_ACTIVE:
+        if row >= tl.load(active_ptr):
+            return
+    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+    temperature = tl.load(temp_ptr + row).to(tl.float32)
+    if temperature <= 0.0:
+        token = _argmax_pass(row_ptr, V, BLOCK)
+    else:
+        t = tl.maximum(temperature, 1e-30)
+        zmax, log_min_p, thresh = _row_filter(
+            row_ptr, row, V, t, top_k_ptr, top_p_ptr, min_p_ptr, False, SEARCH_BLOCK, CANDIDATES, PASSES, BLOCK
+        )
+        seed = tl.load(seed_ptr + row).to(tl.int64)
+        position = tl.load(pos_ptr + row).to(tl.int64)
+        lanes = tl.arange(0, BLOCK)
+        best = tl.full([BLOCK], float("-inf"), tl.float32)
+        best_idx = lanes
+        for start in range(0, V, BLOCK):
+            offs = start + lanes
+            z, keep = _kept(row_ptr, offs, V, t, zmax, log_min_p, thresh)
+            u = philox_uniform_tl(seed, position, stream, offs)
+            score = tl.where(keep, z - tl.log(-tl.log(u)), float("-inf"))
+            best, best_idx = _lane_argmax(best, best_idx, score, offs)
+        token = _argmax_of_lanes(best, best_idx)
+    tl.store(out_ptr + row, token.to(tl.int64))
+
+
+@triton.jit
+def _filtered_probs_kernel(
+    logits_ptr, stride_row, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, out_ptr, stride_out,
+    active_ptr, V,
+    HAS_ACTIVE: tl.constexpr, BLOCK: tl.constexpr, SEARCH_BLOCK: tl.constexpr,
+    CANDIDATES: tl.constexpr, PASSES: tl.constexpr,
+):
+    row = tl.program_id(0)
+    if HAS_ACTIVE:
+        if row >= tl.load(active_ptr):
+            return
+    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+    out_row = out_ptr + row.to(tl.int64) * stride_out
+    temperature = tl.load(temp_ptr + row).to(tl.float32)
+    if temperature <= 0.0:
+        best_idx = _argmax_pass(row_ptr, V, BLOCK)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            tl.store(out_row + offs, tl.where(offs == best_idx, 1.0, 0.0), mask=offs < V)
+    else:
+        t = tl.maximum(temperature, 1e-30)
+        zmax, log_min_p, thresh = _row_filter(
+            row_ptr, row, V, t, top_k_ptr, top_p_ptr, min_p_ptr, True, SEARCH_BLOCK, CANDIDATES, PASSES, BLOCK
+        )
+        lane_total = tl.zeros([BLOCK], dtype=tl.float32)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            z, keep = _kept(row_ptr, offs, V, t, zmax, log_min_p, thresh)
+            lane_total += tl.where(keep, tl.exp(z - zmax), 0.0)
+        total = tl.sum(lane_total, axis=0)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            z, keep = _kept(row_ptr, offs, V, t, zmax, log_min_p, thresh)
+            tl.store(out_row + offs, tl.math.div_rn(tl.where(keep, tl.exp(z - zmax), 0.0), total), mask=offs < V)
+
+
+@triton.jit
+def _logprobs_kernel(
+    logits_ptr, stride_row, tokens_ptr, chosen_ptr, ids_ptr, vals_ptr, stride_top, V,
+    NUM_TOP: tl.constexpr, TOP_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
+    # log-sum-exp with a running maximum
+    m = tl.full([], float("-inf"), tl.float32)
+    s = tl.full([], 0.0, tl.float32)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        m_next = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp(m - m_next) + tl.sum(tl.exp(x - m_next), axis=0)
+        m = m_next
+    log_s = tl.log(s)
+    token = tl.load(tokens_ptr + row).to(tl.int64)
+    tl.store(chosen_ptr + row, (tl.load(row_ptr + token).to(tl.float32) - m) - log_s)
+    if NUM_TOP > 0:
+        # Running top list of unique rank keys (key(x) + 1) * 2**32 - 1 - index: larger logit
+        # first, lower index first on ties. Unused slots hold INT64_MAX and are never replaced.
+        slots = tl.arange(0, TOP_BLOCK)
+        top = tl.where(slots < NUM_TOP, tl.full([TOP_BLOCK], -9223372036854775808, tl.int64), 9223372036854775807)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+            rank_key = ((_order_key(x).to(tl.int64) + 1) << 32) - 1 - offs.to(tl.int64)
+            cand = tl.where(offs < V, rank_key, -9223372036854775808)
+            worst = tl.min(top, axis=0)
+            best = tl.max(cand, axis=0)
+            while best > worst:
+                slot = tl.min(tl.where(top == worst, slots, TOP_BLOCK), axis=0)
+                top = tl.where(slots == slot, best, top)
+                cand = tl.where(cand == best, -9223372036854775808, cand)
+                worst = tl.min(top, axis=0)
+                best = tl.max(cand, axis=0)
+        live = slots < NUM_TOP
+        top = tl.where(live, top, -9223372036854775808)
+        order = tl.sum((top[None, :] > top[:, None]).to(tl.int32), axis=1)
+        ids = (((top >> 32) + 1) << 32) - 1 - top
+        x = tl.load(row_ptr + ids, mask=live, other=0.0).to(tl.float32)
+        dst = row.to(tl.int64) * stride_top + order
+        tl.store(ids_ptr + dst, ids, mask=live)
+        tl.store(vals_ptr + dst, (x - m) - log_s, mask=live)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launchers
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_logits(logits: torch.Tensor) -> None:
+    if logits.dim() != 2 or logits.stride(1) != 1:
+        raise ValueError(f"logits must be [M, V] with a contiguous last dimension, got {tuple(logits.shape)}")
+
+
+def sample(
+    logits, temperature, top_k, top_p, min_p, seeds, positions, *, stream=STREAM_SAMPLE, out=None, active_rows=None
+):
+    """Sample one token per row (Triton); same contract as `sample_reference`.
+
+    logits [M, V] bf16/fp16/fp32 (row stride free, last dim contiguous); temperature, top_p,
+    min_p fp32 [M]; top_k int32 [M]; seeds, positions int64 [M]; out int64 [M]; active_rows
+    int32 [1] on the device. One program per row; no host sync, no allocation with ``out``.
+    """
+    _check_logits(logits)
+    check_launchable(logits)
+    m, v = logits.shape
+    out = torch.empty(m, dtype=torch.int64, device=logits.device) if out is None else out
+    if m:
+        _sample_kernel[(m,)](
+            logits, logits.stride(0), temperature, top_k, top_p, min_p, seeds, positions, out,
+            out if active_rows is None else active_rows, v, stream,
+            HAS_ACTIVE=active_rows is not None, BLOCK=BLOCK_V, SEARCH_BLOCK=SEARCH_BLOCK_V,
+            CANDIDATES=SEARCH_CANDIDATES, PASSES=SEARCH_PASSES, num_warps=NUM_WARPS,
+        )
+    return out
+
+
+def filtered_probs(logits, temperature, top_k, top_p, min_p, *, out=None, active_rows=None):
+    """Processed distribution [M, V] fp32 (Triton); same contract as `filtered_probs_reference`.
+
+    The proposal / target tensor of speculative acceptance: softmax of z over the kept set,
+    one-hot at the argmax for greedy rows. ``out`` may have any row stride (last dim
+    contiguous).
+    """
+    _check_logits(logits)
+    check_launchable(logits)
+    m, v = logits.shape
+    out = torch.empty((m, v), dtype=torch.float32, device=logits.device) if out is None else out
+    if out.stride(1) != 1:
+        raise ValueError("out must have a contiguous last dimension")
+    if m:
+        _filtered_probs_kernel[(m,)](
+            logits, logits.stride(0), temperature, top_k, top_p, min_p, out, out.stride(0),
+            out if active_rows is None else active_rows, v,
+            HAS_ACTIVE=active_rows is not None, BLOCK=BLOCK_V, SEARCH_BLOCK=SEARCH_BLOCK_V,
+            CANDIDATES=SEARCH_CANDIDATES, PASSES=SEARCH_PASSES, num_warps=NUM_WARPS,
+        )
+    return out
+
+
+MAX_LOGPROBS = 20
+
+
+def compute_logprobs(logits, tokens, num_top: int = 0):
+    """Raw log-probabilities (Triton); same contract as `compute_logprobs_reference`.
+
+    logits [M, V] any float dtype (last dim contiguous), tokens [M] int; num_top in
+    [0, min(20, V)]. Top entries are the num_top largest logits (lowest id first on ties) in
+    descending order with their log-probabilities. One program per row, two passes; allocates
+    its three outputs only (graph-safe, row-invariant).
+    """
+    _check_logits(logits)
+    check_launchable(logits)
+    m, v = logits.shape
+    if not 0 <= num_top <= min(MAX_LOGPROBS, v):
+        raise ValueError(f"num_top must be in [0, {min(MAX_LOGPROBS, v)}], got {num_top}")
+    chosen = torch.empty(m, dtype=torch.float32, device=logits.device)
+    ids = torch.empty((m, num_top), dtype=torch.int64, device=logits.device)
+    vals = torch.empty((m, num_top), dtype=torch.float32, device=logits.device)
+    if m:
+        _logprobs_kernel[(m,)](
+            logits, logits.stride(0), tokens, chosen, ids, vals, num_top, v,
+            NUM_TOP=num_top, TOP_BLOCK=triton.next_power_of_2(max(num_top, 1)), BLOCK=BLOCK_V, num_warps=NUM_WARPS,
+        )
     return chosen, ids, vals

@@ -1,0 +1,47 @@
+"""rlt_kernels: Triton kernels for looped (recurrent-depth) language models.
+
+Every kernel has a torch reference with the same signature in `rlt_kernels.reference`.
+Public kernels (see docs/kernels.md):
+
+    paged_attention        paged attention with loop-depth indirection and fixed-size split-KV
+    kv_scatter, rope_kv_scatter          masked K/V writes into paged caches (+ fused RoPE)
+    gather_rows, scatter_rows, finalize_last_exited   routing between slot pools and batches
+    linear                 batch-invariant GEMM (+ fused SwiGLU), device-side active-row count
+    rms_norm, residual_norm, swiglu, apply_rope       fused norms and activations
+    sample, filtered_probs, compute_logprobs          counter-based sampling
+    accept_draft           fused speculative acceptance
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "paged_attention": "attention",
+    "kv_scatter": "kv_cache",
+    "rope_kv_scatter": "kv_cache",
+    "gather_rows": "routing",
+    "scatter_rows": "routing",
+    "finalize_last_exited": "routing",
+    "linear": "gemm",
+    "rms_norm": "norms",
+    "residual_norm": "norms",
+    "swiglu": "norms",
+    "apply_rope": "norms",
+    "rope_cos_sin": "norms",
+    "sample": "sampling",
+    "filtered_probs": "sampling",
+    "compute_logprobs": "sampling",
+    "accept_draft": "acceptance",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rlt_kernels' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"rlt_kernels.{module}"), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,1 @@
+"""Paged KV cache: layouts (planes), block pool, per-request tables, prefix cache, capacity planning."""

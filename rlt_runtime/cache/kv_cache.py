@@ -1,0 +1,147 @@
+"""Per-request block tables over the shared pool, one table per plane, with prefix caching.
+
+Plain Python. Every logical block a request owns has one physical block per plane. Allocation
+is incremental (grow as tokens are scheduled); the device copy of the tables is updated from the
+`(plane, slot, logical_index, block)` records collected in `pending_updates`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from .block_pool import BlockPool
+
+
+def chain_hash(parent: int, tokens: tuple[int, ...], salt: int) -> int:
+    """Hash of a full logical block given its parent's hash (deterministic across runs)."""
+    return hash((parent, tokens, salt))
+
+
+class KVCacheManager:
+    """Blocks of running requests, keyed by request id."""
+
+    def __init__(self, num_blocks: int, block_size: int, num_planes: int, *, enable_prefix_caching: bool,
+                 cache_salt: int = 0):
+        self.pool = BlockPool(num_blocks)
+        self.block_size = block_size
+        self.num_planes = num_planes
+        self.enable_prefix_caching = enable_prefix_caching
+        self.cache_salt = cache_salt
+        self._tables: dict[str, list[tuple[int, ...]]] = {}  # request id -> per logical block, per-plane ids
+        self._hashes: dict[str, list[int]] = {}  # published/matched block hashes of each request
+        self.pending_updates: list[tuple[int, int, int, int]] = []
+
+    # ---- queries -------------------------------------------------------------------------------
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def num_new_blocks(self, request_id: str, num_tokens: int) -> int:
+        """Physical blocks needed so the request covers positions [0, num_tokens)."""
+        have = len(self._tables.get(request_id, ()))
+        return max(0, self.blocks_for(num_tokens) - have) * self.num_planes
+
+    def table(self, request_id: str) -> list[tuple[int, ...]]:
+        return self._tables.get(request_id, [])
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.pool.num_free / self.pool.num_blocks
+
+    # ---- prefix cache --------------------------------------------------------------------------
+    def block_hashes(self, token_ids: list[int], salt: int) -> list[int]:
+        """Hashes of the full blocks of `token_ids` excluding its last token (never cached)."""
+        hashes, parent = [], 0
+        usable = len(token_ids) - 1
+        for i in range(usable // self.block_size):
+            parent = chain_hash(parent, tuple(token_ids[i * self.block_size : (i + 1) * self.block_size]), salt)
+            hashes.append(parent)
+        return hashes
+
+    def count_cached_prefix(self, token_ids: list[int], salt: int) -> int:
+        """Tokens a new request would find cached (no references taken)."""
+        n = 0
+        for h in self.block_hashes(token_ids, salt):
+            if not self.pool.peek(h):
+                break
+            n += self.block_size
+        return n
+
+    def attach_prefix(self, request_id: str, slot: int, token_ids: list[int], salt: int) -> int:
+        """Reuse cached leading blocks for a new request; returns the cached token count."""
+        assert request_id not in self._tables
+        table: list[tuple[int, ...]] = []
+        hashes: list[int] = []
+        for h in self.block_hashes(token_ids, salt):
+            planes = self.pool.lookup(h)
+            if planes is None:
+                break
+            self._record(slot, len(table), planes)
+            table.append(planes)
+            hashes.append(h)
+        self._tables[request_id] = table
+        self._hashes[request_id] = hashes
+        return len(table) * self.block_size
+
+    def publish(self, request_id: str, token_ids: list[int], num_computed: int, salt: int) -> None:
+        """Publish the request's full prompt blocks whose K/V is now computed (all planes)."""
+        table, hashes = self._tables[request_id], self._hashes[request_id]
+        limit = min(num_computed, len(token_ids) - 1) // self.block_size
+        if len(hashes) >= limit:
+            return
+        parent = hashes[-1] if hashes else 0
+        for i in range(len(hashes), limit):
+            parent = chain_hash(parent, tuple(token_ids[i * self.block_size : (i + 1) * self.block_size]), salt)
+            self.pool.publish(parent, table[i])
+            hashes.append(parent)
+
+    # ---- allocation ----------------------------------------------------------------------------
+    def allocate(self, request_id: str, slot: int, num_tokens: int) -> bool:
+        """Grow the request to cover positions [0, num_tokens); all-or-nothing."""
+        table = self._tables.setdefault(request_id, [])
+        self._hashes.setdefault(request_id, [])
+        need = self.blocks_for(num_tokens) - len(table)
+        if need <= 0:
+            return True
+        blocks = self.pool.allocate(need * self.num_planes)
+        if blocks is None:
+            return False
+        for i in range(need):
+            planes = tuple(blocks[i * self.num_planes : (i + 1) * self.num_planes])
+            self._record(slot, len(table), planes)
+            table.append(planes)
+        return True
+
+    def free(self, request_id: str) -> None:
+        """Return every block of the request (cached ones stay in the prefix cache)."""
+        table = self._tables.pop(request_id, [])
+        self._hashes.pop(request_id, None)
+        for planes in reversed(table):
+            self.pool.release(planes)
+
+    def _record(self, slot: int, logical: int, planes: tuple[int, ...]) -> None:
+        for p, b in enumerate(planes):
+            self.pending_updates.append((p, slot, logical, b))
+
+    def take_updates(self) -> list[tuple[int, int, int, int]]:
+        updates, self.pending_updates = self.pending_updates, []
+        return updates
+
+    def rebind_slot(self, request_id: str, slot: int) -> None:
+        """Re-emit a request's table for a new slot (after a swap-in)."""
+        for i, planes in enumerate(self._tables.get(request_id, [])):
+            self._record(slot, i, planes)
+
+    def check_invariant(self) -> None:
+        self.pool.check_invariant()
+        owned: dict[int, int] = {}
+        for table in self._tables.values():
+            for planes in table:
+                for b in planes:
+                    owned[b] = owned.get(b, 0) + 1
+        for b, n in owned.items():
+            assert self.pool._refs[b] == n, f"block {b}: {n} owners but refcount {self.pool._refs[b]}"
+        assert sum(1 for r in self.pool._refs if r > 0) == len(owned), "referenced block with no owner"

@@ -1,0 +1,181 @@
+"""EngineConfig: every engine option, validated once with errors naming the field and its range.
+
+Options keep vLLM's names where vLLM has the concept. `LLM(model, **engine_options)`, the CLI and
+the server all build one of these.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+from .errors import ConfigError
+
+OURO_EXIT_MODES = ("ouro", "ouro_delayed", "random_lookahead", "trace")
+HUGINN_EXIT_MODES = ("fixed", "kl", "entropy-diff", "latent-diff", "cosine", "argmax-stability", "trace")
+HUGINN_CRITERION_DEFAULTS = {"kl": 5e-4, "entropy-diff": 1e-3, "latent-diff": 0.03, "cosine": 1e-3, "argmax-stability": 5}
+ATTENTION_BACKENDS = ("auto", "triton", "flash", "torch")
+EXECUTION_MODES = ("eager", "graphs", "compile")
+SCHEDULING_POLICIES = ("fcfs", "priority")
+PREEMPTION_MODES = ("recompute", "swap")
+DRAFT_POLICIES = ("adaptive", "fixed")
+_COMPRESS = re.compile(r"^compress-s(\d+)$")
+
+
+def _fail(name: str, allowed: str, value) -> ConfigError:
+    return ConfigError(f"{name} must be {allowed}, got {value!r}")
+
+
+def _int(value, name: str, lo: int, hi: Optional[int] = None, allow_none: bool = False):
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo or (hi is not None and value > hi):
+        rng = f"an integer >= {lo}" if hi is None else f"an integer in {lo}..{hi}"
+        raise _fail(name, rng + (" or None" if allow_none else ""), value)
+
+
+def _choice(value, name: str, choices) -> None:
+    if value not in choices:
+        raise _fail(name, "one of " + ", ".join(repr(c) for c in choices), value)
+
+
+@dataclass
+class SpeculativeConfig:
+    """Self-speculative decoding: draft with the first `draft_loops` loops, verify at full depth."""
+
+    num_speculative_tokens: int = 4
+    draft_loops: Optional[int] = None  # default: 2 for Ouro, depth // 4 for Huginn
+    draft_policy: str = "adaptive"
+    synthetic_acceptance: Optional[float] = None  # benchmark aid only: accept each draft with this probability
+
+    def validate(self, depth: int) -> None:
+        _int(self.num_speculative_tokens, "speculative_config.num_speculative_tokens", 1, 16)
+        _int(self.draft_loops, "speculative_config.draft_loops", 1, depth - 1)
+        _choice(self.draft_policy, "speculative_config.draft_policy", DRAFT_POLICIES)
+        if self.synthetic_acceptance is not None and not 0.0 <= float(self.synthetic_acceptance) <= 1.0:
+            raise _fail("speculative_config.synthetic_acceptance", "None or a number in [0, 1]", self.synthetic_acceptance)
+
+
+@dataclass
+class EngineConfig:
+    """All engine options. Defaults are the fastest correct choice for the device."""
+
+    # Model and device.
+    dtype: str = "auto"
+    device: str = "auto"
+    seed: int = 0
+    num_loops: Optional[int] = None  # depth override (Huginn recurrences; Ouro loops)
+    max_model_len: Optional[int] = None
+    # Scheduling.
+    max_num_seqs: Optional[int] = None
+    max_num_batched_tokens: Optional[int] = None
+    enable_chunked_prefill: bool = True
+    prefill_chunk_size: Optional[int] = None  # per-request chunk ceiling
+    max_consecutive_prefill_steps: int = 4  # prefill-only steps before a decode step (unchunked mode)
+    scheduling_policy: str = "fcfs"
+    admission_scan_limit: int = 64
+    max_admission_bypasses: int = 8
+    enable_preemption: bool = True
+    preemption_mode: str = "recompute"
+    # KV cache.
+    block_size: int = 16
+    kv_layout: str = "last_exited"
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+    num_blocks: Optional[int] = None
+    kv_cache_memory_bytes: Optional[int] = None
+    watermark: float = 0.01
+    # Loops and exit.
+    exit_mode: Optional[str] = None  # default: "ouro" (Ouro) / "fixed" (Huginn)
+    exit_trace: Optional[Union[str, dict]] = None
+    record_exit_trace: Optional[str] = None
+    lookahead_seed: int = 0
+    exit_criterion_threshold: Optional[float] = None
+    # Execution.
+    attention_backend: str = "auto"
+    execution_mode: Optional[str] = None  # default: graphs on CUDA, eager on CPU
+    async_scheduling: Optional[bool] = None  # default: on with CUDA
+    batch_invariant: bool = True
+    cuda_graph_sizes: Optional[list[int]] = None
+    speculative_config: Optional[Union[dict, SpeculativeConfig]] = None
+    # Profiling.
+    profile_dir: Optional[str] = None
+    profile_steps: tuple = (2, 4)  # (first step to record, number of steps)
+
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "EngineConfig":
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise ConfigError(f"unknown engine option(s) {unknown}; valid options: {sorted(names)}")
+        cfg = cls(**kwargs)
+        if isinstance(cfg.speculative_config, dict):
+            try:
+                cfg.speculative_config = SpeculativeConfig(**cfg.speculative_config)
+            except TypeError as exc:
+                raise ConfigError(f"speculative_config: {exc}") from exc
+        return cfg
+
+    def validate_static(self) -> None:
+        """Checks that need no model or device."""
+        _choice(self.dtype, "dtype", ("auto", "float32", "float16", "bfloat16", "float64"))
+        if not isinstance(self.device, str) or not re.match(r"^(auto|cpu|cuda(:\d+)?)$", self.device):
+            raise _fail("device", "'auto', 'cpu', 'cuda' or 'cuda:N'", self.device)
+        _int(self.seed, "seed", 0)
+        _int(self.num_loops, "num_loops", 1, 128, allow_none=True)
+        _int(self.max_model_len, "max_model_len", 1, allow_none=True)
+        _int(self.max_num_seqs, "max_num_seqs", 1, 4096, allow_none=True)
+        _int(self.max_num_batched_tokens, "max_num_batched_tokens", 1, allow_none=True)
+        _int(self.prefill_chunk_size, "prefill_chunk_size", 1, allow_none=True)
+        _int(self.max_consecutive_prefill_steps, "max_consecutive_prefill_steps", 1)
+        _choice(self.scheduling_policy, "scheduling_policy", SCHEDULING_POLICIES)
+        _int(self.admission_scan_limit, "admission_scan_limit", 1)
+        _int(self.max_admission_bypasses, "max_admission_bypasses", 0)
+        _choice(self.preemption_mode, "preemption_mode", PREEMPTION_MODES)
+        _choice(self.block_size, "block_size", (16, 32, 64, 128, 256))
+        if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise _fail("gpu_memory_utilization", "a number in (0, 1]", self.gpu_memory_utilization)
+        if self.num_blocks is not None and self.kv_cache_memory_bytes is not None:
+            raise ConfigError("num_blocks and kv_cache_memory_bytes are mutually exclusive; set at most one")
+        _int(self.num_blocks, "num_blocks", 1, allow_none=True)
+        _int(self.kv_cache_memory_bytes, "kv_cache_memory_bytes", 1, allow_none=True)
+        if not isinstance(self.watermark, (int, float)) or not 0.0 <= self.watermark < 1.0:
+            raise _fail("watermark", "a number in [0, 1)", self.watermark)
+        _choice(self.attention_backend, "attention_backend", ATTENTION_BACKENDS)
+        if self.execution_mode is not None:
+            _choice(self.execution_mode, "execution_mode", EXECUTION_MODES)
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise _fail("async_scheduling", "a boolean or None", self.async_scheduling)
+        if not isinstance(self.batch_invariant, bool):
+            raise _fail("batch_invariant", "a boolean", self.batch_invariant)
+        if self.cuda_graph_sizes is not None:
+            if not isinstance(self.cuda_graph_sizes, (list, tuple)) or not self.cuda_graph_sizes or any(
+                not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in self.cuda_graph_sizes
+            ):
+                raise _fail("cuda_graph_sizes", "a non-empty list of positive integers", self.cuda_graph_sizes)
+        if self.speculative_config is not None and not isinstance(self.speculative_config, SpeculativeConfig):
+            raise _fail("speculative_config", "a dict or SpeculativeConfig", self.speculative_config)
+        if (not isinstance(self.profile_steps, (list, tuple)) or len(self.profile_steps) != 2
+                or any(not isinstance(v, int) or v < 0 for v in self.profile_steps) or self.profile_steps[1] < 1):
+            raise _fail("profile_steps", "(first_step >= 0, num_steps >= 1)", self.profile_steps)
+
+    def validate_for_model(self, family: str, depth: int) -> None:
+        """Checks that depend on the model family and its depth."""
+        if family == "ouro":
+            if self.exit_mode is not None:
+                _choice(self.exit_mode, "exit_mode", OURO_EXIT_MODES)
+            _choice(self.kv_layout, "kv_layout", ("last_exited", "shared"))
+        else:
+            if self.exit_mode is not None:
+                _choice(self.exit_mode, "exit_mode", HUGINN_EXIT_MODES)
+            m = _COMPRESS.match(self.kv_layout)
+            if self.kv_layout not in ("last_exited", "shared") and not m:
+                raise _fail("kv_layout", "'last_exited', 'shared' or 'compress-sN' (N a positive multiple of the core layers)", self.kv_layout)
+        if self.exit_mode == "trace" and self.exit_trace is None:
+            raise ConfigError("exit_mode='trace' needs exit_trace (a JSON file path or a {request_id: [depths]} dict)")
+        if self.speculative_config is not None:
+            self.speculative_config.validate(depth)

@@ -1,0 +1,398 @@
+"""LLMEngine: requests in, RequestOutputs out, one `step()` at a time.
+
+It owns the scheduler (plain Python), the KV block accounting and the model runner. A step is
+schedule → submit device work → process results. With async scheduling the results of step N
+are processed after step N+1 has been submitted: sampled tokens stay on the device and feed the
+next step, and the host learns them one step late.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+from typing import Optional, Union
+
+import torch
+
+from ..cache.kv_cache import KVCacheManager
+from ..cache.layout import make_layout
+from ..cache.memory import block_bytes, plan_kv_cache
+from ..config import HUGINN_CRITERION_DEFAULTS, EngineConfig
+from ..errors import ConfigError, RequestError
+from ..executor.model_runner import ModelRunner, StepHandle
+from ..executor.ops import select_ops
+from ..models import load_model
+from ..outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
+from ..sampling_params import SamplingParams
+from .exit_policy import load_trace
+from .request import Request, Status
+from .scheduler import Scheduler
+from .text import TextTracker
+
+logger = logging.getLogger("rlt")
+
+_MASK63 = (1 << 63) - 1
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device={name!r} but CUDA is not available; use 'cpu' or 'auto'")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"device={name!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = getattr(torch, name)
+    if dtype == torch.float64 and device.type == "cuda":
+        raise ConfigError("dtype='float64' is only supported on CPU (it is the test oracle precision)")
+    return dtype
+
+
+class LLMEngine:
+    """The engine behind `LLM`, the CLI and the server."""
+
+    def __init__(self, model: str, cfg: Optional[EngineConfig] = None, **kwargs):
+        cfg = cfg or EngineConfig.from_kwargs(**kwargs)
+        cfg.validate_static()
+        self.cfg = cfg
+        self.device = _resolve_device(cfg.device)
+        self.dtype = _resolve_dtype(cfg.dtype, self.device)
+        self.model_name = model
+        self.model_config, weights, self.tokenizer = load_model(model, seed=cfg.seed, device=self.device, dtype=self.dtype)
+        mc = self.model_config
+        self.family = mc.family
+        depth = cfg.num_loops or mc.num_loops
+        if depth > mc.max_supported_loops:
+            raise ConfigError(f"num_loops must be in 1..{mc.max_supported_loops} for {mc.family}, got {depth}")
+        cfg.validate_for_model(mc.family, depth)
+        self.depth = depth
+        self.exit_mode = cfg.exit_mode or ("ouro" if mc.family == "ouro" else "fixed")
+        self.trace = load_trace(cfg.exit_trace) if self.exit_mode == "trace" else None
+        criterion = cfg.exit_criterion_threshold
+        if criterion is None:
+            criterion = HUGINN_CRITERION_DEFAULTS.get(self.exit_mode)
+        self.layout = make_layout(mc, cfg.kv_layout, depth)
+        if cfg.max_model_len is not None and cfg.max_model_len > mc.max_model_len:
+            raise ConfigError(f"max_model_len ({cfg.max_model_len}) exceeds the model's context ({mc.max_model_len})")
+        self.max_model_len = cfg.max_model_len or mc.max_model_len
+        on_cuda = self.device.type == "cuda"
+        self.max_num_seqs = cfg.max_num_seqs or (256 if on_cuda else 16)
+        self.max_num_batched_tokens = cfg.max_num_batched_tokens or max(self.max_num_seqs, 4096 if on_cuda else 512)
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs})"
+            )
+        cfg.max_num_seqs, cfg.max_num_batched_tokens = self.max_num_seqs, self.max_num_batched_tokens
+        cfg.prefill_chunk_size = cfg.prefill_chunk_size or self.max_num_batched_tokens
+        self.async_scheduling = on_cuda if cfg.async_scheduling is None else cfg.async_scheduling
+        self.ops = select_ops(self.device, cfg.attention_backend)
+
+        from ..models import build_model
+
+        self.model = build_model(mc, self.layout, self.device, self.dtype)
+        self.model.load_weights(weights)
+        weights_bytes = torch.cuda.memory_allocated(self.device) if on_cuda else 0
+        per_block = block_bytes(self.layout.num_cache_layers, cfg.block_size, mc.kv_heads, mc.head_dim, self.dtype)
+        blocks_per_seq = -(-self.max_model_len // cfg.block_size)
+        useful = blocks_per_seq * self.layout.num_planes * self.max_num_seqs
+        self.memory_plan = plan_kv_cache(
+            cfg, device=self.device, per_block=per_block, useful_blocks=useful, weights_bytes=weights_bytes,
+            profile_peak=self._profile_peak,
+        )
+        logger.info(self.memory_plan.describe())
+        self.kv = KVCacheManager(self.memory_plan.num_blocks, cfg.block_size, self.layout.num_planes,
+                                 enable_prefix_caching=cfg.enable_prefix_caching, cache_salt=hash((model, depth, cfg.kv_layout)))
+        self.scheduler = Scheduler(cfg, self.kv, depth=depth, shares_planes=self.layout.shares_planes, num_slots=self.max_num_seqs)
+        self.runner = ModelRunner(
+            self.model, mc, self.layout, ops=self.ops, device=self.device, dtype=self.dtype, num_slots=self.max_num_seqs,
+            num_blocks=self.memory_plan.num_blocks, block_size=cfg.block_size, max_model_len=self.max_model_len,
+            max_rows=self.max_num_seqs, exit_mode=self.exit_mode, criterion_threshold=criterion,
+            lookahead_seed=cfg.lookahead_seed,
+        )
+        self._groups: dict[str, list[Request]] = {}
+        self._trackers: dict[int, TextTracker] = {}
+        self._prompts: dict[str, Optional[str]] = {}
+        self._arrivals = itertools.count()
+        self._pending: Optional[StepHandle] = None
+        self._recorded_trace: dict[str, list[int]] = {}
+        self.num_steps = 0
+        self._profiler = None
+
+    # ---- capacity ------------------------------------------------------------------------------
+    def _profile_peak(self) -> int:
+        """Peak activation bytes of the largest step (measured once on CUDA before the pool exists)."""
+        from ..executor.profiling import profile_step_peak
+
+        return profile_step_peak(self)
+
+    # ---- requests ------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: Union[str, list[int], dict, None], params: Optional[SamplingParams] = None,
+                    *, arrival_time: Optional[float] = None) -> None:
+        """Validate and queue a request (n samples become n sequences). Errors name the field."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise RequestError("sampling_params must be a SamplingParams")
+        request_id = str(request_id)
+        if request_id in self._groups:
+            raise RequestError(f"request_id {request_id!r} is already in use")
+        text, ids = self._tokenize(prompt)
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
+        if not ids:
+            raise RequestError("prompt must not be empty")
+        if len(ids) >= self.max_model_len:
+            raise RequestError(
+                f"prompt has {len(ids)} tokens but the context holds {self.max_model_len} (max_model_len); "
+                "the prompt must be shorter than the context"
+            )
+        for name in ("min_loops", "max_loops"):
+            value = getattr(params, name)
+            if value is not None and value > self.depth:
+                raise RequestError(f"{name} must be in 1..{self.depth} (the model depth), got {value}")
+        if not self.cfg.enable_chunked_prefill and len(ids) > self.max_num_batched_tokens:
+            raise RequestError(
+                f"prompt has {len(ids)} tokens but chunked prefill is off and max_num_batched_tokens is "
+                f"{self.max_num_batched_tokens}"
+            )
+        max_tokens = min(params.max_tokens or self.max_model_len, self.max_model_len - len(ids))
+        lifetime = self.kv.blocks_for(len(ids) + max_tokens - 1) * self.layout.num_planes
+        if lifetime > self.memory_plan.num_blocks:
+            raise RequestError(
+                f"request needs {lifetime} KV blocks (prompt {len(ids)} + max_tokens {max_tokens}) but the pool has "
+                f"{self.memory_plan.num_blocks}; lower max_tokens or raise the KV cache size"
+            )
+        trace = None
+        if self.trace is not None:
+            trace = self._trace_for(request_id, max_tokens, params)
+        arrival = next(self._arrivals)
+        now = time.monotonic() if arrival_time is None else arrival_time
+        group = []
+        for i in range(params.n):
+            if params.seed is not None:
+                key = hash((params.seed, i)) & _MASK63
+            else:
+                key = hash((self.cfg.seed, arrival, i, "rlt")) & _MASK63
+            req = Request(
+                request_id=request_id if params.n == 1 else f"{request_id}[{i}]", prompt_token_ids=list(ids), params=params,
+                arrival_index=arrival, row_key=key, max_tokens=max_tokens,
+                depth_limit=min(params.max_loops or self.depth, self.depth), min_loops=params.min_loops or 1,
+                group_id=request_id, sample_index=i, prompt=text, trace_depths=trace,
+            )
+            req.metrics = RequestMetrics(arrival_time=now, num_prompt_tokens=len(ids))
+            self._trackers[id(req)] = TextTracker(self.tokenizer, params.stop_list, list(ids))
+            group.append(req)
+        self._groups[request_id] = group
+        self._prompts[request_id] = text
+        for req in group:
+            self.scheduler.add(req)
+
+    def _trace_for(self, request_id: str, max_tokens: int, params: SamplingParams) -> list[int]:
+        depths = self.trace.get(request_id)
+        if depths is None:
+            raise RequestError(f"exit_trace has no depths for request {request_id!r}")
+        limit = min(params.max_loops or self.depth, self.depth)
+        if depths[0] != self.depth:
+            raise RequestError(f"exit_trace[{request_id!r}][0] must be the prefill depth {self.depth}, got {depths[0]}")
+        if len(depths) < max_tokens:
+            raise RequestError(f"exit_trace[{request_id!r}] has {len(depths)} depths but the request may produce {max_tokens} tokens")
+        bad = [d for d in depths[1:max_tokens] if not 1 <= d <= limit]
+        if bad:
+            raise RequestError(f"exit_trace[{request_id!r}] depths must be in 1..{limit}, got {bad[:5]}")
+        return depths
+
+    def _tokenize(self, prompt) -> tuple[Optional[str], list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" not in prompt:
+                raise RequestError("a dict prompt must have 'prompt_token_ids'")
+            ids = prompt["prompt_token_ids"]
+            if not isinstance(ids, (list, tuple)):
+                raise RequestError("prompt_token_ids must be a list of integers")
+            return prompt.get("prompt"), list(ids)
+        if isinstance(prompt, (list, tuple)):
+            return None, list(prompt)
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError("this checkpoint has no tokenizer: give prompts as token ids")
+            if not prompt:
+                raise RequestError("prompt must not be empty")
+            return prompt, self.tokenizer.encode(prompt)
+        raise RequestError(f"prompt must be a string, a token-id list or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
+
+    def abort_request(self, request_id: str) -> Optional[RequestOutput]:
+        """Abort a request at any time; its blocks return to the pool immediately."""
+        group = self._groups.get(str(request_id))
+        if group is None:
+            return None
+        for req in group:
+            if not req.finished:
+                self.scheduler.finish(req)
+                req.finish_reason = "abort"
+                req.metrics.finished_time = time.monotonic()
+        return self._finalize_group(str(request_id))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work() or self._pending is not None
+
+    # ---- the step ------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one step; returns outputs of the requests that advanced or finished."""
+        self._profile_tick()
+        sched = self.scheduler.schedule()
+        now = time.monotonic()
+        for r in sched.admitted:
+            if r.metrics.first_scheduled_time is None:
+                r.metrics.first_scheduled_time = now
+        handle = self.runner.execute(sched) if not sched.is_empty else None
+        self.num_steps += 1
+        touched: dict[str, None] = {}
+        if self.async_scheduling:
+            previous, self._pending = self._pending, handle
+            if previous is not None:
+                self._process(previous, touched)
+        elif handle is not None:
+            self._process(handle, touched)
+        for r in sched.preempted:
+            touched[r.group_id] = None
+        outs = [self._output(g) for g in touched if g in self._groups]
+        for out in outs:
+            if out.finished:
+                self._groups.pop(out.request_id, None)
+        return outs
+
+    def _process(self, handle: StepHandle, touched: dict) -> None:
+        res = handle.result()
+        for req, gen, chunk in handle.prefills:
+            if gen != req.generation:
+                continue
+            n = len(chunk.token_ids)
+            req.num_computed += n
+            req.num_inflight -= n
+            if self.cfg.enable_prefix_caching or req.params.n > 1:
+                self.kv.publish(req.request_id, req.prompt_token_ids, req.num_computed, self.scheduler._salt(req))
+        if res is None:
+            return
+        for i, (req, gen, kind) in enumerate(handle.rows):
+            if gen != req.generation or req.finished:
+                continue
+            if kind == "decode":
+                req.num_computed += 1
+                req.num_inflight -= 1
+            req.inflight_outputs -= 1
+            lp = None
+            if res.logprobs is not None and req.params.logprobs is not None:
+                n = req.params.logprobs
+                top = {int(t): float(v) for t, v in zip(res.top_ids[i][:n], res.top_logprobs[i][:n])}
+                lp = TokenLogprob(float(res.logprobs[i]), top)
+            self._append(req, int(res.tokens[i]), int(res.depths[i]), lp)
+            touched[req.group_id] = None
+
+    def _append(self, req: Request, token: int, depth: int, lp: Optional[TokenLogprob]) -> None:
+        req.output_token_ids.append(token)
+        req.exit_depths.append(depth)
+        if lp is not None:
+            req.logprobs.append(lp)
+        m = req.metrics
+        m.loops_executed += depth
+        if m.first_token_time is None:
+            m.first_token_time = time.monotonic()
+        tracker = self._trackers[id(req)]
+        p = req.params
+        eos = () if p.ignore_eos else self._eos_ids()
+        if token in (p.stop_token_ids or ()) or token in eos:
+            self._finish(req, "stop", token)
+            return
+        hit = tracker.add(token)
+        if hit is not None:
+            self._finish(req, "stop", hit)
+        elif len(req.output_token_ids) >= req.max_tokens:
+            self._finish(req, "length", None)
+
+    def _eos_ids(self) -> tuple:
+        if self.tokenizer is not None:
+            return tuple(self.tokenizer.eos_token_ids)
+        return tuple(self.model_config.eos_token_ids)
+
+    def _finish(self, req: Request, reason: str, stop_reason) -> None:
+        self.scheduler.finish(req)
+        req.finish_reason, req.stop_reason = reason, stop_reason
+        req.metrics.finished_time = time.monotonic()
+        if reason != "stop" or not isinstance(stop_reason, str):
+            self._trackers[id(req)].finish()
+        if self.cfg.record_exit_trace:
+            self._recorded_trace[req.request_id] = list(req.exit_depths)
+            self._write_trace()
+
+    def _write_trace(self) -> None:
+        with open(self.cfg.record_exit_trace, "w", encoding="utf-8") as f:
+            json.dump({"depth": self.depth, "depths_by_request": self._recorded_trace}, f)
+
+    def _output(self, group_id: str) -> RequestOutput:
+        group = self._groups[group_id]
+        outs = []
+        for req in group:
+            tracker = self._trackers[id(req)]
+            outs.append(CompletionOutput(
+                index=req.sample_index, text=tracker.stable_text(req.finished), token_ids=list(req.output_token_ids),
+                exit_depths=list(req.exit_depths), finish_reason=req.finish_reason,
+                logprobs=list(req.logprobs) if req.params.logprobs is not None else None, stop_reason=req.stop_reason,
+            ))
+        finished = all(r.finished for r in group)
+        if finished:
+            for req in group:
+                self._trackers.pop(id(req), None)
+        return RequestOutput(group_id, self._prompts.get(group_id), list(group[0].prompt_token_ids), outs, finished,
+                             metrics=group[0].metrics)
+
+    def _finalize_group(self, group_id: str) -> RequestOutput:
+        out = self._output(group_id)
+        self._groups.pop(group_id, None)
+        return out
+
+    # ---- profiling and stats -------------------------------------------------------------------
+    def _profile_tick(self) -> None:
+        if not self.cfg.profile_dir:
+            return
+        first, count = self.cfg.profile_steps
+        if self.num_steps == first and self._profiler is None:
+            from ..executor.profiling import start_profiler
+
+            self._profiler = start_profiler()
+        elif self._profiler is not None and self.num_steps == first + count:
+            from ..executor.profiling import stop_profiler
+
+            stop_profiler(self._profiler, self.cfg.profile_dir, self.device)
+            self._profiler = None
+
+    def stats(self) -> dict:
+        pool = self.kv.pool
+        return {
+            "steps": self.num_steps,
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "kv_usage": self.kv.usage,
+            "kv_blocks": pool.num_blocks,
+            "prefix_cache_queries": pool.prefix_queries,
+            "prefix_cache_hits": pool.prefix_hits,
+            "preemptions": self.scheduler.num_preemptions,
+            "memory_plan": self.memory_plan.as_dict(),
+        }
+
+    def check_invariants(self) -> None:
+        """Block accounting and slot bookkeeping are consistent (for tests)."""
+        self.kv.check_invariant()
+        slots = [r.slot for r in self.scheduler.running]
+        assert None not in slots and len(set(slots)) == len(slots), "slot assigned twice"
+        assert len(slots) + len(self.scheduler.free_slots) == self.max_num_seqs, "slot leak"

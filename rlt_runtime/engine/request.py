@@ -1,0 +1,89 @@
+"""Request: the scheduler-side state of one generated sequence (plain Python, no torch)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..outputs import RequestMetrics, TokenLogprob
+from ..sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence (a prompt with n samples becomes n Requests sharing a group id).
+
+    Positions: the sequence is prompt + outputs. ``num_computed`` tokens have their K/V in the
+    cache. A running request with ``num_computed == num_tokens - 1`` is decoding: its last token
+    is the pending input of the next decode step. While prefilling, ``num_computed`` <
+    ``prefill_target`` (the prompt, or after a preemption the prompt plus all outputs but the last).
+    ``generation`` increases on preemption and abort, so results of older submissions are ignored.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_index: int
+    row_key: int
+    max_tokens: int
+    depth_limit: int  # D_max for this request's decode tokens
+    min_loops: int
+    group_id: str = ""
+    sample_index: int = 0
+    prompt: Optional[str] = None
+    trace_depths: Optional[list[int]] = None
+    status: Status = Status.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    exit_depths: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    num_computed: int = 0
+    num_inflight: int = 0  # tokens submitted to the device whose results have not arrived
+    inflight_outputs: int = 0  # output tokens those submissions will produce
+    slot: Optional[int] = None
+    generation: int = 0
+    bypass_count: int = 0
+    finish_reason: Optional[str] = None
+    stop_reason: object = None
+    metrics: RequestMetrics = None  # set by the engine
+    swapped: object = None  # CPU copy of the K/V while swapped out (swap preemption)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def prefill_target(self) -> int:
+        """Tokens that must be in the cache before decoding (re)starts."""
+        return self.num_prompt_tokens if not self.output_token_ids else self.num_tokens - 1
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed + self.num_inflight < self.prefill_target
+
+    @property
+    def finished(self) -> bool:
+        return self.status == Status.FINISHED
+
+    def token_at(self, position: int) -> int:
+        p = self.num_prompt_tokens
+        return self.prompt_token_ids[position] if position < p else self.output_token_ids[position - p]
+
+    def depth_of_position(self, position: int, full_depth: int) -> int:
+        """Loops the token at `position` runs: full depth for the prompt, the recorded depth for
+        outputs being recomputed after preemption (output j ran exit_depths[j + 1] loops)."""
+        p = self.num_prompt_tokens
+        return full_depth if position < p else self.exit_depths[position - p + 1]
+
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids

@@ -1,0 +1,268 @@
+"""Continuous-batching scheduler (plain Python, no torch).
+
+Every step carries all decoding requests (one row each) plus prefill chunks that fill the
+remaining token budget (`max_num_batched_tokens`), within `max_num_seqs` running requests.
+Prefill chunks are capped per request (`prefill_chunk_size`) and the order of prefilling requests
+rotates each step so concurrent long prompts progress together. Layouts whose loops share planes
+prefill one position per request per step. With chunked prefill disabled, whole prompts run in
+prefill-only steps that take priority over decode for at most `max_consecutive_prefill_steps`
+steps in a row.
+
+Admission scans at most `admission_scan_limit` waiting requests in policy order (FCFS: arrival;
+priority: lower value first, then arrival). A request that cannot be admitted counts each later
+request admitted ahead of it; once it has been bypassed `max_admission_bypasses` times nobody may
+pass it. Under memory pressure the scheduler preempts (recompute: free the blocks, re-queue; the
+request later re-prefills its prompt and outputs at their recorded depths, so no token and no
+output changes): the victim is the lowest-priority, latest-arriving running request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..cache.kv_cache import KVCacheManager
+from .request import Request, Status
+
+
+@dataclass
+class PrefillChunk:
+    """Prompt (or recompute) tokens [start, start + len(token_ids)) of one request."""
+
+    request: Request
+    start: int
+    token_ids: list[int]
+    depths: list[int]  # loops each token runs (full depth, or the recorded depth of a recomputed output)
+    sample: bool  # the chunk completes a fresh prompt: sample the first output token
+
+
+@dataclass
+class SchedulerOutput:
+    decodes: list[Request] = field(default_factory=list)
+    decode_positions: list[int] = field(default_factory=list)
+    prefills: list[PrefillChunk] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)  # got a slot this step (runner initialises it)
+    preempted: list[Request] = field(default_factory=list)
+    block_updates: list[tuple[int, int, int, int]] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decodes) + sum(len(c.token_ids) for c in self.prefills)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.decodes and not self.prefills
+
+
+class Scheduler:
+    def __init__(self, cfg, kv: KVCacheManager, *, depth: int, shares_planes: bool, num_slots: int):
+        self.cfg = cfg
+        self.kv = kv
+        self.depth = depth
+        self.shares_planes = shares_planes
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.free_slots = list(range(num_slots - 1, -1, -1))
+        self._rotation = 0
+        self._consecutive_prefill_steps = 0
+        self.num_preemptions = 0
+
+    # ---- queue management ----------------------------------------------------------------------
+    def _order_key(self, r: Request):
+        if self.cfg.scheduling_policy == "priority":
+            return (r.params.priority, r.arrival_index, r.sample_index)
+        return (r.arrival_index, r.sample_index)
+
+    def add(self, request: Request) -> None:
+        request.status = Status.WAITING
+        self.waiting.append(request)
+        self.waiting.sort(key=self._order_key)
+
+    def finish(self, request: Request) -> None:
+        """Release a finished or aborted request's slot and blocks."""
+        if request in self.running:
+            self.running.remove(request)
+            self._release(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+            self.kv.free(request.request_id)
+        request.status = Status.FINISHED
+        request.generation += 1
+
+    def _release(self, request: Request) -> None:
+        self.kv.free(request.request_id)
+        if request.slot is not None:
+            self.free_slots.append(request.slot)
+            request.slot = None
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- preemption ----------------------------------------------------------------------------
+    def _victim(self, out: SchedulerOutput, exclude: Request) -> Optional[Request]:
+        candidates = [r for r in self.running if r is not exclude]
+        if not candidates or not self.cfg.enable_preemption:
+            return None
+        return max(candidates, key=self._order_key)
+
+    def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
+        if victim in out.decodes:
+            i = out.decodes.index(victim)
+            del out.decodes[i], out.decode_positions[i]
+        out.prefills = [c for c in out.prefills if c.request is not victim]
+        if victim in out.admitted:
+            out.admitted.remove(victim)
+        self.running.remove(victim)
+        self._release(victim)
+        victim.num_computed = 0
+        victim.num_inflight = 0
+        victim.inflight_outputs = 0
+        victim.generation += 1
+        victim.metrics.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted.append(victim)
+        self.add(victim)
+
+    def _allocate(self, r: Request, num_tokens: int, out: SchedulerOutput) -> bool:
+        """Grow r to num_tokens positions, preempting lower-ranked requests if needed."""
+        while not self.kv.allocate(r.request_id, r.slot, num_tokens):
+            victim = self._victim(out, exclude=r)
+            if victim is None or self._order_key(victim) < self._order_key(r):
+                return False
+            self._preempt(victim, out)
+        return True
+
+    # ---- the step ------------------------------------------------------------------------------
+    def _chunk_limit(self) -> int:
+        if self.shares_planes:
+            return 1
+        if not self.cfg.enable_chunked_prefill:
+            return 1 << 62
+        return self.cfg.prefill_chunk_size
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.cfg.max_num_batched_tokens
+        prefill_only = (
+            not self.cfg.enable_chunked_prefill
+            and self.waiting
+            and self._consecutive_prefill_steps < self.cfg.max_consecutive_prefill_steps
+            and self._can_admit_any()
+        )
+        if not prefill_only:
+            for r in sorted((r for r in self.running if not r.is_prefilling), key=self._order_key):
+                if r not in self.running:  # preempted while scheduling this step
+                    continue
+                if len(r.output_token_ids) + r.inflight_outputs >= r.max_tokens or budget < 1:
+                    continue
+                pos = r.num_computed + r.num_inflight
+                if not self._allocate(r, pos + 1, out):
+                    self._preempt(r, out)
+                    continue
+                out.decodes.append(r)
+                out.decode_positions.append(pos)
+                budget -= 1
+        prefilling = [r for r in self.running if r.is_prefilling]
+        if prefilling:
+            k = self._rotation % len(prefilling)
+            prefilling = prefilling[k:] + prefilling[:k]
+            self._rotation += 1
+        for r in prefilling:
+            if budget <= 0 or r not in self.running:
+                break
+            budget -= self._schedule_prefill(r, budget, out)
+        if self.cfg.enable_chunked_prefill or prefill_only or not out.decodes:
+            budget = self._admit(budget, out)
+        self._consecutive_prefill_steps = self._consecutive_prefill_steps + 1 if (out.prefills and not out.decodes) else 0
+        out.block_updates = self.kv.take_updates()
+        for r in out.decodes:
+            r.num_inflight += 1
+            r.inflight_outputs += 1
+        for c in out.prefills:
+            c.request.num_inflight += len(c.token_ids)
+            c.request.inflight_outputs += int(c.sample)
+        return out
+
+    def _schedule_prefill(self, r: Request, budget: int, out: SchedulerOutput) -> int:
+        start = r.num_computed + r.num_inflight
+        n = min(r.prefill_target - start, self._chunk_limit(), budget)
+        if not self.cfg.enable_chunked_prefill and not self.shares_planes and n < r.prefill_target - start:
+            return 0
+        if n <= 0 or not self._allocate(r, start + n, out):
+            return 0
+        ids = [r.token_at(p) for p in range(start, start + n)]
+        depths = [r.depth_of_position(p, self.depth) for p in range(start, start + n)]
+        sample = start + n == r.prefill_target and not r.output_token_ids
+        out.prefills.append(PrefillChunk(r, start, ids, depths, sample))
+        return n
+
+    def _can_admit_any(self) -> bool:
+        return bool(self.free_slots) and any(self._fits(r, self.cfg.max_num_batched_tokens) for r in self.waiting[: self.cfg.admission_scan_limit])
+
+    def _first_chunk(self, r: Request, cached: int, budget: int) -> int:
+        remaining = r.prefill_target - cached
+        return min(remaining, self._chunk_limit(), budget)
+
+    def _fits(self, r: Request, budget: int) -> bool:
+        cached = self.kv.count_cached_prefix(r.all_token_ids()[: r.prefill_target + 1], self._salt(r)) if self.kv.enable_prefix_caching else 0
+        cached = min(cached, r.prefill_target - 1) // self.kv.block_size * self.kv.block_size if cached else 0
+        chunk = self._first_chunk(r, cached, budget)
+        if chunk <= 0:
+            return False
+        if not self.cfg.enable_chunked_prefill and not self.shares_planes and cached + chunk < r.prefill_target:
+            return False
+        need = self.kv.blocks_for(cached + chunk) * self.kv.num_planes - (cached // self.kv.block_size) * self.kv.num_planes
+        reserve = int(self.cfg.watermark * self.kv.pool.num_blocks) if self.running else 0
+        return self.kv.num_free_blocks - need >= reserve
+
+    def _salt(self, r: Request) -> int:
+        return self.kv.cache_salt if self.kv.enable_prefix_caching else hash((self.kv.cache_salt, r.group_id))
+
+    def _admit(self, budget: int, out: SchedulerOutput) -> int:
+        blocked: list[Request] = []
+        for r in list(self.waiting[: self.cfg.admission_scan_limit]):
+            if budget <= 0:
+                break
+            if any(b.bypass_count >= self.cfg.max_admission_bypasses for b in blocked):
+                break
+            if not self.free_slots and not self._preempt_for_priority(r, out):
+                blocked.append(r)
+                continue
+            if not self._fits(r, budget):
+                blocked.append(r)
+                continue
+            self._start(r, budget, out)
+            budget -= sum(len(c.token_ids) for c in out.prefills if c.request is r)
+            for b in blocked:
+                b.bypass_count += 1
+        return budget
+
+    def _preempt_for_priority(self, r: Request, out: SchedulerOutput) -> bool:
+        """Priority policy: free a slot from a strictly lower-priority running request."""
+        if self.cfg.scheduling_policy != "priority" or not self.cfg.enable_preemption or not self.running:
+            return False
+        victim = max(self.running, key=self._order_key)
+        if victim.params.priority <= r.params.priority:
+            return False
+        self._preempt(victim, out)
+        return True
+
+    def _start(self, r: Request, budget: int, out: SchedulerOutput) -> None:
+        self.waiting.remove(r)
+        r.slot = self.free_slots.pop()
+        r.status = Status.RUNNING
+        r.bypass_count = 0
+        self.running.append(r)
+        out.admitted.append(r)
+        tokens = r.all_token_ids()[: r.prefill_target + 1]
+        cached = self.kv.attach_prefix(r.request_id, r.slot, tokens, self._salt(r))
+        r.num_computed = min(cached, r.prefill_target - 1) // self.kv.block_size * self.kv.block_size if cached else 0
+        if r.metrics is not None and r.metrics.num_cached_tokens == 0:
+            r.metrics.num_cached_tokens = r.num_computed
+        if self._schedule_prefill(r, budget, out) == 0 and r in self.running:
+            # Could not even start: put it back (keeps the prefix references released).
+            self.running.remove(r)
+            self._release(r)
+            r.status = Status.WAITING
+            out.admitted.remove(r)
+            self.add(r)

@@ -1,0 +1,88 @@
+"""Command-line flags for every EngineConfig option, shared by rlt-generate, rlt-serve and rlt-bench."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import typing
+
+from ..config import EngineConfig
+
+HELP = {
+    "dtype": "weights/activation dtype: auto (bf16 on CUDA, fp32 on CPU), float32, float16, bfloat16, float64 (CPU)",
+    "device": "auto, cpu, cuda or cuda:N",
+    "seed": "engine seed (initialises presets and seeds requests without their own seed)",
+    "num_loops": "override the model depth (Ouro loops 1..8, Huginn recurrences 1..128)",
+    "max_model_len": "context length limit (default: the model's)",
+    "max_num_seqs": "maximum running requests (default 256 on CUDA, 16 on CPU)",
+    "max_num_batched_tokens": "token budget of one step (decode rows + prefill chunk tokens)",
+    "enable_chunked_prefill": "split long prompts into chunks that share steps with decode",
+    "prefill_chunk_size": "largest prefill chunk of one request in one step",
+    "max_consecutive_prefill_steps": "prefill-only steps in a row before a decode step (chunked prefill off)",
+    "scheduling_policy": "fcfs or priority (lower SamplingParams.priority runs first)",
+    "admission_scan_limit": "waiting requests examined per admission pass",
+    "max_admission_bypasses": "times a blocked request may be passed by later ones",
+    "enable_preemption": "preempt requests under KV memory pressure",
+    "preemption_mode": "recompute (default) or swap (K/V to CPU)",
+    "block_size": "tokens per KV block (16..256)",
+    "kv_layout": "last_exited (per-loop planes), shared (one plane), Huginn: compress-sN",
+    "enable_prefix_caching": "share full prompt blocks across requests",
+    "gpu_memory_utilization": "fraction of GPU memory the engine may use",
+    "num_blocks": "KV pool size in blocks (overrides planning)",
+    "kv_cache_memory_bytes": "KV pool size in bytes (overrides planning)",
+    "watermark": "fraction of blocks kept free when admitting while others run",
+    "exit_mode": "Ouro: ouro, ouro_delayed, random_lookahead, trace; Huginn: fixed, kl, entropy-diff, latent-diff, cosine, argmax-stability, trace",
+    "exit_trace": "JSON file of recorded exit depths to replay (exit_mode trace)",
+    "record_exit_trace": "write every request's exit depths to this JSON file",
+    "lookahead_seed": "seed of random_lookahead's frozen head",
+    "exit_criterion_threshold": "threshold of Huginn's zero-shot exit criterion",
+    "attention_backend": "auto, triton, flash or torch (an explicit choice never falls back)",
+    "execution_mode": "eager, graphs (CUDA graphs) or compile (torch.compile reduce-overhead)",
+    "async_scheduling": "overlap host scheduling of step N+1 with device step N",
+    "batch_invariant": "results independent of batch composition (fixed kernel tiles)",
+    "cuda_graph_sizes": "decode row buckets captured as CUDA graphs",
+    "speculative_config": "JSON: {\"num_speculative_tokens\": K, \"draft_loops\": d, \"draft_policy\": \"adaptive\"}",
+    "profile_dir": "write a torch.profiler trace of some steps here",
+    "profile_steps": "first step and number of steps to profile",
+}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_engine_args(parser: argparse.ArgumentParser, skip=()) -> None:
+    """Add one flag per EngineConfig field (defaults None: the engine decides)."""
+    hints = typing.get_type_hints(EngineConfig)
+    group = parser.add_argument_group("engine")
+    for f in dataclasses.fields(EngineConfig):
+        if f.name in ("extra",) or f.name in skip:
+            continue
+        hint = hints[f.name]
+        kw: dict = {"default": None, "help": HELP.get(f.name, "")}
+        base = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+        t = base[0]
+        if t is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif f.name == "cuda_graph_sizes":
+            kw.update(type=int, nargs="+")
+        elif f.name == "profile_steps":
+            kw.update(type=int, nargs=2, metavar=("FIRST", "COUNT"))
+        elif f.name == "speculative_config":
+            kw["type"] = json.loads
+        elif t in (int, float, str):
+            kw["type"] = t
+        else:
+            kw["type"] = str
+        group.add_argument(_flag(f.name), dest=f"engine_{f.name}", **kw)
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    """The engine options the user set on the command line."""
+    out = {}
+    for key, value in vars(args).items():
+        if key.startswith("engine_") and value is not None:
+            name = key[len("engine_"):]
+            out[name] = tuple(value) if name == "profile_steps" else value
+    return out

@@ -1,0 +1,75 @@
+"""`LLM`: offline batched generation with a vLLM-shaped API."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Optional, Sequence, Union
+
+from ..engine.llm_engine import LLMEngine
+from ..errors import RequestError
+from ..outputs import RequestOutput
+from ..sampling_params import SamplingParams
+
+PromptType = Union[str, dict, list]
+
+
+class LLM:
+    """Generate from a looped model.
+
+    model: a checkpoint directory (Hugging Face layout) or a preset name (`ouro-tiny`,
+    `huginn-tiny`, `ouro-1.4b`, `ouro-2.6b`, `huginn-0125`). Engine options are keyword
+    arguments (see docs/options.md), e.g. `LLM("ouro-1.4b", max_num_seqs=64, kv_layout="shared")`.
+    """
+
+    def __init__(self, model: str, *, dtype: str = "auto", device: str = "auto", seed: int = 0, **engine_options):
+        self.engine = LLMEngine(model, dtype=dtype, device=device, seed=seed, **engine_options)
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Union[PromptType, Sequence[PromptType]], sampling_params: Optional[
+            Union[SamplingParams, Sequence[SamplingParams]]] = None, *, use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for one prompt or a list; returns one RequestOutput per prompt, in order.
+
+        A prompt is a string, a list of token ids, or {"prompt_token_ids": [...]}. sampling_params
+        is one SamplingParams for all prompts or one per prompt.
+        """
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise RequestError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
+        ids = [f"gen-{next(self._ids)}" for _ in prompts]
+        added = []
+        try:
+            for rid, prompt, p in zip(ids, prompts, params):
+                self.engine.add_request(rid, prompt, p)
+                added.append(rid)
+        except Exception:
+            for rid in added:
+                self.engine.abort_request(rid)
+            raise
+        results: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm and len(prompts) > 1:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(prompts), desc="Generating", unit="prompt")
+        while len(results) < len(ids):
+            for out in self.engine.step():
+                if out.finished and out.request_id not in results:
+                    results[out.request_id] = out
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [results[rid] for rid in ids]
+
+    def stats(self) -> dict:
+        return self.engine.stats()

@@ -1,0 +1,1 @@
+"""Device side of the engine: model runner, forward batches, CUDA graphs, speculation."""

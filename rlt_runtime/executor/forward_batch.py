@@ -1,0 +1,97 @@
+"""ForwardBatch: what a model's stage functions need to run attention for one pass.
+
+The model runner builds one per pass (a prefill chunk set, or one loop of a decode step) from
+device tensors it owns. Models call `attend` with q/k/v and the layout's `PlaneSpec`; the batch
+computes slot mappings once per write plane, writes rotated K/V into the paged cache and runs
+paged attention with loop-depth indirection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from ..cache.layout import PlaneSpec
+
+
+@dataclass
+class KVCacheTensors:
+    """The paged pool and its tables (all persistent, owned by the model runner).
+
+    k, v: [num_cache_layers, num_blocks, block_size, kv_heads, head_dim]
+    block_tables: [num_planes, num_slots, max_blocks_per_seq] int32 (-1 = unallocated)
+    key_depth: [num_blocks, block_size] int32 — last loop index each token ran (via plane 0)
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    block_tables: torch.Tensor
+    key_depth: torch.Tensor
+
+    @property
+    def block_size(self) -> int:
+        return self.k.shape[2]
+
+
+@dataclass
+class ForwardBatch:
+    """One pass over M query tokens grouped into S sequences.
+
+    positions [M] int64, token_slots [M] int32 (request slot of each token), depth_limit [M]
+    int32 or None (a token writes K/V at loop t only while t < limit), seq_slots [S] int32,
+    seq_lens [S] int32, query_start_loc [S+1] int32, active [1] int32 or None (live rows/seqs;
+    decode passes have one query per sequence so rows and sequences coincide).
+    """
+
+    ops: Any
+    kv: KVCacheTensors
+    positions: torch.Tensor
+    token_slots: torch.Tensor
+    seq_slots: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    cos_sin: torch.Tensor
+    rope_style: str
+    depth_limit: Optional[torch.Tensor] = None
+    active: Optional[torch.Tensor] = None
+    workspace: Optional[torch.Tensor] = None
+    _slots: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.positions.shape[0]
+
+    def slot_mapping(self, spec: PlaneSpec) -> torch.Tensor:
+        """int64 [M] cache slot of each token in the spec's write plane (-1: do not write)."""
+        key = (spec.write_plane, spec.query_depth if self.depth_limit is not None else None)
+        cached = self._slots.get(key)
+        if cached is not None:
+            return cached
+        bs = self.kv.block_size
+        pos = self.positions
+        blocks = self.kv.block_tables[spec.write_plane, self.token_slots.long(), torch.div(pos, bs, rounding_mode="floor")]
+        slots = blocks.long() * bs + pos % bs
+        slots = torch.where(blocks >= 0, slots, torch.full_like(slots, -1))
+        if self.depth_limit is not None:
+            slots = torch.where(self.depth_limit > spec.query_depth, slots, torch.full_like(slots, -1))
+        self._slots[key] = slots
+        return slots
+
+    def attend(self, cache_layer: int, q, k, v, spec: PlaneSpec, *, q_bias=None, k_bias=None) -> torch.Tensor:
+        """Rotate q/k, write k/v to the cache, attend. q [M, H, D], k/v [M, KVH, D] -> [M, H*D]."""
+        ops = self.ops
+        k_cache, v_cache = self.kv.k[cache_layer], self.kv.v[cache_layer]
+        q_rot = ops.rope_kv_scatter(
+            q, k, v, self.positions, self.cos_sin, k_cache, v_cache, self.slot_mapping(spec),
+            style=self.rope_style, q_bias=q_bias, k_bias=k_bias, active_rows=self.active,
+        )
+        out = ops.paged_attention(
+            q_rot, k_cache, v_cache, self.kv.block_tables, self.seq_lens, self.query_start_loc,
+            seq_slots=self.seq_slots, query_depth=spec.query_depth,
+            key_depth=self.kv.key_depth if spec.use_key_depth else None,
+            plane_offset=spec.plane_offset, plane_modulus=spec.plane_modulus,
+            active_seqs=self.active, workspace=self.workspace,
+        )
+        return out.view(out.shape[0], -1)

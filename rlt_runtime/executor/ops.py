@@ -1,0 +1,67 @@
+"""Kernel backend selection: Triton kernels on CUDA, their torch references on CPU.
+
+Both namespaces expose the same functions with the same signatures (rlt_kernels' contract), so
+the model code is backend-agnostic. An explicit `attention_backend` never falls back silently.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from ..errors import ConfigError
+
+OP_NAMES = (
+    "linear", "rms_norm", "residual_norm", "swiglu", "apply_rope", "rope_kv_scatter", "kv_scatter",
+    "paged_attention", "gather_rows", "scatter_rows", "sample", "filtered_probs", "compute_logprobs",
+    "accept_draft", "finalize_last_exited",
+)
+_MODULE_OF = {
+    "linear": "gemm", "rms_norm": "norms", "residual_norm": "norms", "swiglu": "norms", "apply_rope": "norms",
+    "rope_kv_scatter": "kv_cache", "kv_scatter": "kv_cache", "paged_attention": "attention",
+    "gather_rows": "routing", "scatter_rows": "routing", "finalize_last_exited": "routing",
+    "sample": "sampling", "filtered_probs": "sampling", "compute_logprobs": "sampling", "accept_draft": "acceptance",
+}
+
+
+def _triton_ops() -> dict:
+    import importlib
+
+    ops = {}
+    for name in OP_NAMES:
+        module = importlib.import_module(f"rlt_kernels.{_MODULE_OF[name]}")
+        ops[name] = getattr(module, name)
+    return ops
+
+
+def _reference_ops() -> dict:
+    import rlt_kernels.reference as ref
+
+    return {name: getattr(ref, name) for name in OP_NAMES}
+
+
+def select_ops(device: torch.device, attention_backend: str) -> SimpleNamespace:
+    """The op namespace for a device and attention backend ("auto", "triton", "flash", "torch")."""
+    from rlt_kernels._triton import HAS_TRITON, interpreter_active
+
+    on_cuda = device.type == "cuda"
+    if attention_backend in ("triton", "flash") and not on_cuda and not interpreter_active():
+        raise ConfigError(
+            f"attention_backend={attention_backend!r} needs a CUDA device (or TRITON_INTERPRET=1 on CPU); "
+            "use 'auto' or 'torch' on CPU"
+        )
+    use_triton = (on_cuda and HAS_TRITON and attention_backend != "torch") or attention_backend in ("triton", "flash")
+    if on_cuda and not HAS_TRITON and attention_backend in ("auto", "triton", "flash"):
+        if attention_backend != "auto":
+            raise ConfigError(f"attention_backend={attention_backend!r} needs the 'triton' package")
+    ops = _triton_ops() if use_triton else _reference_ops()
+    if attention_backend == "torch" and on_cuda:
+        ops["paged_attention"] = _reference_ops()["paged_attention"]
+    if attention_backend == "flash":
+        from rlt_kernels import flash
+
+        if not flash.flash_available():
+            raise ConfigError("attention_backend='flash' needs flash-attn (pip install -e .[flash])")
+        ops["paged_attention"] = flash.paged_attention
+    return SimpleNamespace(backend="triton" if use_triton else "torch", attention=attention_backend, **ops)

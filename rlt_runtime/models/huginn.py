@@ -1,0 +1,159 @@
+"""Huginn-0125 as stage functions: prelude, one recurrence of the core, coda.
+
+Math (reference/MODELS.md §2.2): e = prelude(wte(ids) * sqrt(h)); s_0 ~ truncated normal (per
+request and position, counter-based); each recurrence s = core(adapter([s, e])); then
+x = ln_f(s), coda blocks, ln_f again, tied LM head in fp32. Blocks add the residual first and
+normalise the sum: x = n2(x + attn(n1 x)); x = n4(x + mlp(n3 x)). Prelude and coda K/V live in
+plane 0 (cache layers 0..P-1 and P..P+C-1); core layer j at recurrence i writes cache layer j
+of the recurrence's core plane.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+import torch
+
+from rlt_kernels.sampling import STREAM_STATE, philox_uniform
+
+from ..cache.layout import KVLayout, PlaneSpec
+from ..errors import CheckpointError
+from .configs import HuginnConfig, hf_weight_shapes
+
+
+@dataclass
+class HuginnBlock:
+    wqkv: torch.Tensor  # [(H + 2 KVH) * D, hidden]
+    q_bias: Optional[torch.Tensor]  # [H, D]
+    k_bias: Optional[torch.Tensor]  # [KVH, D]
+    proj: torch.Tensor
+    fc: torch.Tensor  # [2F, hidden] = [gate half | up half]
+    mlp_proj: torch.Tensor
+    norm_1: torch.Tensor
+    norm_2: torch.Tensor
+    norm_3: torch.Tensor
+    norm_4: torch.Tensor
+
+
+_BLOCK_KEYS = ("norm_1.weight", "attn.Wqkv.weight", "attn.proj.weight", "norm_2.weight", "mlp.fc.weight",
+               "mlp.proj.weight", "norm_3.weight", "norm_4.weight")
+
+
+def huginn_initial_state(keys, positions, hidden: int, std: float, device, dtype) -> torch.Tensor:
+    """Initial recurrent state s_0 [M, hidden]: truncated normal (±3 std) times sqrt(hidden).
+
+    Counter-based: element i of row r is a function of (keys[r], positions[r], stream 4, i), so a
+    token's state never depends on its batch or on preemption. std 0 gives zeros.
+    """
+    m = len(keys)
+    if std == 0.0 or m == 0:
+        return torch.zeros((m, hidden), dtype=dtype, device=device)
+    u = philox_uniform(keys, positions, STREAM_STATE, hidden).double()
+    lo, hi = 0.5 * math.erfc(3.0 / math.sqrt(2.0)), 0.5 * math.erfc(-3.0 / math.sqrt(2.0))
+    z = math.sqrt(2.0) * torch.erfinv(2.0 * (lo + u * (hi - lo)) - 1.0)
+    return (z * std * math.sqrt(hidden)).to(device=device, dtype=dtype)
+
+
+class HuginnModel:
+    """Huginn weights on one device plus its stage functions (see module docstring)."""
+
+    rope_style = "gptj"
+
+    def __init__(self, config: HuginnConfig, layout: KVLayout, device, dtype):
+        self.config, self.layout, self.device, self.dtype = config, layout, torch.device(device), dtype
+        self.prelude: list[HuginnBlock] = []
+        self.core: list[HuginnBlock] = []
+        self.coda_blocks: list[HuginnBlock] = []
+        self.wte = self.adapter = self.ln_f = None
+
+    @property
+    def state_std(self) -> float:
+        return self.config.init_std * self.config.init_scale
+
+    # ---- loading -----------------------------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        cfg = self.config
+        expected = hf_weight_shapes(cfg)
+        seen: dict[str, torch.Tensor] = {}
+        for name, tensor in weights:
+            if name not in expected:
+                raise CheckpointError(f"unexpected tensor {name!r} for a Huginn model")
+            seen[name] = tensor.to(self.device, self.dtype)
+        missing = sorted(set(expected) - set(seen))
+        if missing:
+            raise CheckpointError(f"missing tensors for the Huginn model: {missing[:5]}{'...' if len(missing) > 5 else ''}")
+        self.wte = seen["transformer.wte.weight"]
+        self.adapter = seen["transformer.adapter.weight"]
+        self.ln_f = seen["transformer.ln_f.weight"]
+        self.prelude = [self._block(seen, f"transformer.prelude.{i}.") for i in range(cfg.n_layers_in_prelude)]
+        self.core = [self._block(seen, f"transformer.core_block.{i}.") for i in range(cfg.n_layers_in_recurrent_block)]
+        self.coda_blocks = [self._block(seen, f"transformer.coda.{i}.") for i in range(cfg.n_layers_in_coda)]
+
+    def _block(self, seen, prefix) -> HuginnBlock:
+        cfg = self.config
+        p = {k: seen.pop(prefix + k) for k in _BLOCK_KEYS}
+        q_bias = k_bias = None
+        if cfg.qk_bias:
+            bias = seen.pop(prefix + "attn.qk_bias")
+            q_bias = bias[0, 0].contiguous()
+            k_bias = bias[1, 0, : cfg.num_key_value_heads].contiguous()
+        return HuginnBlock(
+            wqkv=p["attn.Wqkv.weight"], q_bias=q_bias, k_bias=k_bias, proj=p["attn.proj.weight"],
+            fc=p["mlp.fc.weight"], mlp_proj=p["mlp.proj.weight"], norm_1=p["norm_1.weight"],
+            norm_2=p["norm_2.weight"], norm_3=p["norm_3.weight"], norm_4=p["norm_4.weight"],
+        )
+
+    # ---- stage functions ---------------------------------------------------------------------
+    def _blocks(self, x, blocks, batch, spec: PlaneSpec, first_cache_layer: int, final_norm=None):
+        """Run add-then-norm blocks; returns (x, rms(x; final_norm) or None)."""
+        cfg, ops, active = self.config, batch.ops, batch.active
+        eps = cfg.norm_eps
+        m = x.shape[0]
+        hq, hkv, d = cfg.num_heads, cfg.kv_heads, cfg.head_dim
+        n = ops.rms_norm(x, blocks[0].norm_1, eps, active_rows=active)
+        for idx, b in enumerate(blocks):
+            qkv = ops.linear(n, b.wqkv, active_rows=active)
+            q = qkv[:, : hq * d].view(m, hq, d)
+            k = qkv[:, hq * d : (hq + hkv) * d].view(m, hkv, d)
+            v = qkv[:, (hq + hkv) * d :].view(m, hkv, d)
+            attn = batch.attend(first_cache_layer + idx, q, k, v, spec, q_bias=b.q_bias, k_bias=b.k_bias)
+            o = ops.linear(attn, b.proj, active_rows=active)
+            x, n = ops.residual_norm(o, x, b.norm_2, b.norm_3, eps, mode="huginn",
+                                     residual_out=x if idx else None, active_rows=active)
+            act = ops.linear(n, b.fc, activation="swiglu", active_rows=active)
+            mlp = ops.linear(act, b.mlp_proj, active_rows=active)
+            nxt = blocks[idx + 1].norm_1 if idx + 1 < len(blocks) else final_norm
+            x, n = ops.residual_norm(mlp, x, b.norm_4, nxt, eps, mode="huginn", residual_out=x, active_rows=active)
+        return x, n
+
+    def embed(self, tokens: torch.Tensor, batch) -> torch.Tensor:
+        """Scaled embedding + prelude blocks (plane 0). tokens [M] -> e [M, hidden]."""
+        e = torch.nn.functional.embedding(tokens, self.wte) * self.config.embed_scale
+        e, _ = self._blocks(e.to(self.dtype), self.prelude, batch, self.layout.boundary(), 0)
+        return e
+
+    def initial_state(self, keys, positions) -> torch.Tensor:
+        """s_0 for rows with the given row keys and positions (host lists)."""
+        return huginn_initial_state(keys, positions, self.config.n_embd, self.state_std, self.device, self.dtype)
+
+    def loop(self, s: torch.Tensor, e: torch.Tensor, batch, t: int) -> torch.Tensor:
+        """One recurrence at index t: s [M, hidden], e [M, hidden] -> new s."""
+        ops = batch.ops
+        x = ops.linear(torch.cat([s, e], dim=1), self.adapter, active_rows=batch.active)
+        s_new, _ = self._blocks(x, self.core, batch, self.layout.core(t), 0)
+        return s_new
+
+    def coda(self, s: torch.Tensor, batch) -> torch.Tensor:
+        """ln_f -> coda blocks (K/V in plane 0) -> ln_f: the head's input [M, hidden]."""
+        cfg = self.config
+        x = batch.ops.rms_norm(s, self.ln_f, cfg.norm_eps, active_rows=batch.active)
+        _, n = self._blocks(x, self.coda_blocks, batch, self.layout.boundary(), cfg.n_layers_in_prelude, final_norm=self.ln_f)
+        return n
+
+    def logits(self, n: torch.Tensor, ops, active=None, out=None) -> torch.Tensor:
+        """Tied LM head: fp32 [M, vocab]."""
+        if out is None:
+            out = torch.empty((n.shape[0], self.config.vocab_size), dtype=torch.float32, device=n.device)
+        return ops.linear(n, self.wte, out=out, active_rows=active)

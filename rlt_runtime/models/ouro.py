@@ -1,0 +1,125 @@
+"""Ouro as stage functions: embed, one loop (all layers + final norm), exit gate, LM head.
+
+Math (reference/MODELS.md §1.3): each layer is
+    x = x + rms(attn(rms(x; input_layernorm)); input_layernorm_2)
+    x = x + rms(mlp(rms(x; post_attention_layernorm)); post_attention_layernorm_2)
+and after the last layer of every loop `model.norm` is applied; that normed state is both the
+next loop's input and what the exit gate and the LM head read. q/k/v and gate/up are fused at
+load time; the norm → residual-add → next-norm chain is one fused kernel per sublayer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+
+from ..cache.layout import KVLayout
+from ..errors import CheckpointError
+from .configs import OuroConfig, hf_weight_shapes
+
+
+@dataclass
+class OuroLayer:
+    wqkv: torch.Tensor  # [(H + 2 KVH) * D, hidden]
+    wo: torch.Tensor  # [hidden, H * D]
+    w_gate_up: torch.Tensor  # [2F, hidden]
+    w_down: torch.Tensor  # [hidden, F]
+    input_norm: torch.Tensor
+    input_norm_2: torch.Tensor
+    post_norm: torch.Tensor
+    post_norm_2: torch.Tensor
+
+
+class OuroModel:
+    """Ouro weights on one device plus its stage functions (see module docstring)."""
+
+    rope_style = "neox"
+
+    def __init__(self, config: OuroConfig, layout: KVLayout, device, dtype):
+        self.config, self.layout, self.device, self.dtype = config, layout, torch.device(device), dtype
+        self.layers: list[OuroLayer] = []
+        self._layers: dict[int, OuroLayer] = {}
+        self.embed_tokens = self.norm = self.gate_w = self.gate_b = self.lm_head = None
+
+    # ---- loading -----------------------------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Consume (hf_name, tensor) pairs one at a time, fusing q/k/v and gate/up."""
+        cfg = self.config
+        expected = hf_weight_shapes(cfg)
+        seen: dict[str, torch.Tensor] = {}
+        pending: dict[int, dict[str, torch.Tensor]] = {}
+        for name, tensor in weights:
+            if name not in expected:
+                raise CheckpointError(f"unexpected tensor {name!r} for an Ouro model")
+            t = tensor.to(self.device, self.dtype)
+            seen[name] = t
+            if name.startswith("model.layers."):
+                idx = int(name.split(".")[2])
+                pending.setdefault(idx, {})[name.split(".", 3)[3]] = t
+                if len(pending[idx]) == 11:
+                    self._set_layer(idx, pending.pop(idx))
+        missing = sorted(set(expected) - set(seen))
+        if missing:
+            raise CheckpointError(f"missing tensors for the Ouro model: {missing[:5]}{'...' if len(missing) > 5 else ''}")
+        self.embed_tokens = seen["model.embed_tokens.weight"]
+        self.norm = seen["model.norm.weight"]
+        self.gate_w = seen["model.early_exit_gate.weight"]
+        self.gate_b = seen["model.early_exit_gate.bias"].float()
+        self.lm_head = seen["lm_head.weight"]
+        self.layers = [self._layers.pop(i) for i in range(cfg.num_hidden_layers)]
+
+    def _set_layer(self, idx: int, p: dict[str, torch.Tensor]) -> None:
+        self._layers[idx] = OuroLayer(
+            wqkv=torch.cat([p["self_attn.q_proj.weight"], p["self_attn.k_proj.weight"], p["self_attn.v_proj.weight"]]),
+            wo=p["self_attn.o_proj.weight"],
+            w_gate_up=torch.cat([p["mlp.gate_proj.weight"], p["mlp.up_proj.weight"]]),
+            w_down=p["mlp.down_proj.weight"],
+            input_norm=p["input_layernorm.weight"],
+            input_norm_2=p["input_layernorm_2.weight"],
+            post_norm=p["post_attention_layernorm.weight"],
+            post_norm_2=p["post_attention_layernorm_2.weight"],
+        )
+
+    # ---- stage functions ---------------------------------------------------------------------
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [M] int64 -> hidden [M, hidden] (no scaling)."""
+        return torch.nn.functional.embedding(tokens, self.embed_tokens)
+
+    def loop(self, h: torch.Tensor, batch, t: int) -> torch.Tensor:
+        """One full loop at loop index t: all layers, then `model.norm`. h [M, hidden] -> [M, hidden]."""
+        cfg, ops, active = self.config, batch.ops, batch.active
+        eps = cfg.rms_norm_eps
+        m = h.shape[0]
+        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        spec = self.layout.core(t)
+        n = ops.rms_norm(h, self.layers[0].input_norm, eps, active_rows=active)
+        for idx, layer in enumerate(self.layers):
+            qkv = ops.linear(n, layer.wqkv, active_rows=active)
+            q = qkv[:, : hq * d].view(m, hq, d)
+            k = qkv[:, hq * d : (hq + hkv) * d].view(m, hkv, d)
+            v = qkv[:, (hq + hkv) * d :].view(m, hkv, d)
+            attn = batch.attend(idx, q, k, v, spec)
+            o = ops.linear(attn, layer.wo, active_rows=active)
+            # The first update writes a fresh residual so the caller's h is never modified.
+            h, n = ops.residual_norm(o, h, layer.input_norm_2, layer.post_norm, eps, mode="ouro",
+                                     residual_out=h if idx else None, active_rows=active)
+            act = ops.linear(n, layer.w_gate_up, activation="swiglu", active_rows=active)
+            down = ops.linear(act, layer.w_down, active_rows=active)
+            next_w = self.layers[idx + 1].input_norm if idx + 1 < len(self.layers) else self.norm
+            h, n = ops.residual_norm(down, h, layer.post_norm_2, next_w, eps, mode="ouro",
+                                     residual_out=h, active_rows=active)
+        return n
+
+    def gate_logits(self, h: torch.Tensor, ops, active=None) -> torch.Tensor:
+        """Exit-gate logit per row, fp32 [M] (h is the loop's normed state)."""
+        out = torch.empty((h.shape[0], 1), dtype=torch.float32, device=h.device)
+        ops.linear(h, self.gate_w, out=out, active_rows=active)
+        return out[:, 0] + self.gate_b[0]
+
+    def logits(self, h: torch.Tensor, ops, active=None, out=None) -> torch.Tensor:
+        """LM head on the normed state: fp32 [M, vocab]."""
+        if out is None:
+            out = torch.empty((h.shape[0], self.config.vocab_size), dtype=torch.float32, device=h.device)
+        return ops.linear(h, self.lm_head, out=out, active_rows=active)

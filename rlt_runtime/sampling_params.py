@@ -1,0 +1,91 @@
+"""SamplingParams: per-request sampling and loop controls, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from .errors import ConfigError
+
+MAX_LOGPROBS = 20
+
+
+def _check(cond: bool, name: str, allowed: str, value) -> None:
+    if not cond:
+        raise ConfigError(f"{name} must be {allowed}, got {value!r}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request (vLLM-shaped) plus the loop controls of looped models.
+
+    temperature 0 means greedy. top_k <= 0 and top_p = 1 and min_p = 0 disable those filters.
+    ``seed`` makes the request's samples reproducible regardless of its batch neighbours.
+    ``stop`` strings end generation and are not included in the text; ``stop_token_ids`` and EOS
+    (unless ``ignore_eos``) end it with the token included in ``token_ids`` but not in the text.
+    ``logprobs`` = N returns the chosen token's log-probability and the top-N alternatives.
+    ``min_loops`` / ``max_loops`` bound the loops a generated token may run (prompts always run
+    the full depth); ``exit_threshold`` < 1 enables the exit policy's adaptive exit (1 = fixed).
+    ``speculative`` = False opts this request out of speculative decoding.
+    """
+
+    n: int = 1
+    max_tokens: Optional[int] = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    stop_token_ids: Optional[list[int]] = None
+    ignore_eos: bool = False
+    logprobs: Optional[int] = None
+    min_loops: Optional[int] = None
+    max_loops: Optional[int] = None
+    exit_threshold: float = 1.0
+    priority: int = 0
+    speculative: bool = True
+    stop_list: list[str] = field(init=False, repr=False, default_factory=list)
+
+    def __post_init__(self):
+        _check(_is_int(self.n) and 1 <= self.n <= 64, "n", "an integer in 1..64", self.n)
+        _check(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
+               "max_tokens", "a positive integer or None", self.max_tokens)
+        _check(isinstance(self.temperature, (int, float)) and not isinstance(self.temperature, bool)
+               and 0.0 <= self.temperature <= 100.0, "temperature", "a number in [0, 100]", self.temperature)
+        _check(isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0, "top_p", "a number in (0, 1]", self.top_p)
+        _check(_is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1), "top_k", "-1 (off) or a positive integer", self.top_k)
+        _check(isinstance(self.min_p, (int, float)) and 0.0 <= self.min_p <= 1.0, "min_p", "a number in [0, 1]", self.min_p)
+        _check(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63), "seed", "None or an integer in [0, 2**63)", self.seed)
+        if isinstance(self.stop, str):
+            self.stop_list = [self.stop]
+        elif self.stop is None:
+            self.stop_list = []
+        else:
+            _check(isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) and s for s in self.stop),
+                   "stop", "a non-empty string or a list of non-empty strings", self.stop)
+            self.stop_list = list(self.stop)
+        _check(all(s for s in self.stop_list), "stop", "non-empty strings", self.stop)
+        if self.stop_token_ids is not None:
+            _check(isinstance(self.stop_token_ids, (list, tuple)) and all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
+                   "stop_token_ids", "a list of non-negative integers", self.stop_token_ids)
+            self.stop_token_ids = list(self.stop_token_ids)
+        _check(isinstance(self.ignore_eos, bool), "ignore_eos", "a boolean", self.ignore_eos)
+        _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
+               "logprobs", f"None or an integer in 0..{MAX_LOGPROBS}", self.logprobs)
+        _check(self.min_loops is None or (_is_int(self.min_loops) and self.min_loops >= 1), "min_loops", "None or an integer >= 1", self.min_loops)
+        _check(self.max_loops is None or (_is_int(self.max_loops) and self.max_loops >= 1), "max_loops", "None or an integer >= 1", self.max_loops)
+        if self.min_loops is not None and self.max_loops is not None and self.min_loops > self.max_loops:
+            raise ConfigError(f"min_loops ({self.min_loops}) must not exceed max_loops ({self.max_loops})")
+        _check(isinstance(self.exit_threshold, (int, float)) and not isinstance(self.exit_threshold, bool)
+               and 0.0 <= self.exit_threshold <= 1.0, "exit_threshold", "a number in [0, 1]", self.exit_threshold)
+        _check(_is_int(self.priority), "priority", "an integer", self.priority)
+        _check(isinstance(self.speculative, bool), "speculative", "a boolean", self.speculative)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,264 @@
+"""Batch-invariant `linear` (+ fused SwiGLU) against its torch reference and plain fp64 math.
+
+Runs under the Triton interpreter on CPU (small shapes) and on CUDA; `gpu` tests add the Ouro /
+Huginn weight shapes in bf16, CUDA-graph replay with a device-side row count, and bitwise
+invariance at real sizes.
+"""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlt_kernels import gemm, norms
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+EPS = {torch.float32: 2.0**-23, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
+
+
+def _gen(seed, device):
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _randn(shape, dtype, device, gen, scale=1.0):
+    return (torch.randn(shape, generator=gen, device=device) * scale).to(dtype)
+
+
+def _poison(shape, dtype, device):
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def _exact(x, weight, activation):
+    """fp64 math straight from the definition."""
+    acc = x.double() @ weight.double().T
+    if activation == "swiglu":
+        f = weight.shape[0] // 2
+        gate, up = acc[:, :f], acc[:, f:]
+        return gate * torch.sigmoid(gate) * up
+    return acc
+
+
+def _assert_close_to(out, expected, x, weight, activation):
+    """Tolerance: rounding to out.dtype (2 ulp, relative) plus the fp32 accumulation error
+    bound over K terms at the scale of sum_k |x_k w_k| (squared for swiglu's product)."""
+    k = x.shape[1]
+    scale = (x.double().abs() @ weight.double().abs().T).max().item()
+    atol = 4 * k * 2.0**-24 * scale * (scale if activation == "swiglu" else 1.0) + 1e-6
+    torch.testing.assert_close(out.double(), expected.double(), rtol=2 * EPS[out.dtype], atol=atol)
+
+
+def _assert_rounds_like(out, ref, device):
+    """Kernel and reference round the same fp32 value (up to accumulation order), so nearly every
+    element must be bit-identical. Checked where the casts round to nearest: fp16 everywhere,
+    bf16 on CUDA (the CPU interpreter truncates fp32 -> bf16)."""
+    if out.dtype == torch.float16 or (out.dtype == torch.bfloat16 and device.type == "cuda"):
+        assert (out == ref).float().mean().item() >= 0.97
+
+
+def _assert_rows_written(out, live):
+    assert not torch.isnan(out[:live]).any(), "a live row was not written"
+    assert torch.isnan(out[live:]).all(), "a row past the active count was written"
+
+
+# ------------------------------------------------------------------------------- correctness
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", [None, "swiglu"])
+@pytest.mark.parametrize("m,n,k", [(1, 40, 72), (3, 96, 200), (17, 130, 64)])
+def test_linear_matches_reference_and_fp64(device, dtype, activation, m, n, k):
+    gen = _gen(m * n + k, device)
+    x = _randn((m, k), dtype, device, gen)
+    w = _randn((n, k), dtype, device, gen, scale=k**-0.5)
+    n_out = n // 2 if activation == "swiglu" else n
+    out = gemm.linear(x, w, activation=activation, out=_poison((m, n_out), dtype, device))
+    assert out.shape == (m, n_out) and out.dtype == dtype
+    ref = gemm.linear_reference(x, w, activation=activation)
+    _assert_close_to(out, ref, x, w, activation)
+    _assert_rounds_like(out, ref, device)
+    _assert_close_to(out, _exact(x, w, activation), x, w, activation)
+
+
+@pytest.mark.parametrize("activation", [None, "swiglu"])
+def test_linear_fp32_output_from_bf16(device, activation):
+    """An fp32 `out` keeps the fp32 accumulator (logits, exit-gate scores)."""
+    gen = _gen(1, device)
+    x = _randn((5, 96), torch.bfloat16, device, gen)
+    w = _randn((66, 96), torch.bfloat16, device, gen)
+    out = gemm.linear(x, w, activation=activation, out=_poison((5, 33 if activation else 66), torch.float32, device))
+    expected = _exact(x, w, activation)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-4)
+    ref = gemm.linear_reference(x, w, activation=activation, out=torch.empty_like(out))
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("activation", [None, "swiglu"])
+def test_linear_wide_weight_config(device, activation):
+    """Weights wide enough for the 128-column tile (and 8 warps with swiglu), ragged N and K."""
+    n_out = 64 * 128 + 40
+    n = 2 * n_out if activation == "swiglu" else n_out
+    cfg = gemm.linear_config(n, 48, torch.bfloat16, activation)
+    assert cfg.block_n == 128
+    gen = _gen(2, device)
+    x = _randn((3, 48), torch.bfloat16, device, gen)
+    w = _randn((n, 48), torch.bfloat16, device, gen, scale=0.2)
+    out = gemm.linear(x, w, activation=activation)
+    _assert_close_to(out, _exact(x, w, activation), x, w, activation)
+
+
+def test_linear_fused_swiglu_equals_unfused(device):
+    gen = _gen(3, device)
+    x = _randn((9, 80), torch.float16, device, gen)
+    w = _randn((2 * 48, 80), torch.float16, device, gen, scale=0.3)
+    # With an fp32 intermediate the two paths do the same arithmetic: bitwise equal.
+    fused32 = gemm.linear(x, w, activation="swiglu", out=torch.empty((9, 48), dtype=torch.float32, device=device))
+    unfused32 = norms.swiglu(gemm.linear(x, w, out=torch.empty((9, 96), dtype=torch.float32, device=device)))
+    assert torch.equal(fused32, unfused32)
+    # The fused kernel rounds once, from the fp32 result (fp16 here: the CPU interpreter
+    # truncates fp32 -> bf16 casts instead of rounding to nearest, real GPUs do not) ...
+    fused = gemm.linear(x, w, activation="swiglu")
+    assert torch.equal(fused, fused32.to(torch.float16))
+    # ... while the unfused path also rounds the gate/up intermediate.
+    unfused = norms.swiglu(gemm.linear(x, w))
+    torch.testing.assert_close(fused.float(), unfused.float(), rtol=4 * EPS[torch.float16], atol=1e-3)
+
+
+@pytest.mark.parametrize("live", [0, 1, 5, 64, 70, 99])
+@pytest.mark.parametrize("activation", [None, "swiglu"])
+def test_linear_active_rows_and_poison(device, live, activation):
+    """Rows past the device-side count are never written; live rows match the full launch,
+    including live rows inside a partially dead row tile."""
+    m, n, k = 70, 40, 24
+    gen = _gen(live, device)
+    x = _randn((m, k), torch.bfloat16, device, gen)
+    w = _randn((n, k), torch.bfloat16, device, gen)
+    n_out = n // 2 if activation else n
+    full = gemm.linear(x, w, activation=activation)
+    out = gemm.linear(x, w, activation=activation, out=_poison((m, n_out), torch.bfloat16, device),
+                      active_rows=torch.tensor([live], dtype=torch.int32, device=device))
+    count = min(live, m)
+    _assert_rows_written(out, count)
+    assert torch.equal(out[:count], full[:count])
+
+
+def test_linear_strided_rows(device):
+    """x and out may be row slices of wider buffers (row stride != K); the bits do not change."""
+    gen = _gen(4, device)
+    x_wide = _randn((6, 100), torch.bfloat16, device, gen)
+    x = x_wide[:, 10:10 + 72]
+    w = _randn((36, 72), torch.bfloat16, device, gen)
+    out_wide = _poison((6, 50), torch.bfloat16, device)
+    gemm.linear(x, w, out=out_wide[:, 5:41])
+    assert torch.equal(out_wide[:, 5:41], gemm.linear(x.contiguous(), w))
+    assert torch.isnan(out_wide[:, :5]).all() and torch.isnan(out_wide[:, 41:]).all()
+
+
+def test_linear_zero_k_and_empty_rows(device):
+    x = torch.zeros((3, 0), dtype=torch.float32, device=device)
+    w = torch.zeros((5, 0), dtype=torch.float32, device=device)
+    assert torch.equal(gemm.linear(x, w, out=_poison((3, 5), torch.float32, device)), torch.zeros((3, 5), device=device))
+    assert gemm.linear(torch.zeros((0, 8), device=device), torch.zeros((5, 8), device=device)).shape == (0, 5)
+
+
+def test_linear_rejects_bad_arguments(device):
+    x = torch.zeros((2, 8), device=device)
+    with pytest.raises(ValueError, match="activation"):
+        gemm.linear(x, torch.zeros((4, 8), device=device), activation="gelu")
+    with pytest.raises(ValueError, match="even"):
+        gemm.linear(x, torch.zeros((5, 8), device=device), activation="swiglu")
+    with pytest.raises(ValueError, match="dtype"):
+        gemm.linear(x, torch.zeros((4, 8), dtype=torch.bfloat16, device=device))
+    with pytest.raises(ValueError, match="fp64"):
+        gemm.linear(x.double(), torch.zeros((4, 8), dtype=torch.float64, device=device))
+    with pytest.raises(ValueError, match="K"):
+        gemm.linear(x, torch.zeros((4, 9), device=device))
+
+
+# ---------------------------------------------------------------------------- launch config
+
+MODEL_WEIGHTS = [  # (N, K, activation): Ouro-1.4B and Huginn linear layers
+    (6144, 2048, None), (2048, 2048, None), (11264, 2048, "swiglu"), (2048, 5632, None), (49152, 2048, None),
+    (15840, 5280, None), (5280, 5280, None), (35840, 5280, "swiglu"), (5280, 17920, None), (65536, 5280, None),
+]
+
+
+@pytest.mark.parametrize("n,k,activation", MODEL_WEIGHTS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_linear_config_fits_and_spreads(n, k, activation, dtype):
+    """The table's configs fit the shared-memory budget and give decode enough CTAs."""
+    cfg = gemm.linear_config(n, k, dtype, activation)
+    assert cfg == gemm.linear_config(n, k, dtype, activation)
+    elem = torch.empty((), dtype=dtype).element_size()
+    accumulators = 2 if activation else 1
+    assert cfg.num_stages * (cfg.block_m + accumulators * cfg.block_n) * cfg.block_k * elem <= gemm.SMEM_BUDGET_BYTES
+    assert cfg.block_m >= 64 and cfg.block_n in gemm.COLUMN_TILE_WIDTHS and 2 <= cfg.num_stages <= gemm.MAX_STAGES
+    n_out = n // accumulators
+    assert -(-n_out // cfg.block_n) >= gemm.MIN_COLUMN_TILES or cfg.block_n == gemm.COLUMN_TILE_WIDTHS[-1]
+
+
+# ------------------------------------------------------------------ batch invariance (bitwise)
+
+
+@settings(max_examples=10)
+@given(m=st.integers(2, 80), seed=st.integers(0, 2**16), pad=st.integers(1, 40),
+       activation=st.sampled_from([None, "swiglu"]), dtype=st.sampled_from([torch.bfloat16, torch.float32]),
+       k=st.sampled_from([40, 136]))
+def test_linear_is_batch_invariant(device, m, seed, pad, activation, dtype, k):
+    """A row's output bits are the same alone, in the batch, permuted and next to padding rows
+    (garbage rows past the active count)."""
+    gen = _gen(seed, device)
+    x = _randn((m, k), dtype, device, gen)
+    w = _randn((72, k), dtype, device, gen, scale=k**-0.5)
+    full = gemm.linear(x, w, activation=activation)
+    perm = torch.randperm(m, generator=torch.Generator().manual_seed(seed)).to(device)
+    assert torch.equal(gemm.linear(x[perm], w, activation=activation), full[perm])
+    row = int(perm[0])
+    assert torch.equal(gemm.linear(x[row:row + 1], w, activation=activation)[0], full[row])
+    padded = torch.cat([x, _randn((pad, k), dtype, device, gen, scale=1e3)])
+    out = gemm.linear(padded, w, activation=activation, active_rows=torch.tensor([m], dtype=torch.int32, device=device))
+    assert torch.equal(out[:m], full)
+
+
+# ---------------------------------------------------------------------------------- GPU (H200)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k,activation", MODEL_WEIGHTS)
+def test_gpu_model_shapes_bf16(device, n, k, activation):
+    gen = _gen(n + k, device)
+    w = _randn((n, k), torch.bfloat16, device, gen, scale=k**-0.5)
+    x = _randn((300, k), torch.bfloat16, device, gen)
+    full = gemm.linear(x, w, activation=activation)
+    ref = gemm.linear_reference(x, w, activation=activation)
+    torch.testing.assert_close(full.float(), ref.float(), rtol=2 * EPS[torch.bfloat16], atol=2e-2)
+    _assert_rounds_like(full, ref, device)
+    for m in (1, 5, 16, 64):
+        assert torch.equal(gemm.linear(x[:m], w, activation=activation), full[:m]), f"row bits changed at M={m}"
+    perm = torch.randperm(300, device=device, generator=gen)
+    assert torch.equal(gemm.linear(x[perm], w, activation=activation), full[perm])
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replay_follows_active_rows(device):
+    """Captured once at a 256-row bucket; each replay writes only the rows below the count."""
+    gen = _gen(0, device)
+    w = _randn((11264, 2048), torch.bfloat16, device, gen, scale=2048**-0.5)
+    x = _randn((256, 2048), torch.bfloat16, device, gen)
+    expected = gemm.linear(x, w, activation="swiglu")
+    active = torch.tensor([256], dtype=torch.int32, device=device)
+    out = torch.empty((256, 5632), dtype=torch.bfloat16, device=device)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        gemm.linear(x, w, activation="swiglu", out=out, active_rows=active)  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemm.linear(x, w, activation="swiglu", out=out, active_rows=active)
+    for live in (3, 100, 256, 0):
+        out.fill_(float("nan"))
+        active.fill_(live)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out[:live], expected[:live])
+        assert torch.isnan(out[live:]).all()
