@@ -38,6 +38,9 @@ except ImportError:  # pragma: no cover - only on hosts without triton
         def __init__(self, name):
             self.name = name
 
+        def __call__(self, fn):  # `@triton.jit(...)` with options applies the result to the function
+            return _MissingKernel(getattr(fn, "__name__", "triton"))
+
         def __getitem__(self, grid):
             raise RuntimeError(
                 f"Triton kernel {self.name!r} needs the 'triton' package; install it or use the "

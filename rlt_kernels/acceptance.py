@@ -30,7 +30,7 @@ import torch
 
 from ._rows import active_count
 from ._triton import check_launchable, tl, triton
-from .sampling import BLOCK_V, NUM_WARPS, STREAM_ACCEPT, STREAM_RECOVER, STREAM_SAMPLE, philox_uniform, philox_uniform_tl
+from .sampling import NUM_WARPS, STREAM_ACCEPT, STREAM_RECOVER, STREAM_SAMPLE, philox_uniform, philox_uniform_tl, vocab_block
 from .sampling import _argmax_of_lanes, _lane_argmax
 
 
@@ -84,6 +84,26 @@ def accept_draft_reference(
 
 
 @triton.jit
+def _gumbel_residual(p_row, q_row, q_len, V, seed, position, stream, BLOCK: tl.constexpr):
+    """Gumbel-max draw from (p - q)+ with q read for indices < q_len (0 there: p itself).
+
+    Returns (best score, token); the score is -inf when the distribution is empty.
+    """
+    lanes = tl.arange(0, BLOCK)
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_idx = lanes
+    for start in range(0, V, BLOCK):
+        offs = start + lanes
+        p = tl.load(p_row + offs, mask=offs < V, other=0.0).to(tl.float32)
+        q = tl.load(q_row + offs, mask=offs < q_len, other=0.0).to(tl.float32)
+        dist = tl.maximum(p - q, 0.0)
+        noise = tl.log(-tl.log(philox_uniform_tl(seed, position, stream, offs)))
+        score = tl.where(dist > 0.0, tl.log(tl.where(dist > 0.0, dist, 1.0)) - noise, float("-inf"))
+        best, best_idx = _lane_argmax(best, best_idx, score, offs)
+    return tl.max(best, axis=0), _argmax_of_lanes(best, best_idx)
+
+
+@triton.jit
 def _accept_kernel(
     draft_ptr, num_drafts_ptr, target_tok_ptr, target_probs_ptr, draft_probs_ptr, greedy_ptr, seed_ptr, pos_ptr,
     out_tok_ptr, num_acc_ptr, active_ptr, K, V,
@@ -119,30 +139,16 @@ def _accept_kernel(
         passed = drafts == targets
     accepted = tl.min(tl.where(in_k & passed, BLOCK_K, steps), axis=0)
     if sampled:
-        # One pass over p (and q after a rejection): Gumbel-max over the residual (p - q)+ and
-        # over p with the same noise; the residual pick wins unless the residual is empty.
+        # The committed token after a rejection comes from (p - q)+, else from p (bonus); one
+        # pass over V, plus a second over p only when the residual is empty.
         rejected = accepted < k
         stream = tl.where(rejected, RECOVER, SAMPLE)
-        q_len = tl.where(rejected, V, 0)  # q is read only after a rejection
         p_row = target_probs_ptr + r64 * stride_tp_row + accepted * stride_tp_step
         q_row = draft_probs_ptr + r64 * stride_dp_row + accepted * stride_dp_step
-        lanes = tl.arange(0, BLOCK)
-        best_p = tl.full([BLOCK], float("-inf"), tl.float32)
-        best_r = tl.full([BLOCK], float("-inf"), tl.float32)
-        pick_p = lanes
-        pick_r = lanes
-        for start in range(0, V, BLOCK):
-            offs = start + lanes
-            p = tl.load(p_row + offs, mask=offs < V, other=0.0).to(tl.float32)
-            q = tl.load(q_row + offs, mask=offs < q_len, other=0.0).to(tl.float32)
-            residual = tl.maximum(p - q, 0.0)
-            noise = tl.log(-tl.log(philox_uniform_tl(seed, position + accepted, stream, offs)))
-            score_p = tl.where(p > 0.0, tl.log(tl.where(p > 0.0, p, 1.0)) - noise, float("-inf"))
-            score_r = tl.where(residual > 0.0, tl.log(tl.where(residual > 0.0, residual, 1.0)) - noise, float("-inf"))
-            best_p, pick_p = _lane_argmax(best_p, pick_p, score_p, offs)
-            best_r, pick_r = _lane_argmax(best_r, pick_r, score_r, offs)
-        residual_empty = tl.max(best_r, axis=0) == float("-inf")
-        final = tl.where(rejected & ~residual_empty, _argmax_of_lanes(best_r, pick_r), _argmax_of_lanes(best_p, pick_p))
+        q_len = tl.where(rejected, V, 0)
+        best, final = _gumbel_residual(p_row, q_row, q_len, V, seed, position + accepted, stream, BLOCK)
+        if best == float("-inf"):
+            best, final = _gumbel_residual(p_row, q_row, 0, V, seed, position + accepted, stream, BLOCK)
         final = final.to(tl.int64)
     else:
         final = tl.load(target_tok_ptr + r64 * stride_target_tok + accepted).to(tl.int64)
@@ -173,7 +179,7 @@ def accept_draft(
     if has_probs and k_max > 0 and draft_probs is None:
         raise ValueError("draft_probs is required with target_probs when drafts exist")
     tp = target_probs if has_probs else out_tokens
-    dp = draft_probs if (has_probs and draft_probs is not None) else tp
+    dp = draft_probs if (has_probs and k_max > 0) else tp  # q is never read without drafts
     if has_probs and (tp.stride(-1) != 1 or dp.stride(-1) != 1):
         raise ValueError("target_probs and draft_probs need a contiguous last dimension")
     v = tp.shape[-1] if has_probs else 1
@@ -185,7 +191,7 @@ def accept_draft(
             tp.stride(0) if has_probs else 0, tp.stride(1) if has_probs else 0,
             dp.stride(0) if has_probs else 0, dp.stride(1) if has_probs else 0, out_tokens.stride(0),
             HAS_ACTIVE=active_rows is not None, HAS_PROBS=has_probs,
-            BLOCK_K=triton.next_power_of_2(k_max + 1), BLOCK=BLOCK_V,
+            BLOCK_K=triton.next_power_of_2(k_max + 1), BLOCK=vocab_block(v),
             ACCEPT=STREAM_ACCEPT, RECOVER=STREAM_RECOVER, SAMPLE=STREAM_SAMPLE, num_warps=NUM_WARPS,
         )
     return out_tokens, num_accepted

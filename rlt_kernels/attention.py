@@ -110,49 +110,45 @@ def paged_attention_reference(
         qdepth = query_depth[:n_active].long()
 
     # Per query token: owning sequence and causal limit.
-    tok_seq = torch.repeat_interleave(torch.arange(n_active, device=dev), q_lens)
-    tok_idx = torch.arange(int(qsl[-1] - qsl[0]), device=dev) + qsl[0]
+    tok_idx = torch.arange(int(qsl[0]), int(qsl[-1]), device=dev)
+    tok_seq = torch.searchsorted(qsl[1:], tok_idx, right=True)
     local = tok_idx - qsl[tok_seq]
     limit = seq_lens_l[tok_seq] - q_lens[tok_seq] + local + 1  # keys visible to the token
     live = seq_lens_l[tok_seq] > 0
     n_tok = tok_idx.numel()
     cd = compute_dtype(q.dtype)
-    qf = q[tok_idx].to(cd) * scale  # [n, H, D]
-    m_i = torch.full((n_tok, h), -math.inf, dtype=cd, device=dev)
-    l_i = torch.zeros((n_tok, h), dtype=cd, device=dev)
-    acc = torch.zeros((n_tok, h, d), dtype=cd, device=dev)
     group = h // kvh
+    qf = (q[tok_idx].to(cd) * scale).view(n_tok, kvh, group, d)
+    m_i = torch.full((n_tok, kvh, group), -math.inf, dtype=cd, device=dev)
+    l_i = torch.zeros((n_tok, kvh, group), dtype=cd, device=dev)
+    acc = torch.zeros((n_tok, kvh, group, d), dtype=cd, device=dev)
     max_limit = int(limit[live].max()) if bool(live.any()) else 0
+    seq_tables = tables[:, slots]  # [P, S, max_blocks]
     for start in range(0, max_limit, KEY_TILE):
         pos = start + torch.arange(KEY_TILE, device=dev)  # [64]
-        valid = (pos[None, :] < limit[:, None]) & live[:, None]  # [n, 64]
         logical = torch.clamp(pos // bs, max=tables.shape[2] - 1)
-        slot_rows = slots[tok_seq]  # [n]
-        qd = qdepth[tok_seq][:, None].expand(-1, KEY_TILE)
+        offs = pos % bs
         kd = None
         if key_depth is not None:
-            b0 = tables[0][slot_rows[:, None], logical[None, :]].long()
-            kd = key_depth[b0.clamp(min=0), (pos % bs)[None, :]].long()
-        plane = _plane_index(qd, kd, plane_offset, modulus)
-        plane = torch.where(valid, plane, torch.zeros_like(plane))
-        blocks = tables[plane, slot_rows[:, None], logical[None, :]].long()
-        blocks = torch.where(valid, blocks, torch.zeros_like(blocks)).clamp(min=0)
-        offs = (pos % bs)[None, :].expand_as(blocks)
-        kt = k_cache[blocks, offs].to(cd)  # [n, 64, KVH, D]
-        vt = v_cache[blocks, offs].to(cd)
-        kt = torch.where(valid[..., None, None], kt, torch.zeros_like(kt))
-        vt = torch.where(valid[..., None, None], vt, torch.zeros_like(vt))
-        kt = kt.repeat_interleave(group, dim=2).permute(0, 2, 1, 3)  # [n, H, 64, D]
-        vt = vt.repeat_interleave(group, dim=2).permute(0, 2, 1, 3)
-        s = (qf[:, :, None, :] * kt).sum(-1)  # [n, H, 64]
-        s = torch.where(valid[:, None, :], s, torch.full_like(s, -math.inf))
+            b0 = seq_tables[0][:, logical].long().clamp(min=0)  # [S, 64]
+            kd = key_depth[b0, offs[None, :]].long()
+        plane = _plane_index(qdepth[:, None], kd, plane_offset, modulus).expand(-1, KEY_TILE)
+        blocks = seq_tables[plane, torch.arange(n_active, device=dev)[:, None], logical[None, :]].long().clamp(min=0)
+        kt = k_cache[blocks, offs[None, :]].to(cd).index_select(0, tok_seq)  # [n, 64, KVH, D]
+        vt = v_cache[blocks, offs[None, :]].to(cd).index_select(0, tok_seq)
+        valid = (pos[None, :] < limit[:, None]) & live[:, None]  # [n, 64]
+        kt = torch.where(valid[..., None, None], kt, torch.zeros_like(kt)).permute(0, 2, 1, 3)  # [n, KVH, 64, D]
+        vt = torch.where(valid[..., None, None], vt, torch.zeros_like(vt)).permute(0, 2, 1, 3)
+        s = (qf[:, :, :, None, :] * kt[:, :, None]).sum(-1)  # [n, KVH, G, 64]
+        s = torch.where(valid[:, None, None, :], s, torch.full_like(s, -math.inf))
         m_new = torch.maximum(m_i, s.amax(-1))
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
         alpha = torch.exp(m_i - m_safe)
         p = torch.exp(s - m_safe[..., None])
         l_i = l_i * alpha + p.sum(-1)
-        acc = acc * alpha[..., None] + (p[..., None] * vt).sum(-2)
+        acc = acc * alpha[..., None] + (p[..., None] * vt[:, :, None]).sum(-2)
         m_i = m_new
+    acc, l_i = acc.reshape(n_tok, h, d), l_i.reshape(n_tok, h)
     res = acc / torch.where(l_i > 0, l_i, torch.ones_like(l_i))[..., None]
     res = torch.where(live[:, None, None], res, torch.zeros_like(res))
     out[tok_idx] = res.to(out.dtype)

@@ -21,6 +21,7 @@ contiguous last dimension (row strides are free). Its launch configuration comes
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -49,7 +50,6 @@ def linear_reference(x, weight, *, out=None, active_rows=None, activation=None):
     if m:
         out[:m] = by_row_chunks(_matmul_rows, x[:m], weight, activation).to(out.dtype)
     return out
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,6 +90,7 @@ class LinearConfig:
     group_m: int = GROUP_M
 
 
+@functools.lru_cache(maxsize=None)
 def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = None) -> LinearConfig:
     """The launch configuration for a weight [n, k] of ``dtype`` (n = 2F for swiglu).
 
@@ -101,7 +102,7 @@ def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = N
     _check_activation(activation)
     n_out = n // 2 if activation == "swiglu" else n
     block_n = next((w for w in COLUMN_TILE_WIDTHS if triton.cdiv(n_out, w) >= MIN_COLUMN_TILES), COLUMN_TILE_WIDTHS[-1])
-    elem = torch.empty((), dtype=dtype).element_size()
+    elem = dtype.itemsize
     step_bytes = K_STEP_BYTES_NARROW if block_n <= 64 else K_STEP_BYTES_WIDE
     block_k = max(16, min(step_bytes // elem, triton.next_power_of_2(max(k, 1))))
     accumulators = 2 if activation == "swiglu" else 1
@@ -221,7 +222,14 @@ def linear(x, weight, *, out=None, active_rows=None, activation=None):
     check_launchable(x, weight, out, active_rows)
     if m == 0 or n_out == 0:
         return out
-    cfg = linear_config(n, k, x.dtype, activation)
+    return _launch(x, weight, out, active_rows, activation, linear_config(n, k, x.dtype, activation))
+
+
+def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig):
+    """Launch the kernel on validated arguments with an explicit configuration (`linear` passes
+    `linear_config`'s; the perf sweep passes candidates)."""
+    m, k = x.shape
+    n_out = out.shape[1]
     # The interpreter's dot mishandles bf16 (it multiplies the raw bits), so it gets fp32
     # operands there; the products of bf16 values are exact in fp32 either way.
     dot_in_fp32 = interpreter_active() and x.dtype == torch.bfloat16

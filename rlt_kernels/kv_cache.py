@@ -197,7 +197,8 @@ def _check_kv(k, v, k_cache, v_cache, slot_mapping, active_rows):
         raise ValueError(f"k and v must both be [T, KVH, D], got {tuple(k.shape)} and {tuple(v.shape)}")
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         if cache.dim() != 4 or tuple(cache.shape[2:]) != tuple(k.shape[1:]):
-            raise ValueError(f"{name} must be [num_blocks, block_size, {k.shape[1]}, {k.shape[2]}], got {tuple(cache.shape)}")
+            expected = f"[num_blocks, block_size, {k.shape[1]}, {k.shape[2]}]"
+            raise ValueError(f"{name} must be {expected}, got {tuple(cache.shape)}")
     if v_cache.shape[1] != k_cache.shape[1]:
         raise ValueError("k_cache and v_cache must have the same block size")
     if slot_mapping.shape != (k.shape[0],):
@@ -243,14 +244,14 @@ def rope_kv_scatter(
 ):
     """Rotate q and k, write the rotated k and v into the paged caches: one launch.
 
-    q [T, H, D] and k, v [T, KVH, D] (H a multiple of KVH is not required; GQA and MQA work),
-    positions [T] int32/int64, cos_sin [P, D] fp32 (``norms.rope_cos_sin``), k_cache, v_cache
-    [num_blocks, block_size, KVH, D], slot_mapping [T] int64. style "neox" rotates halves
-    (i, i + D/2), "gptj" interleaved pairs (2i, 2i + 1). q_bias [H, D] / k_bias [KVH, D] are added
-    before rotating. Math in fp32 (fp64 for fp64 inputs), rounded once to the input dtype, then
-    to the cache / q_out dtype. The rotated q goes to q_out (allocated when None; may alias q)
-    and is returned. Rows at or past ``active_rows[0]`` are neither rotated nor written; rows
-    with a negative slot still get q rotated but write no K/V. Graph-safe when q_out is given.
+    q [T, H, D] and k, v [T, KVH, D] (MHA, GQA or MQA), positions [T] int32/int64, cos_sin
+    [P, D] fp32 (``norms.rope_cos_sin``), k_cache, v_cache [num_blocks, block_size, KVH, D],
+    slot_mapping [T] int64. style "neox" rotates halves (i, i + D/2), "gptj" interleaved pairs
+    (2i, 2i + 1). q_bias [H, D] / k_bias [KVH, D] are added before rotating. Math in fp32
+    (fp64 for fp64 inputs), rounded once to the input dtype, then to the cache / q_out dtype.
+    The rotated q goes to q_out (allocated when None; may alias q) and is returned. Rows at or
+    past ``active_rows[0]`` are neither rotated nor written; rows with a negative slot still get
+    q rotated but write no K/V. Graph-safe when q_out is given.
     """
     if style not in ("neox", "gptj"):
         raise ValueError(f"style must be 'neox' or 'gptj', got {style!r}")

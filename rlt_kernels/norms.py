@@ -141,7 +141,6 @@ def apply_rope_reference(x, positions, cos_sin, *, style="neox", bias=None, out=
     return out
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Triton kernels
 # ---------------------------------------------------------------------------------------------
@@ -418,11 +417,13 @@ def apply_rope(x, positions, cos_sin, *, style="neox", bias=None, out=None, acti
     if t == 0 or heads == 0 or dim == 0:
         return out
     active, has_active = _active_args(active_rows, x)
+    block_h, block_half = triton.next_power_of_2(heads), triton.next_power_of_2(dim // 2)
     _rope_kernel[(t,)](
         x, positions, cos_sin, x if bias is None else bias, out, active, heads, dim // 2,
         x.stride(0), x.stride(1), out.stride(0), out.stride(1), cos_sin.stride(0),
         0 if bias is None else bias.stride(0),
-        GPTJ=style == "gptj", HAS_BIAS=bias is not None, HAS_ACTIVE=has_active,
-        BLOCK_H=triton.next_power_of_2(heads), BLOCK_HALF=triton.next_power_of_2(dim // 2), num_warps=4,
+        GPTJ=style == "gptj", HAS_BIAS=bias is not None, HAS_ACTIVE=has_active, BLOCK_H=block_h,
+        BLOCK_HALF=block_half, num_warps=min(16, max(4, block_h * block_half // 512)),
+        enable_fp_fusion=False,  # same fp32 operation order as the reference and rope_kv_scatter
     )
     return out

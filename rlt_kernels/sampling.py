@@ -178,6 +178,12 @@ SEARCH_PASSES = 8
 NUM_WARPS = 8
 
 
+def vocab_block(v: int, block: int = BLOCK_V) -> int:
+    """Chunk width for a vocabulary of v: ``block``, or less for tiny vocabularies. A function
+    of v only, so a row's arithmetic never depends on the batch."""
+    return min(block, triton.next_power_of_2(max(v, 1)))
+
+
 @triton.jit
 def philox_uniform_tl(seed, position, stream, index):
     """Triton twin of `philox_uniform`, bitwise equal: fp32 uniforms in (0, 1).
@@ -229,18 +235,12 @@ def _argmax_pass(row_ptr, V, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _scaled(row_ptr, offs, V, t):
-    """z = logits / t for a chunk (IEEE division, as torch); -inf past V."""
-    x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-    return tl.math.div_rn(x, t)
-
-
-@triton.jit
 def _max_pass(row_ptr, V, t, BLOCK: tl.constexpr):
     zmax = tl.full([BLOCK], float("-inf"), tl.float32)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        zmax = tl.maximum(zmax, _scaled(row_ptr, offs, V, t))
+        x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        zmax = tl.maximum(zmax, tl.math.div_rn(x, t))
     return tl.max(zmax, axis=0)
 
 
@@ -252,36 +252,46 @@ def _search_key(
     """Largest key T >= floor with W(T) >= need (count) or W(T) >= need * W(floor) (mass).
 
     W(T) sums over the elements with key >= max(T, floor) either 1 (BY_MASS False: top-k,
-    need = k) or exp(z - zmax) (BY_MASS True: top-p, need = p). Invariant: W(lo) passes,
-    W(hi) fails; the candidates split [lo, hi) evenly.
+    need = k) or exp(z - zmax) (BY_MASS True: top-p, need = p). Invariant: W(lo) passes and
+    W(hi) fails. Each pass weighs CANDIDATES keys splitting [lo, hi) evenly and also snaps the
+    bounds to the nearest data keys inside (W is constant between data keys), so rows with few
+    distinct values in the interval finish before PASSES.
     """
     cols = tl.arange(0, CANDIDATES)
     lo = floor.to(tl.int64)
     hi = _order_key(zmax).to(tl.int64) + 1
     total = tl.full([], 0.0, tl.float32)
     for it in range(PASSES):
-        cand = lo + ((hi - lo) * cols + (CANDIDATES - 1)) // CANDIDATES
-        cand32 = cand.to(tl.int32)
-        acc = tl.zeros([BLOCK, CANDIDATES], dtype=tl.float32)
-        for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            z = _scaled(row_ptr, offs, V, t)
-            key = _order_key(z)
+        if hi - lo > 1:
+            cand = lo + ((hi - lo) * cols + (CANDIDATES - 1)) // CANDIDATES
+            cand32 = cand.to(tl.int32)
+            lo32 = lo.to(tl.int32)
+            hi32 = hi.to(tl.int32)
+            acc = tl.zeros([BLOCK, CANDIDATES], dtype=tl.float32)
+            first_above = tl.full([BLOCK], 2147483647, tl.int32)
+            last_below = tl.full([BLOCK], -2147483648, tl.int32)
+            for start in range(0, V, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+                z = tl.math.div_rn(x, t)
+                key = _order_key(z)
+                if BY_MASS:
+                    w = tl.where((offs < V) & (key >= floor), tl.exp(z - zmax), 0.0)
+                else:
+                    w = tl.where(offs < V, 1.0, 0.0)
+                acc += tl.where(key[:, None] >= cand32[None, :], w[:, None], 0.0)
+                first_above = tl.minimum(first_above, tl.where((offs < V) & (key >= lo32), key, 2147483647))
+                last_below = tl.maximum(last_below, tl.where((offs < V) & (key < hi32), key, -2147483648))
+            weight = tl.sum(acc, axis=0)
             if BY_MASS:
-                w = tl.where((offs < V) & (key >= floor), tl.exp(z - zmax), 0.0)
+                # The first pass's candidate 0 is the floor itself: W(floor), the top-k mass.
+                total = tl.where(it == 0, tl.sum(tl.where(cols == 0, weight, 0.0), axis=0), total)
+                ok = weight >= need * total
             else:
-                w = tl.where(offs < V, 1.0, 0.0)
-            acc += tl.where(key[:, None] >= cand32[None, :], w[:, None], 0.0)
-        weight = tl.sum(acc, axis=0)
-        if BY_MASS:
-            # The first pass's candidate 0 is the floor itself: W(floor), the top-k mass.
-            total = tl.where(it == 0, tl.sum(tl.where(cols == 0, weight, 0.0), axis=0), total)
-            ok = weight >= need * total
-        else:
-            ok = weight >= need
-        lo_next = tl.max(tl.where(ok, cand, lo), axis=0)
-        hi = tl.min(tl.where(ok, hi, cand), axis=0)
-        lo = lo_next
+                ok = weight >= need
+            lo_next = tl.maximum(tl.max(tl.where(ok, cand, lo), axis=0), tl.min(first_above, axis=0).to(tl.int64))
+            hi = tl.minimum(tl.min(tl.where(ok, hi, cand), axis=0), tl.max(last_below, axis=0).to(tl.int64) + 1)
+            lo = lo_next
     return lo.to(tl.int32)
 
 
@@ -327,8 +337,9 @@ def _row_filter(
 
 @triton.jit
 def _kept(row_ptr, offs, V, t, zmax, log_min_p, thresh):
-    """Scaled logits of a chunk and their keep mask."""
-    z = _scaled(row_ptr, offs, V, t)
+    """Scaled logits z = logits / t of a chunk (IEEE division, as torch) and their keep mask."""
+    x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+    z = tl.math.div_rn(x, t)
     keep = (offs < V) & (_order_key(z) >= thresh) & (z - zmax >= log_min_p)
     return z, keep
 
@@ -478,7 +489,7 @@ def sample(
         _sample_kernel[(m,)](
             logits, logits.stride(0), temperature, top_k, top_p, min_p, seeds, positions, out,
             out if active_rows is None else active_rows, v, stream,
-            HAS_ACTIVE=active_rows is not None, BLOCK=BLOCK_V, SEARCH_BLOCK=SEARCH_BLOCK_V,
+            HAS_ACTIVE=active_rows is not None, BLOCK=vocab_block(v), SEARCH_BLOCK=vocab_block(v, SEARCH_BLOCK_V),
             CANDIDATES=SEARCH_CANDIDATES, PASSES=SEARCH_PASSES, num_warps=NUM_WARPS,
         )
     return out
@@ -501,7 +512,7 @@ def filtered_probs(logits, temperature, top_k, top_p, min_p, *, out=None, active
         _filtered_probs_kernel[(m,)](
             logits, logits.stride(0), temperature, top_k, top_p, min_p, out, out.stride(0),
             out if active_rows is None else active_rows, v,
-            HAS_ACTIVE=active_rows is not None, BLOCK=BLOCK_V, SEARCH_BLOCK=SEARCH_BLOCK_V,
+            HAS_ACTIVE=active_rows is not None, BLOCK=vocab_block(v), SEARCH_BLOCK=vocab_block(v, SEARCH_BLOCK_V),
             CANDIDATES=SEARCH_CANDIDATES, PASSES=SEARCH_PASSES, num_warps=NUM_WARPS,
         )
     return out
@@ -529,6 +540,6 @@ def compute_logprobs(logits, tokens, num_top: int = 0):
     if m:
         _logprobs_kernel[(m,)](
             logits, logits.stride(0), tokens, chosen, ids, vals, num_top, v,
-            NUM_TOP=num_top, TOP_BLOCK=triton.next_power_of_2(max(num_top, 1)), BLOCK=BLOCK_V, num_warps=NUM_WARPS,
+            NUM_TOP=num_top, TOP_BLOCK=triton.next_power_of_2(max(num_top, 1)), BLOCK=vocab_block(v), num_warps=NUM_WARPS,
         )
     return chosen, ids, vals

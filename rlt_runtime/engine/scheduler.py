@@ -171,7 +171,8 @@ class Scheduler:
             if budget <= 0 or r not in self.running:
                 break
             budget -= self._schedule_prefill(r, budget, out)
-        if self.cfg.enable_chunked_prefill or prefill_only or not out.decodes:
+        # No admission in a step that had to preempt: the freed blocks are what running requests need.
+        if not out.preempted and (self.cfg.enable_chunked_prefill or prefill_only or not out.decodes):
             budget = self._admit(budget, out)
         self._consecutive_prefill_steps = self._consecutive_prefill_steps + 1 if (out.prefills and not out.decodes) else 0
         out.block_updates = self.kv.take_updates()

@@ -35,9 +35,10 @@ _TAG = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.
 
 
 def resolve_model(name_or_path: str) -> tuple[str, str]:
-    """("dir", path) for an existing directory (checked first), ("preset", name) for a preset name."""
-    if os.path.isdir(name_or_path):
-        return "dir", name_or_path
+    """("dir", path) for an existing directory (checked first, `~` expanded), ("preset", name) for a preset."""
+    path = os.path.expanduser(name_or_path)
+    if os.path.isdir(path):
+        return "dir", path
     if name_or_path in PRESETS:
         return "preset", name_or_path
     raise CheckpointError(
@@ -163,10 +164,10 @@ def _validate(files: dict, config: ModelConfig) -> None:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
         raise CheckpointError(f"{where}: missing tensors {missing[:5]}{more}")
     if config.family == "huginn" and "lm_head.weight" in seen:
-        head = files[seen["lm_head.weight"]]["lm_head.weight"][1]
-        if head != tuple(expected["transformer.wte.weight"]):
+        head, embedding = files[seen["lm_head.weight"]]["lm_head.weight"][1], expected["transformer.wte.weight"]
+        if head != tuple(embedding):
             raise CheckpointError(f"{seen['lm_head.weight']}: tensor 'lm_head.weight' (the tied duplicate) has "
-                                  f"shape {list(head)}, expected the embedding's {list(expected['transformer.wte.weight'])}")
+                                  f"shape {list(head)}, expected the embedding's {list(embedding)}")
 
 
 def iter_checkpoint(model_dir: str, config: ModelConfig, *, device="cpu",

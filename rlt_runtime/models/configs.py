@@ -219,8 +219,14 @@ def config_from_dict(data: dict, source: str = "config.json") -> ModelConfig:
             kwargs[target] = value
         elif key in cls.IGNORED_KEYS:
             continue
+        elif model_type == "huginn_raven" and key == "head_dim":  # derived (n_embd / n_heads); checked below
+            continue
         else:
             raise ConfigError(f"{source}: unsupported field {key!r} for model_type {model_type!r}")
+    if model_type == "huginn_raven" and "head_dim" in data:
+        width, heads = kwargs.get("n_embd", HuginnConfig.n_embd), kwargs.get("n_heads", HuginnConfig.n_heads)
+        if not isinstance(heads, int) or heads <= 0 or data["head_dim"] != width // heads:
+            raise ConfigError(f"{source}: head_dim {data['head_dim']!r} must equal n_embd / n_heads ({width} / {heads})")
     if model_type == "ouro" and "head_dim" not in kwargs and "hidden_size" in kwargs:
         kwargs["head_dim"] = kwargs["hidden_size"] // kwargs.get("num_attention_heads", OuroConfig.num_attention_heads)
     if model_type == "ouro" and data.get("rope_scaling") not in (None, {}):

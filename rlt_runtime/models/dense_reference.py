@@ -50,6 +50,15 @@ class RefExit:
     min_loops / max_loops: loops are capped at D_max = min(max_loops or D, D).
     lookahead_weight [hidden] / lookahead_bias [] or [1]: the frozen head of random_lookahead.
     trace: exit depth per output token; entry 0 must be D (the prompt's full depth).
+
+    After loop r a token exits when r == D_max, or (r >= min_loops and):
+      ouro: CDF_r >= threshold; ouro_delayed: at r = trigger + 1; random_lookahead: score_{r-1} >=
+      threshold (threshold >= 1 disables all three); trace: r == trace[i];
+      kl: KL(p_{r-1} || p_r) < threshold (p_0 uniform); entropy-diff: |H_r - H_{r-1}| < threshold
+      (H_0 = log V); latent-diff: |s_r - s_{r-1}| / |s_r| < threshold; cosine: 1 - cos(s_r, s_{r-1})
+      < threshold (cos = 0 against a zero state); argmax-stability: run of equal argmaxes >= threshold.
+    Huginn criteria that need p_r run the coda and head after every loop; the token's coda K/V
+    ends up as its exit state's.
     """
 
     mode: str = "fixed"
@@ -113,7 +122,7 @@ class _Cache:
     def attend(self, layer, q, k, v, pos: int, loop: int, planes: int) -> torch.Tensor:
         """Write the token's (k, v) at plane loop mod planes, then attend over positions 0..pos."""
         self.kv[(layer, loop % planes, pos)] = (k, v)
-        entries = [self.kv[(layer, min(loop, self.last_loop[j] + (self.last_loop[j] < loop)) % planes if (loop, self.last_loop[j]) and False else (min(loop, self.last_loop[j]) if self.last_loop[j] == len(self.last_loop) or True else 0) % planes, j)] for j in range(pos + 1)]
+        entries = [self.kv[(layer, min(loop, self.last_loop[j]) % planes, j)] for j in range(pos + 1)]
         return _attend(q, torch.stack([e[0] for e in entries]), torch.stack([e[1] for e in entries]))
 
 
@@ -213,7 +222,8 @@ class _Ouro:
             a = w[p + "self_attn.o_proj.weight"] @ cache.attend(layer, q, k, v, pos, t, self.planes)
             h = h + _rms(a, w[p + "input_layernorm_2.weight"], eps)
             x = _rms(h, w[p + "post_attention_layernorm.weight"], eps)
-            m = w[p + "mlp.down_proj.weight"] @ (F.silu(w[p + "mlp.gate_proj.weight"] @ x) * (w[p + "mlp.up_proj.weight"] @ x))
+            gate, up = w[p + "mlp.gate_proj.weight"] @ x, w[p + "mlp.up_proj.weight"] @ x
+            m = w[p + "mlp.down_proj.weight"] @ (F.silu(gate) * up)
             h = h + _rms(m, w[p + "post_attention_layernorm_2.weight"], eps)
         return _rms(h, w["model.norm.weight"], eps)
 
@@ -289,14 +299,14 @@ def _planes(config: ModelConfig, kv_layout: Optional[str], depth: int) -> int:
             return depth if layout == "last_exited" else 1
         raise ValueError(f"kv_layout {layout!r} is not an Ouro layout; use 'last_exited' or 'shared'")
     layout = kv_layout or "full"
-    if layout == "full":
+    if layout in ("full", "last_exited"):  # one plane per recurrence, read LAST_EXITED style
         return depth
     core = config.n_layers_in_recurrent_block
     if layout.startswith("compress-s") and layout[len("compress-s"):].isdigit():
         n = int(layout[len("compress-s"):])
         if n >= core and n % core == 0:
             return n // core
-    raise ValueError(f"kv_layout {layout!r} is not a Huginn layout; use 'full' or 'compress-sN' "
+    raise ValueError(f"kv_layout {layout!r} is not a Huginn layout; use 'full' ('last_exited') or 'compress-sN' "
                      f"with N a positive multiple of the {core} core layers")
 
 
@@ -308,7 +318,8 @@ def reference_generate(config: ModelConfig, weights: dict[str, torch.Tensor], pr
     """Greedy generation (argmax, lowest id on ties) for one request.
 
     weights: every tensor of hf_weight_shapes(config), in HF names (Huginn's head is wte).
-    kv_layout: None = "last_exited" (Ouro) / "full" (Huginn); "shared"; "compress-sN".
+    kv_layout: Ouro "last_exited" (default) | "shared"; Huginn "full" (default, alias
+    "last_exited") | "compress-sN" (N a multiple of the core layer count).
     depth: D, default config.num_loops. stop_token_ids end generation (the stop id is kept).
     initial_state(position) -> [hidden]: Huginn's s0 as it enters the first adapter (already
     scaled by sqrt(hidden)); None = zeros (init_scale 0).

@@ -188,7 +188,7 @@ def test_linear_config_fits_and_spreads(n, k, activation, dtype):
     """The table's configs fit the shared-memory budget and give decode enough CTAs."""
     cfg = gemm.linear_config(n, k, dtype, activation)
     assert cfg == gemm.linear_config(n, k, dtype, activation)
-    elem = torch.empty((), dtype=dtype).element_size()
+    elem = dtype.itemsize
     accumulators = 2 if activation else 1
     assert cfg.num_stages * (cfg.block_m + accumulators * cfg.block_n) * cfg.block_k * elem <= gemm.SMEM_BUDGET_BYTES
     assert cfg.block_m >= 64 and cfg.block_n in gemm.COLUMN_TILE_WIDTHS and 2 <= cfg.num_stages <= gemm.MAX_STAGES
@@ -199,7 +199,7 @@ def test_linear_config_fits_and_spreads(n, k, activation, dtype):
 # ------------------------------------------------------------------ batch invariance (bitwise)
 
 
-@settings(max_examples=10)
+@settings(max_examples=25)
 @given(m=st.integers(2, 80), seed=st.integers(0, 2**16), pad=st.integers(1, 40),
        activation=st.sampled_from([None, "swiglu"]), dtype=st.sampled_from([torch.bfloat16, torch.float32]),
        k=st.sampled_from([40, 136]))

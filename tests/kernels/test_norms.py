@@ -270,7 +270,7 @@ def _row_views(seed, m, width, dtype, device):
     return _randn((m, width), dtype, device, gen, scale=2.0), gen
 
 
-@settings(max_examples=6)
+@settings(max_examples=15)
 @given(m=st.integers(2, 12), width=st.sampled_from([24, 136, 300]), pad=st.integers(1, 5),
        seed=st.integers(0, 2**16), dtype=st.sampled_from([torch.bfloat16, torch.float32]))
 def test_norms_are_batch_invariant(device, m, width, pad, seed, dtype):
@@ -301,7 +301,7 @@ def test_norms_are_batch_invariant(device, m, width, pad, seed, dtype):
         assert torch.equal(got[0], want[row])
 
 
-@settings(max_examples=4)
+@settings(max_examples=10)
 @given(t=st.integers(2, 9), seed=st.integers(0, 2**16), style=st.sampled_from(["neox", "gptj"]))
 def test_apply_rope_is_batch_invariant(device, t, seed, style):
     gen = _gen(seed, device)

@@ -21,7 +21,16 @@ PROMPT = [11, 200, 37, 5, 260, 99]
 
 
 def _weights(cfg, seed=0):
-    return {n: t.to(F64) for n, t in preset_weights(cfg, seed=seed)}
+    """Preset weights with norm weights and q/k biases randomised (their init, 1 and 0, hides bugs)."""
+    gen = torch.Generator().manual_seed(seed + 1000)
+    weights = {}
+    for name, t in preset_weights(cfg, seed=seed, dtype=F64):
+        if name.endswith("norm.weight") or "norm_" in name or "layernorm" in name or name.endswith("ln_f.weight"):
+            t = t + 0.3 * torch.randn(t.shape, generator=gen, dtype=F64)
+        elif name.endswith("qk_bias"):
+            t = 0.5 * torch.randn(t.shape, generator=gen, dtype=F64)
+        weights[name] = t
+    return weights
 
 
 def _rms(x, w, eps):
@@ -70,7 +79,7 @@ def ouro_recompute(cfg, w, ids, last, depth):
             x = x + _rms(m @ w[p + "mlp.down_proj.weight"].T, w[p + "post_attention_layernorm_2.weight"], eps)
         x = _rms(x, w["model.norm.weight"], eps)
         h = torch.where((last >= t)[:, None], x, h)  # exited tokens keep their exit state
-    return h @ w["lm_head.weight"].T
+    return h @ w["lm_head.weight"].T, h
 
 
 def huginn_recompute(cfg, w, ids, last, depth, s0):
@@ -78,7 +87,7 @@ def huginn_recompute(cfg, w, ids, last, depth, s0):
     inv = 1.0 / cfg.rope_base ** (torch.arange(0, hd, 2, dtype=F64) / hd)
     rot = torch.polar(torch.ones(n, hd // 2, dtype=F64), torch.outer(torch.arange(n, dtype=F64), inv))[:, None]
 
-    def rope(x):
+    def rope(x):  # adjacent pairs as complex numbers
         return torch.view_as_real(torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2)) * rot).flatten(-2)
 
     def block(p, x, core_t=None):
@@ -108,7 +117,15 @@ def huginn_recompute(cfg, w, ids, last, depth, s0):
     x = _rms(s, w["transformer.ln_f.weight"], eps)
     for i in range(cfg.n_layers_in_coda):
         x = block(f"transformer.coda.{i}.", x)
-    return _rms(x, w["transformer.ln_f.weight"], eps) @ w["transformer.wte.weight"].T
+    return _rms(x, w["transformer.ln_f.weight"], eps) @ w["transformer.wte.weight"].T, s
+
+
+def _recompute(cfg, w, ids, last, depth, s0_fn=None):
+    """(logits [n, vocab], final states [n, hidden]) of the no-cache implementations."""
+    if cfg.family == "ouro":
+        return ouro_recompute(cfg, w, ids, last, depth)
+    s0 = torch.stack([s0_fn(p) for p in range(len(ids))]) if s0_fn else torch.zeros(len(ids), cfg.n_embd, dtype=F64)
+    return huginn_recompute(cfg, w, ids, last, depth, s0)
 
 
 def _check_against_recompute(cfg, w, prompt, trace, depth, s0_fn=None):
@@ -117,11 +134,7 @@ def _check_against_recompute(cfg, w, prompt, trace, depth, s0_fn=None):
     assert result.exit_depths == list(trace)
     ids = torch.tensor(prompt + result.tokens[:-1])
     last = torch.tensor([depth] * len(prompt) + list(trace[1:])) - 1
-    if cfg.family == "ouro":
-        logits = ouro_recompute(cfg, w, ids, last, depth)
-    else:
-        s0 = torch.stack([s0_fn(p) for p in range(len(ids))]) if s0_fn else torch.zeros(len(ids), cfg.n_embd, dtype=F64)
-        logits = huginn_recompute(cfg, w, ids, last, depth, s0)
+    logits, _ = _recompute(cfg, w, ids, last, depth, s0_fn)
     expected = logits[len(prompt) - 1:]
     assert len(result.logits) == len(expected)
     for got, want in zip(result.logits, expected):
@@ -284,26 +297,75 @@ def test_huginn_compress_layouts():
     assert s8.tokens == ref.tokens and all(torch.equal(a, b) for a, b in zip(s8.logits, ref.logits))
 
 
-def _first_decode_logits_at(depth_of_token_1):
-    trace = [4, depth_of_token_1]
-    return reference_generate(HUGINN_CFG, HUGINN_W, PROMPT, 2, exit=RefExit("trace", trace=trace)).logits[1]
+def _decode_signals(cfg, w, depth, s0_fn=None):
+    """[(logits, state)] of the first decode token after each loop r = 1..depth (from traces + recompute)."""
+    out = []
+    for r in range(1, depth + 1):
+        res = reference_generate(cfg, w, PROMPT, 2, exit=RefExit("trace", trace=[depth, r]), initial_state=s0_fn)
+        ids = torch.tensor(PROMPT + res.tokens[:1])
+        logits, states = _recompute(cfg, w, ids, torch.tensor([depth - 1] * len(PROMPT) + [r - 1]), depth, s0_fn)
+        torch.testing.assert_close(res.logits[1], logits[-1], rtol=1e-9, atol=1e-9)
+        out.append((res.logits[1], states[-1]))
+    return out
 
 
-def test_huginn_criteria_boundaries_at_the_first_recurrence():
-    logp = torch.log_softmax(_first_decode_logits_at(1), -1)
-    vocab = logp.numel()
-    kl = float((-math.log(vocab) - logp).mean())  # KL(uniform || p_1)
-    entropy_change = abs(float(-(logp.exp() * logp).sum()) - math.log(vocab))
-    cases = [("kl", kl), ("entropy-diff", entropy_change),
-             ("latent-diff", 1.0), ("cosine", 1.0)]  # s_0 = 0: relative change 1, cosine 0
-    for mode, value in cases:
-        for threshold, depth in ((value * (1 + 1e-6), 1), (value * (1 - 1e-6), None)):
-            result = reference_generate(HUGINN_CFG, HUGINN_W, PROMPT, 2, exit=RefExit(mode, threshold=threshold))
-            if depth is not None:
-                assert result.exit_depths == [4, 1], mode
-                torch.testing.assert_close(result.logits[1], _first_decode_logits_at(1), rtol=0, atol=0)
-            else:
-                assert result.exit_depths[1] > 1, mode
+def _first(values, met, depth, start=1):
+    return next((r for r, v in enumerate(values, start) if met(v)), depth)
+
+
+S0 = 0.6 * torch.randn(16, 64, dtype=F64, generator=torch.Generator().manual_seed(5))
+
+
+def test_huginn_criteria_match_their_formulas():
+    signals = _decode_signals(HUGINN_CFG, HUGINN_W, 4, lambda p: S0[p])
+    logps = [torch.log_softmax(logits, -1) for logits, _ in signals]
+    states = [S0[len(PROMPT)]] + [s for _, s in signals]
+    vocab = logps[0].numel()
+    prev = [torch.full_like(logps[0], -math.log(vocab))] + logps[:-1]
+    entropy = [math.log(vocab)] + [float(-(lp.exp() * lp).sum()) for lp in logps]
+    values = {
+        "kl": [float((p.exp() * (p - c)).sum()) for p, c in zip(prev, logps)],
+        "entropy-diff": [abs(entropy[r] - entropy[r - 1]) for r in range(1, 5)],
+        "latent-diff": [float((states[r] - states[r - 1]).norm() / states[r].norm()) for r in range(1, 5)],
+        "cosine": [1 - float(F.cosine_similarity(states[r], states[r - 1], dim=0)) for r in range(1, 5)],
+    }
+    for mode, vals in values.items():
+        for v in vals:
+            for threshold in (v * (1 + 1e-7), v * (1 - 1e-7)):
+                spec = RefExit(mode, threshold=threshold)
+                got = reference_generate(HUGINN_CFG, HUGINN_W, PROMPT, 2, exit=spec, initial_state=lambda p: S0[p])
+                assert got.exit_depths[1] == _first(vals, lambda x: x < threshold, 4), (mode, vals, threshold)
+    tops = [int(lp.argmax()) for lp in logps]
+    counts = [1]
+    for r in range(1, 4):
+        counts.append(counts[-1] + 1 if tops[r] == tops[r - 1] else 1)
+    for threshold in (1, 2, 3, 4):
+        spec = RefExit("argmax-stability", threshold=threshold)
+        got = reference_generate(HUGINN_CFG, HUGINN_W, PROMPT, 2, exit=spec, initial_state=lambda p: S0[p])
+        assert got.exit_depths[1] == _first(counts, lambda c: c >= threshold, 4), (tops, threshold)
+
+
+def test_ouro_gate_and_lookahead_read_the_normed_state_of_each_loop():
+    w = dict(OURO_W)
+    w["model.early_exit_gate.weight"] = w["model.early_exit_gate.weight"] * 20
+    w["model.early_exit_gate.bias"] = torch.tensor([0.2], dtype=F64)
+    states = [h for _, h in _decode_signals(OURO_CFG, w, 4)]
+    lam = torch.stack([torch.sigmoid(w["model.early_exit_gate.weight"][0] @ h + 0.2) for h in states])
+    cdf = (1 - torch.cumprod(1 - lam, 0)).tolist()
+    lw = 0.3 * torch.randn(64, dtype=F64, generator=torch.Generator().manual_seed(2))
+    score = [float(torch.sigmoid(lw @ h - 0.1)) for h in states]
+    assert len({round(c, 6) for c in cdf}) == 4 and len({round(x, 6) for x in score}) == 4
+    for i in range(3):
+        for threshold in (cdf[i] * (1 - 1e-9), cdf[i] * (1 + 1e-9)):
+            trigger = _first(cdf, lambda c: c >= threshold, 4)
+            for mode, depth in (("ouro", trigger), ("ouro_delayed", min(trigger + 1, 4))):
+                got = reference_generate(OURO_CFG, w, PROMPT, 2, exit=RefExit(mode, threshold=threshold))
+                assert got.exit_depths[1] == depth, (mode, cdf, threshold)
+        for threshold in (score[i] * (1 - 1e-9), score[i] * (1 + 1e-9)):
+            spec = RefExit("random_lookahead", threshold=threshold, lookahead_weight=lw,
+                           lookahead_bias=torch.tensor(-0.1))
+            got = reference_generate(OURO_CFG, w, PROMPT, 2, exit=spec)  # exit after the loop following a hit
+            assert got.exit_depths[1] == _first(score[:3], lambda x: x >= threshold, 4, start=2), (score, threshold)
 
 
 @pytest.mark.parametrize("mode", ["kl", "entropy-diff", "latent-diff", "cosine", "argmax-stability"])

@@ -90,7 +90,8 @@ def test_chat_templates_render():
 
 @pytest.mark.parametrize("messages, field", [
     ([{"content": "x"}], r"messages\[0\] has no 'role' field"),
-    ([{"role": "user", "content": "a"}, {"role": "user", "content": 5}], r"messages\[1\]\['content'\] must be a string"),
+    ([{"role": "user", "content": "a"}, {"role": "user", "content": 5}],
+     r"messages\[1\]\['content'\] must be a string"),
     ([{"role": "", "content": "a"}], r"messages\[0\]\['role'\] must be a non-empty string"),
     (["hello"], r"messages\[0\] must be an object"),
     ([], "non-empty list"),

@@ -1,0 +1,142 @@
+"""Batch-invariant `linear` on the H200 at Ouro-1.4B and Huginn weight shapes.
+
+For every (weight, M) pair the JSON entry holds: the kernel time, GB/s on the bytes it must
+move (weights + x + out) and that as a fraction of the measured copy bandwidth (the decode
+figure, M <= 16), TFLOP/s and its fraction of the measured bf16 GEMM rate, `vs_matmul` = the
+kernel's speed relative to torch.matmul (cuBLAS) on the same GEMM in the same run (the large-M
+figure; for swiglu the kernel also does the activation), `speedup_vs_baseline` against the
+plain-torch layer (matmul, plus silu * up for swiglu), and the launch config.
+
+Weights are rotated through enough copies to exceed the L2 cache, so small weights are read
+from HBM as in a real forward pass.
+
+    pytest perf/test_bench_gemm.py --benchmark-json=out/gemm.json
+    RLT_GEMM_SWEEP=1 pytest perf/test_bench_gemm.py -k sweep   # candidate configs, for tuning
+"""
+
+import dataclasses
+import functools
+import itertools
+import os
+
+import pytest
+import torch
+
+from perf.conftest import cuda_time_ms, record, requires_cuda
+from rlt_kernels import gemm
+
+pytestmark = requires_cuda
+
+WEIGHTS = [  # (name, N, K, activation)
+    ("ouro.qkv", 6144, 2048, None),
+    ("ouro.o", 2048, 2048, None),
+    ("ouro.gate_up", 11264, 2048, "swiglu"),
+    ("ouro.down", 2048, 5632, None),
+    ("ouro.lm_head", 49152, 2048, None),
+    ("huginn.Wqkv", 15840, 5280, None),
+    ("huginn.proj", 5280, 5280, None),
+    ("huginn.fc", 35840, 5280, "swiglu"),
+    ("huginn.mlp_proj", 5280, 17920, None),
+]
+ROWS = [1, 4, 16, 64, 256, 2048]
+ROTATION_BYTES = 512 * 1024 * 1024  # > 10x the H200's 50 MB L2
+DTYPE = torch.bfloat16
+
+
+@functools.lru_cache(maxsize=1)
+def _weights(n: int, k: int) -> tuple:
+    """Copies of one random weight, enough that cycling through them misses L2."""
+    w = torch.randn(n, k, dtype=DTYPE, device="cuda") * k**-0.5
+    copies = max(1, min(32, ROTATION_BYTES // w.nbytes))
+    return (w,) + tuple(w.clone() for _ in range(copies - 1))
+
+
+def _cycling(calls):
+    """One callable that runs the next of `calls` each time (round robin)."""
+    it = itertools.cycle(calls)
+    return lambda: next(it)()
+
+
+def _torch_layer(x, w, activation, mm_out):
+    y = torch.matmul(x, w.T, out=mm_out)
+    if activation == "swiglu":
+        f = w.shape[0] // 2
+        return torch.nn.functional.silu(y[:, :f]) * y[:, f:]
+    return y
+
+
+def _sync(fn):
+    def run():
+        fn()
+        torch.cuda.synchronize()
+
+    return run
+
+
+@pytest.mark.parametrize("name,n,k,activation,m", [(*w, m) for w in WEIGHTS for m in ROWS],
+                         ids=[f"{w[0]}-M{m}" for w in WEIGHTS for m in ROWS])
+def test_bench_linear(benchmark, roofline, name, n, k, activation, m):
+    weights = _weights(n, k)
+    n_out = n // 2 if activation == "swiglu" else n
+    x = torch.randn(m, k, dtype=DTYPE, device="cuda")
+    out = torch.empty(m, n_out, dtype=DTYPE, device="cuda")
+    mm_out = torch.empty(m, n, dtype=DTYPE, device="cuda")
+
+    kernel = _cycling([functools.partial(gemm.linear, x, w, out=out, activation=activation) for w in weights])
+    matmul = _cycling([functools.partial(torch.matmul, x, w.T, out=mm_out) for w in weights])
+    layer = _cycling([functools.partial(_torch_layer, x, w, activation, mm_out) for w in weights])
+    ms = cuda_time_ms(kernel)
+    matmul_ms = cuda_time_ms(matmul)
+    layer_ms = cuda_time_ms(layer)
+
+    weight_bytes = n * k * DTYPE.itemsize
+    weight_gbps = weight_bytes / (ms * 1e-3) / 1e9
+    record(
+        benchmark, roofline, name=f"linear {name} M={m}", ms=ms,
+        bytes_moved=weight_bytes + (m * k + m * n_out) * DTYPE.itemsize, flops=2 * m * n * k,
+        baseline_ms=layer_ms, matmul_ms=matmul_ms, vs_matmul=matmul_ms / ms,
+        weight_gbps=weight_gbps, frac_bandwidth_weights=weight_gbps / roofline["copy_gbps"],
+        m=m, n=n, k=k, activation=activation, regime="decode (bandwidth)" if m <= 16 else "compute",
+        config=dataclasses.asdict(gemm.linear_config(n, k, DTYPE, activation)),
+    )
+    benchmark.pedantic(_sync(kernel), rounds=10, warmup_rounds=1)
+
+
+def _candidates(n: int, k: int, activation) -> list:
+    """Tile configs to compare with the table's choice (all fit the shared-memory budget)."""
+    accumulators = 2 if activation == "swiglu" else 1
+    found = []
+    for block_n, block_k, stages in itertools.product((32, 64, 128), (64, 128), (3, 4, 5)):
+        if stages * (gemm.BLOCK_M + accumulators * block_n) * block_k * DTYPE.itemsize > gemm.SMEM_BUDGET_BYTES:
+            continue
+        warps = 4 if accumulators * block_n <= 128 else 8
+        found.append(gemm.LinearConfig(gemm.BLOCK_M, block_n, block_k, warps, stages))
+    return found
+
+
+@pytest.mark.skipif(os.environ.get("RLT_GEMM_SWEEP") != "1", reason="tuning sweep: set RLT_GEMM_SWEEP=1")
+@pytest.mark.parametrize("name,n,k,activation", WEIGHTS, ids=[w[0] for w in WEIGHTS])
+def test_bench_linear_config_sweep(benchmark, roofline, name, n, k, activation):
+    """Times every candidate config at decode and prefill sizes; the JSON lists them so the
+    `linear_config` table can be re-tuned from one GPU run (a config is used for all M)."""
+    weights = _weights(n, k)
+    n_out = n // 2 if activation == "swiglu" else n
+    table = gemm.linear_config(n, k, DTYPE, activation)
+    results = []
+    for cfg in _candidates(n, k, activation):
+        row = {"config": dataclasses.asdict(cfg), "chosen": cfg == table}
+        for m in (1, 16, 256, 2048):
+            x = torch.randn(m, k, dtype=DTYPE, device="cuda")
+            out = torch.empty(m, n_out, dtype=DTYPE, device="cuda")
+            run = _cycling([functools.partial(gemm._launch, x, w, out, None, activation, cfg) for w in weights])
+            row[f"ms_M{m}"] = cuda_time_ms(run, iters=20)
+        row["weight_gbps_M1"] = n * k * DTYPE.itemsize / (row["ms_M1"] * 1e-3) / 1e9
+        row["tflops_M2048"] = 2 * 2048 * n * k / (row["ms_M2048"] * 1e-3) / 1e12
+        results.append(row)
+    best_decode = min(results, key=lambda r: r["ms_M1"])
+    best_prefill = min(results, key=lambda r: r["ms_M2048"])
+    chosen = next(r for r in results if r["chosen"]) if any(r["chosen"] for r in results) else None
+    record(benchmark, roofline, name=f"linear sweep {name}", ms=best_decode["ms_M1"], candidates=results,
+           best_decode=best_decode, best_prefill=best_prefill, chosen=chosen)
+    x = torch.randn(1, k, dtype=DTYPE, device="cuda")
+    benchmark.pedantic(_sync(lambda: gemm.linear(x, weights[0], activation=activation)), rounds=5, warmup_rounds=1)
