@@ -67,6 +67,21 @@ def _active(n, device):
     return torch.tensor([n], dtype=torch.int32, device=device)
 
 
+def _assert_probs_agree(probs, ref, logits, p):
+    """Same kept sets and probabilities, except on top-p rows whose boundary lies within fp32
+    rounding of p: the kernel sums the mass in another order than the reference's cumsum, so
+    at large vocabularies a boundary token of tiny probability may fall either way."""
+    differ = ((probs > 0) != (ref > 0)).any(1)
+    for r in differ.nonzero().flatten().tolist():
+        row = slice(r, r + 1)
+        ones = torch.ones(1, device=logits.device)
+        z, keep = sampling.keep_mask_reference(logits[row], p["temperature"][row], p["top_k"][row], ones, ones * 0)
+        mass = torch.softmax(torch.where(keep, z, float("-inf")).sort(descending=True).values, dim=1).cumsum(1)
+        top_p = float(p["top_p"][r])
+        assert top_p < 1 and float((mass - top_p).abs().min()) < 1e-4, f"row {r}: kept sets differ"
+    torch.testing.assert_close(probs[~differ], ref[~differ], rtol=1e-5, atol=1e-7)
+
+
 # ---------------------------------------------------------------------------------- Philox
 
 
@@ -132,8 +147,7 @@ def test_filtered_probs_match_reference(device, seed, rows, v, dtype, ties):
     p = _params(_random_kinds(rng, rows), v, device, rng)
     out = sampling.filtered_probs(logits, *_filters(p), out=torch.full((rows, v), float("nan"), device=device))
     ref = sampling.filtered_probs_reference(logits, *_filters(p))
-    assert torch.equal(out > 0, ref > 0), "kept sets differ"
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-7)
+    _assert_probs_agree(out, ref, logits, p)
     torch.testing.assert_close(out.sum(1), torch.ones(rows, device=device), rtol=0, atol=1e-5)
     greedy = p["temperature"] <= 0
     assert torch.equal(out[greedy].argmax(1), logits[greedy].float().argmax(1))
@@ -279,10 +293,11 @@ def test_reference_frequencies_match_filtered_probs(config):
 
 
 @pytest.mark.parametrize(
-    "config", ["temperature"] + [pytest.param(c, marks=pytest.mark.gpu) for c in ("top_k", "top_p", "min_p")]
+    "config", ["temperature", "min_p"] + [pytest.param(c, marks=pytest.mark.gpu) for c in ("top_k", "top_p")]
 )
 def test_kernel_frequencies_match_filtered_probs(device, config):
-    """The interpreter affords 200 draws of the fast path; the GPU runs every filter."""
+    """The interpreter affords 200 draws of the max-pass paths (the top-k / top-p searches
+    take seconds per hundred rows there); the GPU draws 20,000 for every filter."""
     _check_frequencies(sampling.sample, config, 20000 if device.type == "cuda" else 200, device)
 
 
@@ -334,9 +349,7 @@ def test_gpu_model_vocabularies_match_reference(v):
     out = sampling.sample(logits, *_filters(p), p["seeds"], p["positions"])
     assert torch.equal(out, sampling.sample_reference(logits, *_filters(p), p["seeds"], p["positions"]))
     probs = sampling.filtered_probs(logits, *_filters(p))
-    ref = sampling.filtered_probs_reference(logits, *_filters(p))
-    assert torch.equal(probs > 0, ref > 0)
-    torch.testing.assert_close(probs, ref, rtol=1e-5, atol=1e-7)
+    _assert_probs_agree(probs, sampling.filtered_probs_reference(logits, *_filters(p)), logits, p)
     i = 17
     assert torch.equal(sampling.sample(logits[i : i + 1], *_filters(_rows(p, slice(i, i + 1))), p["seeds"][i : i + 1],
                                        p["positions"][i : i + 1]), out[i : i + 1])

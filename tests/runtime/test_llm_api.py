@@ -1,0 +1,161 @@
+"""The public API: LLM.generate, SamplingParams validation, bad requests, the CLI."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rlt_runtime import LLM, ConfigError, RequestError, SamplingParams
+
+
+@functools.lru_cache(maxsize=None)
+def llm(**options) -> LLM:
+    return LLM("ouro-tiny", dtype="float32", max_num_seqs=4, **options)
+
+
+def test_mixed_prompts_token_ids_and_text():
+    m = llm()
+    outs = m.generate(["Hello", {"prompt_token_ids": [5, 6, 7]}, [9, 10, 11, 12, 13]],
+                      SamplingParams(max_tokens=5, temperature=0, ignore_eos=True), use_tqdm=False)
+    assert [o.prompt for o in outs] == ["Hello", None, None]
+    assert outs[1].prompt_token_ids == [5, 6, 7]
+    for o in outs:
+        c = o.outputs[0]
+        assert o.finished and c.finish_reason == "length" and len(c.token_ids) == 5 and len(c.exit_depths) == 5
+        assert c.text == m.tokenizer.decode(c.token_ids)
+
+
+def test_batch_composition_does_not_change_greedy_outputs():
+    m = llm()
+    p = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    alone = m.generate(["abc"], p, use_tqdm=False)[0].outputs[0].token_ids
+    batched = m.generate(["xyz", "abc", "hello there"], p, use_tqdm=False)[1].outputs[0].token_ids
+    assert alone == batched
+
+
+def test_seeds_reproduce_and_differ():
+    m = llm()
+    p = SamplingParams(max_tokens=8, temperature=1.0, seed=1234, ignore_eos=True)
+    a = m.generate(["seeded"], p, use_tqdm=False)[0].outputs[0].token_ids
+    b = m.generate(["other", "seeded", "third"], p, use_tqdm=False)[1].outputs[0].token_ids
+    c = m.generate(["seeded"], SamplingParams(max_tokens=8, temperature=1.0, seed=99, ignore_eos=True), use_tqdm=False)
+    assert a == b and a != c[0].outputs[0].token_ids
+
+
+def test_n_samples_share_the_prompt_and_differ():
+    m = llm()
+    out = m.generate(["many"], SamplingParams(n=3, max_tokens=6, temperature=1.0, seed=5, ignore_eos=True), use_tqdm=False)[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+
+
+def test_stop_token_ids_and_eos():
+    m = llm()
+    base = m.generate(["stop me"], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    stop_at = base.token_ids[2]
+    out = m.generate(["stop me"], SamplingParams(max_tokens=8, temperature=0, stop_token_ids=[stop_at]), use_tqdm=False)[0].outputs[0]
+    first = base.token_ids.index(stop_at)
+    assert out.token_ids == base.token_ids[: first + 1] and out.finish_reason == "stop" and out.stop_reason == stop_at
+
+
+def test_stop_strings_are_cut_from_the_text():
+    m = llm()
+    base = m.generate(["text"], SamplingParams(max_tokens=24, temperature=1.0, seed=3, ignore_eos=True), use_tqdm=False)
+    text = base[0].outputs[0].text
+    probe = next((text[i:i + 2] for i in range(2, len(text) - 2) if text[i:i + 2].isprintable() and text[i:i + 2].strip()), None)
+    if probe is None:
+        pytest.skip("the random model produced no printable text for this seed")
+    out = m.generate(["text"], SamplingParams(max_tokens=24, temperature=1.0, seed=3, ignore_eos=True, stop=[probe]),
+                     use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == probe
+    assert out.text == text[: text.index(probe)] and probe not in out.text
+
+
+def test_logprobs_shape():
+    m = llm()
+    c = m.generate(["lp"], SamplingParams(max_tokens=3, temperature=0, logprobs=4, ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    assert len(c.logprobs) == 3
+    for tok, lp in zip(c.token_ids, c.logprobs):
+        assert len(lp.top) == 4 and lp.logprob <= 0 and tok in lp.top  # greedy: the chosen token is the top one
+
+
+def test_sampling_params_validation_names_fields():
+    for kwargs, field in [({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_k": 0}, "top_k"),
+                          ({"n": 0}, "n"), ({"max_tokens": 0}, "max_tokens"), ({"logprobs": 99}, "logprobs"),
+                          ({"min_loops": 3, "max_loops": 2}, "min_loops"), ({"exit_threshold": 2.0}, "exit_threshold"),
+                          ({"stop": [""]}, "stop"), ({"seed": -1}, "seed")]:
+        with pytest.raises(ConfigError, match=field):
+            SamplingParams(**kwargs)
+
+
+def test_bad_requests_are_rejected_and_leave_the_engine_usable():
+    m = llm()
+    eng = m.engine
+    with pytest.raises(RequestError, match="token ids"):
+        m.generate([[1, 2, 10**6]], use_tqdm=False)
+    with pytest.raises(RequestError, match="max_model_len"):
+        m.generate([[5] * eng.max_model_len], use_tqdm=False)
+    with pytest.raises(RequestError, match="max_loops"):
+        m.generate(["x"], SamplingParams(max_loops=9), use_tqdm=False)
+    with pytest.raises(RequestError, match="empty"):
+        m.generate([""], use_tqdm=False)
+    # A failing prompt in a batch aborts the prompts added before it and leaks nothing.
+    with pytest.raises(RequestError):
+        m.generate(["fine", [1, -5]], use_tqdm=False)
+    assert not eng.has_unfinished_requests()
+    assert eng.kv.pool.num_free == eng.kv.pool.num_blocks
+    assert m.generate(["still works"], SamplingParams(max_tokens=2), use_tqdm=False)[0].finished
+
+
+def test_engine_options_validation():
+    with pytest.raises(ConfigError, match="unknown engine option"):
+        LLM("ouro-tiny", max_num_seq=3)
+    with pytest.raises(ConfigError, match="mutually exclusive"):
+        LLM("ouro-tiny", num_blocks=10, kv_cache_memory_bytes=1 << 20)
+    with pytest.raises(ConfigError, match="kv_layout"):
+        LLM("ouro-tiny", kv_layout="compress-s4")
+    with pytest.raises(ConfigError, match="exit_mode"):
+        LLM("huginn-tiny", exit_mode="ouro")
+    with pytest.raises(ConfigError, match="attention_backend"):
+        LLM("ouro-tiny", attention_backend="nope")
+    with pytest.raises(Exception, match="preset"):
+        LLM("no-such-model")
+
+
+def test_abort_frees_blocks_immediately():
+    m = llm()
+    eng = m.engine
+    eng.add_request("a", "long running request", SamplingParams(max_tokens=50, ignore_eos=True))
+    eng.step()
+    eng.step()
+    assert eng.kv.pool.num_free < eng.kv.pool.num_blocks
+    out = eng.abort_request("a")
+    assert out.finished and out.outputs[0].finish_reason == "abort"
+    assert eng.kv.pool.num_free == eng.kv.pool.num_blocks and not eng.has_unfinished_requests()
+
+
+def test_cli_readme_command_prints_text():
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    res = subprocess.run([sys.executable, "-m", "rlt_runtime.entrypoints.cli", "--model", "ouro-tiny", "--prompt", "Hello"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("Hello") and len(res.stdout.strip()) > len("Hello")
+
+
+def test_cli_json_and_errors(tmp_path):
+    pf = tmp_path / "p.jsonl"
+    pf.write_text('"one"\n{"prompt_token_ids": [5, 6]}\n')
+    res = subprocess.run([sys.executable, "-m", "rlt_runtime.entrypoints.cli", "--prompt-file", str(pf), "--json",
+                          "--max-tokens", "3", "--temperature", "0", "--dtype", "float32"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    assert len(rows) == 2 and len(rows[1]["outputs"][0]["exit_depths"]) == 3
+    bad = subprocess.run([sys.executable, "-m", "rlt_runtime.entrypoints.cli", "--prompt", "x", "--top-p", "7"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "top_p" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

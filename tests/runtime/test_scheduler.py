@@ -1,0 +1,212 @@
+"""Scheduler and block-accounting properties (plain Python, no model)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlt_runtime.cache.block_pool import BlockPool
+from rlt_runtime.cache.kv_cache import KVCacheManager
+from rlt_runtime.config import EngineConfig
+from rlt_runtime.engine.request import Request
+from rlt_runtime.engine.scheduler import Scheduler
+from rlt_runtime.outputs import RequestMetrics
+from rlt_runtime.sampling_params import SamplingParams
+
+DEPTH = 4
+
+
+def make(num_blocks=64, planes=DEPTH, block_size=4, prefix=True, shares=False, **cfg_kwargs):
+    cfg = EngineConfig.from_kwargs(**cfg_kwargs)
+    cfg.max_num_seqs = cfg.max_num_seqs or 4
+    cfg.max_num_batched_tokens = cfg.max_num_batched_tokens or 16
+    cfg.prefill_chunk_size = cfg.prefill_chunk_size or cfg.max_num_batched_tokens
+    kv = KVCacheManager(num_blocks, block_size, planes, enable_prefix_caching=prefix)
+    return Scheduler(cfg, kv, depth=DEPTH, shares_planes=shares, num_slots=cfg.max_num_seqs), cfg
+
+
+def request(i, prompt, max_tokens, priority=0):
+    r = Request(request_id=f"r{i}", prompt_token_ids=list(prompt), params=SamplingParams(priority=priority),
+                arrival_index=i, row_key=i, max_tokens=max_tokens, depth_limit=DEPTH, min_loops=1, group_id=f"r{i}")
+    r.metrics = RequestMetrics(arrival_time=0.0)
+    return r
+
+
+def apply(sched: Scheduler, out) -> list[Request]:
+    """What the engine does with a step's results (every output token is 7, depth 2)."""
+    done = []
+    for c in out.prefills:
+        r = c.request
+        r.num_computed += len(c.token_ids)
+        r.num_inflight -= len(c.token_ids)
+        sched.kv.publish(r.request_id, r.prompt_token_ids, r.num_computed, sched._salt(r))
+        if c.sample:
+            r.inflight_outputs -= 1
+            r.output_token_ids.append(7)
+            r.exit_depths.append(DEPTH)
+    for r in out.decodes:
+        r.num_computed += 1
+        r.num_inflight -= 1
+        r.inflight_outputs -= 1
+        r.output_token_ids.append(7)
+        r.exit_depths.append(2)
+    for r in list(sched.running):
+        if len(r.output_token_ids) >= r.max_tokens:
+            sched.finish(r)
+            done.append(r)
+    return done
+
+
+def test_block_pool_invariant_and_lru_eviction():
+    pool = BlockPool(6)
+    a = pool.allocate(2)
+    pool.publish(111, tuple(a))
+    pool.release(a)  # cached and idle
+    assert pool.num_free == 6
+    pool.check_invariant()
+    hit = pool.lookup(111)
+    assert hit == tuple(a) and pool.prefix_hits == 1
+    pool.release(hit)
+    b = pool.allocate(6)  # needs the idle cached blocks: evicted LRU-first
+    assert b is not None and pool.lookup(111) is None
+    pool.release(b)
+    pool.check_invariant()
+    assert pool.allocate(7) is None
+
+
+def test_decode_rows_and_chunks_respect_budgets():
+    sched, cfg = make(max_num_seqs=3, max_num_batched_tokens=8, prefill_chunk_size=5)
+    for i in range(5):
+        sched.add(request(i, range(100 * i, 100 * i + 11), 4))
+    for _ in range(60):
+        out = sched.schedule()
+        assert out.num_tokens <= cfg.max_num_batched_tokens
+        assert len(sched.running) <= cfg.max_num_seqs
+        assert all(len(c.token_ids) <= cfg.prefill_chunk_size for c in out.prefills)
+        apply(sched, out)
+        sched.kv.check_invariant()
+        if not sched.has_work():
+            break
+    assert not sched.has_work()
+
+
+def test_prefix_hit_skips_cached_blocks():
+    sched, _ = make(block_size=4)
+    first = request(0, range(20), 1)
+    sched.add(first)
+    while sched.has_work():
+        apply(sched, sched.schedule())
+    second = request(1, list(range(16)) + [99, 98], 1)
+    sched.add(second)
+    out = sched.schedule()
+    chunk = out.prefills[0]
+    assert chunk.start == 16 and second.metrics.num_cached_tokens == 16
+
+
+def test_bypass_bound_protects_a_blocked_request():
+    # A big request that does not fit next to the running one is passed by small ones at most twice.
+    sched, cfg = make(num_blocks=16, planes=1, block_size=4, max_num_seqs=8, max_num_batched_tokens=64,
+                      max_admission_bypasses=2, prefix=False)
+    sched.add(request(0, range(20), 8))  # grows to 7 blocks
+    apply(sched, sched.schedule())
+    big = request(1, range(200, 248), 2)  # 12 blocks for its prompt: fits only once r0 is gone
+    sched.add(big)
+    for i in range(2, 8):
+        sched.add(request(i, [i], 2))
+    bypassed = []
+    for _ in range(200):
+        out = sched.schedule()
+        assert big.bypass_count <= cfg.max_admission_bypasses
+        bypassed.append(big.bypass_count)
+        apply(sched, out)
+        if not sched.has_work():
+            break
+    assert max(bypassed) == cfg.max_admission_bypasses
+    assert not sched.has_work()
+
+
+def test_unchunked_prefill_runs_whole_prompts_in_prefill_only_steps():
+    sched, cfg = make(enable_chunked_prefill=False, max_num_batched_tokens=32, max_consecutive_prefill_steps=2)
+    sched.add(request(0, range(10), 3))
+    out = sched.schedule()
+    assert len(out.prefills) == 1 and len(out.prefills[0].token_ids) == 10
+    apply(sched, out)
+    sched.add(request(1, range(50, 60), 3))
+    out = sched.schedule()  # prefill-only step for the new prompt
+    assert not out.decodes and len(out.prefills[0].token_ids) == 10
+    apply(sched, out)
+    sched.add(request(2, range(70, 80), 3))
+    out = sched.schedule()  # two prefill-only steps in a row: now a decode step
+    assert out.decodes and not out.prefills
+
+
+def test_shared_layouts_prefill_one_position_per_step():
+    sched, _ = make(shares=True, planes=1)
+    sched.add(request(0, range(6), 1))
+    out = sched.schedule()
+    assert [len(c.token_ids) for c in out.prefills] == [1]
+
+
+def test_priority_preempts_only_lower_priority():
+    sched, cfg = make(max_num_seqs=1, scheduling_policy="priority")
+    low = request(0, range(4), 10, priority=5)
+    sched.add(low)
+    apply(sched, sched.schedule())
+    high = request(1, range(10, 14), 2, priority=0)
+    sched.add(high)
+    out = sched.schedule()
+    assert low in out.preempted and high in out.admitted
+    same = request(2, range(20, 24), 2, priority=0)
+    sched.add(same)
+    apply(sched, out)
+    out = sched.schedule()
+    assert high not in out.preempted  # equal priority never preempts
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lens=st.lists(st.tuples(st.integers(1, 30), st.integers(1, 12), st.integers(0, 3)), min_size=1, max_size=10),
+    num_blocks=st.integers(12, 80),
+    max_seqs=st.integers(1, 5),
+    budget=st.integers(5, 24),
+    chunk=st.integers(1, 24),
+    prefix=st.booleans(),
+    policy=st.sampled_from(["fcfs", "priority"]),
+    abort_seed=st.integers(0, 1000),
+)
+def test_random_workloads_finish_without_leaks(lens, num_blocks, max_seqs, budget, chunk, prefix, policy, abort_seed):
+    budget = max(budget, max_seqs)
+    sched, cfg = make(num_blocks=num_blocks, block_size=4, max_num_seqs=max_seqs, max_num_batched_tokens=budget,
+                      prefill_chunk_size=chunk, prefix=prefix, scheduling_policy=policy, max_admission_bypasses=3)
+    rng = random.Random(abort_seed)
+    reqs = []
+    for i, (plen, mtok, prio) in enumerate(lens):
+        # Requests that can never fit are rejected by the engine before they reach the scheduler.
+        need = -(-(plen + mtok) // 4) * DEPTH
+        if need > num_blocks:
+            continue
+        r = request(i, [rng.randrange(8) for _ in range(plen)], mtok, priority=prio)
+        reqs.append(r)
+        sched.add(r)
+    aborted = set()
+    for _ in range(2000):
+        if not sched.has_work():
+            break
+        out = sched.schedule()
+        assert out.num_tokens <= budget and len(sched.running) <= max_seqs
+        assert all(r.bypass_count <= cfg.max_admission_bypasses for r in sched.waiting)
+        apply(sched, out)
+        if rng.random() < 0.05 and sched.running:
+            victim = rng.choice(sched.running)
+            sched.finish(victim)
+            aborted.add(victim.request_id)
+        sched.kv.check_invariant()
+        assert len(sched.free_slots) + len(sched.running) == max_seqs
+    assert not sched.has_work(), "scheduler made no progress"
+    assert sched.kv.pool.num_free == num_blocks
+    for r in reqs:
+        if r.request_id not in aborted:
+            assert len(r.output_token_ids) == r.max_tokens
