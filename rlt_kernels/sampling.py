@@ -340,7 +340,7 @@ def _kept(row_ptr, offs, V, t, zmax, log_min_p, thresh):
     """Scaled logits z = logits / t of a chunk (IEEE division, as torch) and their keep mask."""
     x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
     z = tl.math.div_rn(x, t)
-    keep = (offs < V) & (_order_key(z) > thresh) & (z - zmax >= log_min_p)
+    keep = (offs < V) & (_order_key(z) >= thresh) & (z - zmax >= log_min_p)
     return z, keep
 
 

@@ -219,6 +219,7 @@ class ModelRunner:
             "qsl": np.asarray(qsl, np.int32), "sample_rows": np.asarray(sample_rows, np.int64),
             "sample_pos": np.asarray(sample_pos, np.int64),
             "sample_slots": np.asarray([c.request.slot for c in chunks if c.sample], np.int32),
+            "keys": np.asarray(keys, np.int64),
         }
         dev = upload_arrays(arrays, self.device)
         batch = ForwardBatch(
@@ -234,7 +235,7 @@ class ModelRunner:
             final = h
         else:
             e = self.model.embed(dev["tokens"], batch)
-            s = self.model.initial_state(keys, positions)
+            s = self.model.initial_state(dev["keys"], dev["positions"])
             for t in range(self.depth):
                 s_new = self.model.loop(s, e, batch, t)
                 s = torch.where((dev["limits"] > t)[:, None], s_new, s) if limited else s_new
@@ -270,14 +271,10 @@ class ModelRunner:
         st.write("trace", np.asarray(trace, np.int32))
         st.write("num_rows", np.asarray([b], np.int32))
         st.upload()
-        if self.family == "huginn":
-            s0 = self.model.initial_state([r.row_key for r in rows], list(sched.decode_positions))
-        else:
-            s0 = None
-        res = self.decode_program(b, want_lp, num_top, s0)
+        res = self.decode_program(b, want_lp, num_top)
         return {k: v[:b] for k, v in res.items()}
 
-    def decode_program(self, b: int, want_lp: bool, num_top: int, s0=None) -> dict:
+    def decode_program(self, b: int, want_lp: bool, num_top: int) -> dict:
         """All loops of `b` decode rows (static inputs in `dec_in`), LM head and sampling."""
         d = self.device
         slots = self.dec_in["slots"][:b]
@@ -297,7 +294,7 @@ class ModelRunner:
             final = torch.zeros_like(state)
         else:
             e = self.model.embed(tok, batch)
-            state = s0
+            state = self.model.initial_state(self.slot_key.index_select(0, idx), pos)
             final = torch.zeros_like(state)
         ex = self._init_exit(b, state)
         cur_active = batch.active

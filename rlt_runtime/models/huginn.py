@@ -16,10 +16,11 @@ from typing import Iterable, Optional
 
 import torch
 
-from rlt_kernels.sampling import STREAM_STATE, philox_uniform
+from rlt_kernels.sampling import STREAM_STATE
 
 from ..cache.layout import KVLayout, PlaneSpec
 from ..errors import CheckpointError
+from ..executor.philox import philox_uniform_torch
 from .configs import HuginnConfig, hf_weight_shapes
 
 
@@ -44,16 +45,19 @@ _BLOCK_KEYS = ("norm_1.weight", "attn.Wqkv.weight", "attn.proj.weight", "norm_2.
 def huginn_initial_state(keys, positions, hidden: int, std: float, device, dtype) -> torch.Tensor:
     """Initial recurrent state s_0 [M, hidden]: truncated normal (±3 std) times sqrt(hidden).
 
-    Counter-based: element i of row r is a function of (keys[r], positions[r], stream 4, i), so a
-    token's state never depends on its batch or on preemption. std 0 gives zeros.
+    keys, positions: int64 [M] (tensors or lists). Counter-based: element i of row r is a
+    function of (keys[r], positions[r], stream 4, i), so a token's state never depends on its
+    batch or on preemption; computed on the device without host synchronisation. std 0 gives zeros.
     """
-    m = len(keys)
+    keys = torch.as_tensor(keys, dtype=torch.int64, device=device)
+    positions = torch.as_tensor(positions, dtype=torch.int64, device=device)
+    m = keys.shape[0]
     if std == 0.0 or m == 0:
         return torch.zeros((m, hidden), dtype=dtype, device=device)
-    u = philox_uniform(keys, positions, STREAM_STATE, hidden).double()
+    u = philox_uniform_torch(keys, positions, STREAM_STATE, hidden).double()
     lo, hi = 0.5 * math.erfc(3.0 / math.sqrt(2.0)), 0.5 * math.erfc(-3.0 / math.sqrt(2.0))
     z = math.sqrt(2.0) * torch.erfinv(2.0 * (lo + u * (hi - lo)) - 1.0)
-    return (z * std * math.sqrt(hidden)).to(device=device, dtype=dtype)
+    return (z * std * math.sqrt(hidden)).to(dtype)
 
 
 class HuginnModel:
@@ -135,7 +139,7 @@ class HuginnModel:
         return e
 
     def initial_state(self, keys, positions) -> torch.Tensor:
-        """s_0 for rows with the given row keys and positions (host lists)."""
+        """s_0 for rows with the given row keys and positions (int64 tensors or lists)."""
         return huginn_initial_state(keys, positions, self.config.n_embd, self.state_std, self.device, self.dtype)
 
     def loop(self, s: torch.Tensor, e: torch.Tensor, batch, t: int) -> torch.Tensor:

@@ -86,12 +86,14 @@ def test_ouro_min_max_loops():
     assert all(2 <= d <= 3 for o in outs for d in o.outputs[0].exit_depths[1:])
 
 
-@pytest.mark.parametrize("layout,ref_layout", [("last_exited", "full"), ("compress-s2", "compress-s2")])
-@pytest.mark.parametrize("mode,threshold", [("fixed", None), ("latent-diff", 1.2), ("cosine", 0.3), ("kl", 1.0),
-                                            ("entropy-diff", 0.2), ("argmax-stability", 2)])
+HUGINN_CASES = [("last_exited", "full", mode, thr) for mode, thr in [
+    ("fixed", None), ("latent-diff", 1.2), ("cosine", 0.3), ("kl", 1.0), ("entropy-diff", 0.2), ("argmax-stability", 2)]]
+HUGINN_CASES += [("compress-s2", "compress-s2", "fixed", None), ("compress-s2", "compress-s2", "latent-diff", 1.2),
+                 ("shared", "compress-s2", "kl", 1.0)]
+
+
+@pytest.mark.parametrize("layout,ref_layout,mode,threshold", HUGINN_CASES)
 def test_huginn_layouts_and_criteria(layout, ref_layout, mode, threshold):
-    if layout != "last_exited" and mode not in ("fixed", "latent-diff"):
-        pytest.skip("layout x criterion matrix: compress layouts are covered with two criteria")
     llm = engine("huginn-tiny", kv_layout=layout, exit_mode=mode, exit_criterion_threshold=threshold, max_num_seqs=4,
                  enable_prefix_caching=False)
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, seed=SEED)
@@ -117,7 +119,7 @@ workloads = st.lists(
 )
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(
     work=workloads,
     threshold=st.sampled_from([1.0, 0.6, 0.4]),
