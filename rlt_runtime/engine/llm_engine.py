@@ -8,6 +8,7 @@ next step, and the host learns them one step late.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -59,6 +60,19 @@ def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return dtype
 
 
+def _on_device(method):
+    """Run an engine method with the engine's CUDA device current (streams, events, graphs)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if self.device.type != "cuda":
+            return method(self, *args, **kwargs)
+        with torch.cuda.device(self.device):
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 class LLMEngine:
     """The engine behind `LLM`, the CLI and the server."""
 
@@ -67,6 +81,10 @@ class LLMEngine:
         cfg.validate_static()
         self.cfg = cfg
         self.device = _resolve_device(cfg.device)
+        self._init(model, cfg)
+
+    @_on_device
+    def _init(self, model: str, cfg: EngineConfig) -> None:
         self.dtype = _resolve_dtype(cfg.dtype, self.device)
         self.model_name = model
         self.model_config, weights, self.tokenizer = load_model(model, seed=cfg.seed, device=self.device, dtype=self.dtype)
@@ -96,45 +114,55 @@ class LLMEngine:
         cfg.max_num_seqs, cfg.max_num_batched_tokens = self.max_num_seqs, self.max_num_batched_tokens
         cfg.prefill_chunk_size = cfg.prefill_chunk_size or self.max_num_batched_tokens
         self.async_scheduling = on_cuda if cfg.async_scheduling is None else cfg.async_scheduling
-        self.ops = select_ops(self.device, cfg.attention_backend)
+        self.ops = select_ops(self.device, cfg.attention_backend, cfg.batch_invariant)
 
         from ..models import build_model
 
         self.model = build_model(mc, self.layout, self.device, self.dtype)
         self.model.load_weights(weights)
         weights_bytes = torch.cuda.memory_allocated(self.device) if on_cuda else 0
+        self.execution_mode = cfg.execution_mode or ("graphs" if on_cuda else "eager")
+        if self.execution_mode != "eager" and not on_cuda:
+            raise ConfigError(f"execution_mode={self.execution_mode!r} needs a CUDA device; use 'eager' on CPU")
+        self.runner = ModelRunner(
+            self.model, mc, self.layout, ops=self.ops, device=self.device, dtype=self.dtype, num_slots=self.max_num_seqs,
+            num_blocks=1, block_size=cfg.block_size, max_model_len=self.max_model_len, max_rows=self.max_num_seqs,
+            exit_mode=self.exit_mode, criterion_threshold=criterion, lookahead_seed=cfg.lookahead_seed,
+        )
         per_block = block_bytes(self.layout.num_cache_layers, cfg.block_size, mc.kv_heads, mc.head_dim, self.dtype)
         blocks_per_seq = -(-self.max_model_len // cfg.block_size)
         useful = blocks_per_seq * self.layout.num_planes * self.max_num_seqs
         self.memory_plan = plan_kv_cache(
             cfg, device=self.device, per_block=per_block, useful_blocks=useful, weights_bytes=weights_bytes,
-            profile_peak=self._profile_peak,
+            profile_peak=self._profile_peak, graph_reserve_bytes=0,
         )
+        self.runner.allocate_kv(self.memory_plan.num_blocks)
         logger.info(self.memory_plan.describe())
         self.kv = KVCacheManager(self.memory_plan.num_blocks, cfg.block_size, self.layout.num_planes,
                                  enable_prefix_caching=cfg.enable_prefix_caching, cache_salt=hash((model, depth, cfg.kv_layout)))
         self.scheduler = Scheduler(cfg, self.kv, depth=depth, shares_planes=self.layout.shares_planes, num_slots=self.max_num_seqs)
-        self.runner = ModelRunner(
-            self.model, mc, self.layout, ops=self.ops, device=self.device, dtype=self.dtype, num_slots=self.max_num_seqs,
-            num_blocks=self.memory_plan.num_blocks, block_size=cfg.block_size, max_model_len=self.max_model_len,
-            max_rows=self.max_num_seqs, exit_mode=self.exit_mode, criterion_threshold=criterion,
-            lookahead_seed=cfg.lookahead_seed,
-        )
+        if self.execution_mode != "eager":
+            from ..executor.graphs import default_ladder
+
+            self.runner.enable_graphs(self.execution_mode, cfg.cuda_graph_sizes or default_ladder(self.max_num_seqs))
         self._groups: dict[str, list[Request]] = {}
         self._trackers: dict[int, TextTracker] = {}
         self._prompts: dict[str, Optional[str]] = {}
         self._arrivals = itertools.count()
         self._pending: Optional[StepHandle] = None
+        self._wait_s = 0.0
+        self._last_device_ms: Optional[float] = None
         self._recorded_trace: dict[str, list[int]] = {}
         self.num_steps = 0
         self._profiler = None
+        self.timings: Optional[list] = None  # set to [] to record (host_ms, device_ms) per processed step
 
     # ---- capacity ------------------------------------------------------------------------------
     def _profile_peak(self) -> int:
-        """Peak activation bytes of the largest step (measured once on CUDA before the pool exists)."""
+        """Peak bytes of the largest prefill and decode steps plus the decode graphs' pool."""
         from ..executor.profiling import profile_step_peak
 
-        return profile_step_peak(self)
+        return profile_step_peak(self, graphs=self.execution_mode != "eager")
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Union[str, list[int], dict, None], params: Optional[SamplingParams] = None,
@@ -247,8 +275,11 @@ class LLMEngine:
         return self.scheduler.has_work() or self._pending is not None
 
     # ---- the step ------------------------------------------------------------------------------
+    @_on_device
     def step(self) -> list[RequestOutput]:
         """Run one step; returns outputs of the requests that advanced or finished."""
+        t0 = time.perf_counter()
+        self._wait_s = 0.0
         self._profile_tick()
         sched = self.scheduler.schedule()
         now = time.monotonic()
@@ -267,13 +298,18 @@ class LLMEngine:
         for r in sched.preempted:
             touched[r.group_id] = None
         outs = [self._output(g) for g in touched if g in self._groups]
+        if self.timings is not None and self._last_device_ms is not None:
+            self.timings.append(((time.perf_counter() - t0 - self._wait_s) * 1e3, self._last_device_ms))
         for out in outs:
             if out.finished:
                 self._groups.pop(out.request_id, None)
         return outs
 
     def _process(self, handle: StepHandle, touched: dict) -> None:
+        t_wait = time.perf_counter()
         res = handle.result()
+        self._wait_s += time.perf_counter() - t_wait
+        self._last_device_ms = handle.device_ms()
         for req, gen, chunk in handle.prefills:
             if gen != req.generation:
                 continue
@@ -388,6 +424,9 @@ class LLMEngine:
             "prefix_cache_hits": pool.prefix_hits,
             "preemptions": self.scheduler.num_preemptions,
             "memory_plan": self.memory_plan.as_dict(),
+            "execution_mode": self.execution_mode,
+            "async_scheduling": self.async_scheduling,
+            "graphs": self.runner.graphs.stats.as_dict() if self.runner.graphs is not None else None,
         }
 
     def check_invariants(self) -> None:

@@ -49,7 +49,14 @@ class StepHandle:
     prefills: list = field(default_factory=list)  # (request, generation, chunk) per prefill chunk
     host: Optional[dict] = None
     event: Optional[torch.cuda.Event] = None
+    start_event: Optional[torch.cuda.Event] = None  # set when the runner records device time
     num_top: int = 0
+
+    def device_ms(self) -> Optional[float]:
+        """Device time of the step (after result()), when recorded."""
+        if self.start_event is None or self.event is None:
+            return None
+        return self.start_event.elapsed_time(self.event)
 
     def result(self) -> Optional[StepResult]:
         if self.host is None:
@@ -79,13 +86,7 @@ class ModelRunner:
         self.num_slots, self.block_size, self.max_model_len = num_slots, block_size, max_model_len
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         d = self.device
-        kv_shape = (layout.num_cache_layers, num_blocks, block_size, model_config.kv_heads, model_config.head_dim)
-        self.kv = KVCacheTensors(
-            k=torch.zeros(kv_shape, dtype=dtype, device=d),
-            v=torch.zeros(kv_shape, dtype=dtype, device=d),
-            block_tables=torch.full((layout.num_planes, num_slots, self.max_blocks_per_seq), -1, dtype=torch.int32, device=d),
-            key_depth=torch.zeros((num_blocks, block_size), dtype=torch.int32, device=d),
-        )
+        self.allocate_kv(num_blocks)
         self.cos_sin = rope_cos_sin(max_model_len, model_config.head_dim, model_config.rope_theta, device=d)
         z = lambda dt: torch.zeros(num_slots, dtype=dt, device=d)  # noqa: E731
         self.slot_token, self.slot_key = z(torch.int64), z(torch.int64)
@@ -97,11 +98,36 @@ class ModelRunner:
             lookahead_head(model_config.hidden_size, lookahead_seed, d, dtype) if exit_mode == "random_lookahead" else None
         )
         self.max_rows = max_rows
+        self.graphs = None
+        self.record_device_time = False
         self.dec_in = StaticStaging(
             {"slots": (torch.int32, max_rows), "positions": (torch.int64, max_rows), "trace": (torch.int32, max_rows),
              "num_rows": (torch.int32, 1)}, d,
         )
         self.loops_executed = 0
+
+    def allocate_kv(self, num_blocks: int) -> None:
+        """(Re)allocate the paged pool and clear the tables (before any request runs)."""
+        cfg, layout, d = self.cfg, self.layout, self.device
+        self.kv = None
+        kv_shape = (layout.num_cache_layers, num_blocks, self.block_size, cfg.kv_heads, cfg.head_dim)
+        self.kv = KVCacheTensors(
+            k=torch.zeros(kv_shape, dtype=self.dtype, device=d),
+            v=torch.zeros(kv_shape, dtype=self.dtype, device=d),
+            block_tables=torch.full((layout.num_planes, self.num_slots, self.max_blocks_per_seq), -1, dtype=torch.int32, device=d),
+            key_depth=torch.zeros((num_blocks, self.block_size), dtype=torch.int32, device=d),
+        )
+
+    def enable_graphs(self, mode: str, sizes: list[int]) -> None:
+        """Bucketed capture of the decode program (mode "graphs" or "compile"), largest bucket first."""
+        from .graphs import DecodeGraphs
+
+        static = [self.kv.k, self.kv.v, self.kv.block_tables, self.kv.key_depth, self.dec_in.dev, self.cos_sin,
+                  self.slot_token, self.slot_key, self.slot_temperature, self.slot_top_p, self.slot_min_p,
+                  self.slot_top_k, self.slot_threshold, self.slot_min_loops, self.slot_max_loops]
+        self.graphs = DecodeGraphs(self.decode_program, lambda: self.dec_in["num_rows"].zero_(),
+                                   [s for s in sizes if s <= self.max_rows], mode=mode, static_tensors=static)
+        self.graphs.capture_all()
 
     # ---- persistent state updates ------------------------------------------------------------
     def _apply_updates(self, sched: SchedulerOutput) -> None:
@@ -142,8 +168,11 @@ class ModelRunner:
     # ---- a step ------------------------------------------------------------------------------
     def execute(self, sched: SchedulerOutput) -> StepHandle:
         """Submit the step's device work; the handle's `result()` waits for the readback."""
-        self._apply_updates(sched)
         handle = StepHandle()
+        if self.record_device_time and self.device.type == "cuda":
+            handle.start_event = torch.cuda.Event(enable_timing=True)
+            handle.start_event.record()
+        self._apply_updates(sched)
         num_top = max([r.params.logprobs or 0 for r in sched.decodes]
                       + [c.request.params.logprobs or 0 for c in sched.prefills if c.sample] + [0])
         want_lp = any(r.params.logprobs is not None for r in sched.decodes) or any(
@@ -160,10 +189,10 @@ class ModelRunner:
             handle.rows += [(c.request, c.request.generation, "prefill") for c in sched.prefills if c.sample]
             handle.prefills = [(c.request, c.request.generation, c) for c in sched.prefills]
         if parts:
-            handle.host, handle.event = self._readback(parts, want_lp)
+            handle.host, handle.event = self._readback(parts, want_lp, timed=handle.start_event is not None)
         return handle
 
-    def _readback(self, parts, want_lp):
+    def _readback(self, parts, want_lp, timed=False):
         names = ["tokens", "depths"] + (["logprobs", "top_ids", "top_logprobs"] if want_lp else [])
         host = {}
         for name in names:
@@ -173,7 +202,7 @@ class ModelRunner:
             host[name] = buf
         event = None
         if self.device.type == "cuda":
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(enable_timing=timed)
             event.record()
         return host, event
 
@@ -271,7 +300,9 @@ class ModelRunner:
         st.write("trace", np.asarray(trace, np.int32))
         st.write("num_rows", np.asarray([b], np.int32))
         st.upload()
-        res = self.decode_program(b, want_lp, num_top)
+        res = self.graphs.run(b, want_lp, num_top) if self.graphs is not None else None
+        if res is None:
+            res = self.decode_program(b, want_lp, num_top)
         return {k: v[:b] for k, v in res.items()}
 
     def decode_program(self, b: int, want_lp: bool, num_top: int) -> dict:

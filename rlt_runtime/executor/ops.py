@@ -41,8 +41,28 @@ def _reference_ops() -> dict:
     return {name: getattr(ref, name) for name in OP_NAMES}
 
 
-def select_ops(device: torch.device, attention_backend: str) -> SimpleNamespace:
-    """The op namespace for a device and attention backend ("auto", "triton", "flash", "torch")."""
+def cublas_linear(x, weight, *, out=None, active_rows=None, activation=None):
+    """`linear` through torch.matmul (cuBLAS): faster at some shapes, not batch invariant.
+
+    Same signature as rlt_kernels.linear; computes every row (rows past the active count hold
+    whatever their inputs give).
+    """
+    acc = torch.matmul(x, weight.t())
+    if activation == "swiglu":
+        f = weight.shape[0] // 2
+        acc = torch.nn.functional.silu(acc[:, :f].float()) * acc[:, f:].float()
+    if out is None:
+        return acc.to(x.dtype)
+    out.copy_(acc)
+    return out
+
+
+def select_ops(device: torch.device, attention_backend: str, batch_invariant: bool = True) -> SimpleNamespace:
+    """The op namespace for a device and attention backend ("auto", "triton", "flash", "torch").
+
+    batch_invariant=False swaps the linear layers to cuBLAS on CUDA (results then depend on the
+    batch size); everything else is unchanged.
+    """
     from rlt_kernels._triton import HAS_TRITON, interpreter_active
 
     on_cuda = device.type == "cuda"
@@ -64,4 +84,6 @@ def select_ops(device: torch.device, attention_backend: str) -> SimpleNamespace:
         if not flash.flash_available():
             raise ConfigError("attention_backend='flash' needs flash-attn (pip install -e .[flash])")
         ops["paged_attention"] = flash.paged_attention
+    if on_cuda and not batch_invariant:
+        ops["linear"] = cublas_linear
     return SimpleNamespace(backend="triton" if use_triton else "torch", attention=attention_backend, **ops)

@@ -8,52 +8,63 @@ import time
 import torch
 
 
-def profile_step_peak(engine) -> int:
-    """Peak bytes above the current allocation of the largest step the engine can schedule.
+def profile_step_peak(engine, graphs: bool) -> int:
+    """Peak bytes above the weights needed by the largest steps, measured on CUDA.
 
-    Runs the model once at the full token budget (prefill, one loop at a time) with a throwaway
-    one-block-per-row cache, which bounds the activations of any prefill or decode step.
+    Runs (a) one loop of a prefill at the full token budget and (b) the whole decode program at
+    `max_num_seqs` rows with logprobs, on the runner's one-block probe cache (every table entry
+    points at block 0, so the writes are harmless). With CUDA graphs the decode peak is counted
+    twice: once for eager prefill activations' worst case and once for the graphs' shared pool.
     """
-    from .forward_batch import ForwardBatch, KVCacheTensors
-
-    dev, mc, layout = engine.device, engine.model_config, engine.layout
+    runner, dev, mc = engine.runner, engine.device, engine.model_config
     n = engine.max_num_batched_tokens
     bs = engine.cfg.block_size
-    blocks = -(-n // bs)
-    shape = (layout.num_cache_layers, blocks, bs, mc.kv_heads, mc.head_dim)
     torch.cuda.synchronize(dev)
-    torch.cuda.reset_peak_memory_stats(dev)
     base = torch.cuda.memory_allocated(dev)
-    kv = KVCacheTensors(
-        k=torch.zeros(shape, dtype=engine.dtype, device=dev), v=torch.zeros(shape, dtype=engine.dtype, device=dev),
-        block_tables=torch.arange(blocks, dtype=torch.int32, device=dev).repeat(layout.num_planes, 1, 1),
-        key_depth=torch.zeros((blocks, bs), dtype=torch.int32, device=dev),
-    )
-    cache_bytes = 2 * kv.k.numel() * kv.k.element_size()
-    from rlt_kernels.norms import rope_cos_sin
 
+    def measure(fn) -> int:
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        with torch.no_grad():
+            fn()
+        torch.cuda.synchronize(dev)
+        return torch.cuda.max_memory_allocated(dev) - base
+
+    from .forward_batch import ForwardBatch, KVCacheTensors
+
+    probe_tables = torch.zeros((engine.layout.num_planes, 1, -(-n // bs)), dtype=torch.int32, device=dev)
+    kv = KVCacheTensors(runner.kv.k, runner.kv.v, probe_tables, runner.kv.key_depth)
     pos = torch.arange(n, dtype=torch.int64, device=dev)
     batch = ForwardBatch(
         ops=engine.ops, kv=kv, positions=pos, token_slots=torch.zeros(n, dtype=torch.int32, device=dev),
         seq_slots=torch.zeros(1, dtype=torch.int32, device=dev), seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
-        query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=dev),
-        cos_sin=rope_cos_sin(n, mc.head_dim, mc.rope_theta, device=dev), rope_style=engine.model.rope_style,
+        query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=dev), cos_sin=runner.cos_sin,
+        rope_style=engine.model.rope_style,
     )
     tokens = torch.zeros(n, dtype=torch.int64, device=dev)
-    with torch.no_grad():
+
+    def prefill():
+        model = engine.model
         if mc.family == "ouro":
-            h = engine.model.loop(engine.model.embed(tokens), batch, 0)
-            logits = engine.model.logits(h[: engine.max_num_seqs], engine.ops)
+            h = model.loop(model.embed(tokens), batch, 0)
         else:
-            e = engine.model.embed(tokens, batch)
-            s = engine.model.loop(torch.zeros_like(e), e, batch, 0)
-            logits = engine.model.logits(engine.model.coda(s, batch)[: engine.max_num_seqs], engine.ops)
-        del logits
-    torch.cuda.synchronize(dev)
-    peak = torch.cuda.max_memory_allocated(dev) - base - cache_bytes
-    del kv, batch
+            e = model.embed(tokens, batch)
+            h = model.coda(model.loop(torch.zeros_like(e), e, batch, 0), batch)
+        model.logits(h[: engine.max_num_seqs], engine.ops)
+
+    rows = engine.max_num_seqs
+    runner.kv.block_tables.zero_()
+    runner.dec_in.write("slots", list(range(rows)))
+    runner.dec_in.write("positions", [0] * rows)
+    runner.dec_in.write("trace", [engine.depth] * rows)
+    runner.dec_in.write("num_rows", [rows])
+    runner.dec_in.upload()
+    prefill_peak = measure(prefill)
+    decode_peak = measure(lambda: runner.decode_program(rows, True, 20))
+    runner.kv.block_tables.fill_(-1)
+    runner.slot_token.zero_()
     torch.cuda.empty_cache()
-    return int(peak)
+    return int(max(prefill_peak, decode_peak) + (decode_peak if graphs else 0))
 
 
 def start_profiler():

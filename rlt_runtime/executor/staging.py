@@ -3,7 +3,8 @@
 Fields are packed 8-byte aligned into a pinned uint8 host buffer and copied in one transfer
 into a device buffer of the same size; the device-side fields are dtype views into it. With a
 fixed layout (`StaticStaging`), the device views keep their addresses across steps, which is
-what CUDA-graph replays need.
+what CUDA-graph replays need. The host side has two banks used alternately: with one step in
+flight, the bank being filled was last copied by a step whose results the host already waited for.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ class StaticStaging:
             off += _nbytes(dtype, n)
         self.nbytes = max(off, _ALIGN)
         pin = device.type == "cuda"
-        self.host = torch.zeros(self.nbytes, dtype=torch.uint8, pin_memory=pin)
+        self.banks = [torch.zeros(self.nbytes, dtype=torch.uint8, pin_memory=pin) for _ in range(2)]
+        self.bank_views = [{k: self._view(b, k) for k in self.offsets} for b in self.banks]
         self.dev = torch.zeros(self.nbytes, dtype=torch.uint8, device=device)
-        self.host_views = {k: self._view(self.host, k) for k in self.offsets}
         self.dev_views = {k: self._view(self.dev, k) for k in self.offsets}
+        self._bank = 0
         self._used = 0
 
     def _view(self, buf: torch.Tensor, name: str) -> torch.Tensor:
@@ -44,7 +46,7 @@ class StaticStaging:
     def write(self, name: str, values) -> None:
         """Copy host values into the field (the rest of the field keeps its old contents)."""
         arr = np.asarray(values)
-        view = self.host_views[name]
+        view = self.bank_views[self._bank][name]
         if arr.size > view.numel():
             raise ValueError(f"staging field {name!r} holds {view.numel()} values, got {arr.size}")
         view[: arr.size].copy_(torch.from_numpy(np.ascontiguousarray(arr)).to(view.dtype))
@@ -55,8 +57,9 @@ class StaticStaging:
         """One non-blocking copy of the used prefix of the host buffer to the device."""
         n = self._used
         if n:
-            self.dev[:n].copy_(self.host[:n], non_blocking=True)
+            self.dev[:n].copy_(self.banks[self._bank][:n], non_blocking=True)
         self._used = 0
+        self._bank ^= 1
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.dev_views[name]
@@ -64,10 +67,13 @@ class StaticStaging:
 
 def upload_arrays(arrays: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
     """Pack variable-size arrays into one pinned buffer and upload them with one copy."""
-    fields = {k: (torch.from_numpy(np.asarray(v)).dtype, max(1, np.asarray(v).size)) for k, v in arrays.items()}
-    st = StaticStaging(fields, device)
-    for k, v in arrays.items():
-        st.write(k, np.asarray(v).reshape(-1))
-    st._used = st.nbytes
-    st.upload()
-    return {k: st[k][: max(0, np.asarray(v).size)] for k, v in arrays.items()}
+    arrays = {k: np.ascontiguousarray(np.asarray(v).reshape(-1)) for k, v in arrays.items()}
+    offsets, off = {}, 0
+    for k, a in arrays.items():
+        offsets[k] = off
+        off += -(-max(a.nbytes, 1) // _ALIGN) * _ALIGN
+    host = torch.empty(max(off, _ALIGN), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    for k, a in arrays.items():
+        host[offsets[k] : offsets[k] + a.nbytes].copy_(torch.from_numpy(a.view(np.uint8)))
+    dev = host.to(device, non_blocking=True)
+    return {k: dev[offsets[k] : offsets[k] + a.nbytes].view(torch.from_numpy(a[:0]).dtype) for k, a in arrays.items()}

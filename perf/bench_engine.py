@@ -1,0 +1,236 @@
+"""End-to-end engine benchmark on one GPU, in one run (results: JSON, markdown table, plot).
+
+    python -m perf.bench_engine --out out/engine
+
+Measures in the same process: the copy bandwidth and bf16 GEMM rate (the roofline), a
+plain-PyTorch Ouro-1.4B decode step captured whole in one CUDA graph (the baseline), and rlt on
+the `ouro-1.4b` preset in bf16: decode steady state (prompt 128, output 128, ignore_eos) at batch
+1, 16, 64, 256 at fixed depth and with early exit at mean depth 2.5 (exit-trace replay of
+uniform depths 1..4), the cost of batch invariance (cuBLAS linear layers instead), prefill
+throughput at 2K-token prompts, and `ouro-2.6b` / `huginn-0125` at batch 1. Every figure is
+reported beside the floor implied by the measured roofline and beside the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import time
+
+import torch
+
+from perf.roofline import measure
+from rlt_runtime.entrypoints.bench_offline import decode_benchmark, prefill_benchmark, uniform_trace
+
+BATCHES = [1, 16, 64, 256]
+
+
+def _free():
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def weight_bytes_per_step(cfg, depth) -> int:
+    """Bytes of weights one full-depth decode step reads (each loop re-reads its layers)."""
+    from rlt_runtime.models.configs import hf_weight_shapes
+
+    shapes = hf_weight_shapes(cfg)
+    total = 0
+    for name, shape in shapes.items():
+        n = 1
+        for s in shape:
+            n *= s
+        if cfg.family == "ouro":
+            if ".layers." in name:
+                total += n * depth
+            elif "embed_tokens" not in name:
+                total += n
+        else:
+            if ".core_block." in name or "adapter" in name:
+                total += n * depth
+            elif name != "transformer.wte.weight":
+                total += n
+    if cfg.family == "huginn":
+        total += cfg.vocab_size * cfg.n_embd  # tied head read once
+    return 2 * total
+
+
+def floor_ms(cfg, depth, batch, roof, ctx=192) -> float:
+    """max(bytes / bandwidth, FLOPs / GEMM rate) of one decode step (weights + KV reads)."""
+    wbytes = weight_bytes_per_step(cfg, depth)
+    layers = cfg.num_hidden_layers if cfg.family == "ouro" else cfg.n_layers_in_recurrent_block
+    kv = batch * ctx * 2 * cfg.kv_heads * cfg.head_dim * 2 * layers * depth
+    flops = batch * wbytes  # 2 FLOPs per weight parameter = bytes in bf16
+    return max((wbytes + kv) / (roof["copy_gbps"] * 1e9), flops / (roof["gemm_tflops"] * 1e12)) * 1e3
+
+
+def engine(model, **kw):
+    from rlt_runtime import LLM
+
+    t0 = time.perf_counter()
+    llm = LLM(model, dtype="bfloat16", **kw)
+    st = llm.stats()
+    graphs = st.get("graphs") or {}
+    return llm, {"init_s": time.perf_counter() - t0, "capture_s": graphs.get("capture_seconds"),
+                 "captures": graphs.get("captures")}
+
+
+def run(out_dir: str, quick: bool) -> dict:
+    os.makedirs(out_dir, exist_ok=True)
+    roof = measure()
+    res: dict = {"roofline": roof, "date": time.strftime("%Y-%m-%d"), "baseline": {}, "rlt": {}, "early_exit": {},
+                 "cublas": {}, "prefill": None, "other_models": {}}
+    print("roofline", roof, flush=True)
+    from rlt_runtime.models.presets import preset_config, preset_weights
+
+    cfg = preset_config("ouro-1.4b")
+    batches = [1, 16] if quick else BATCHES
+
+    # Plain PyTorch, whole step in one CUDA graph.
+    from perf.torch_baseline import TorchOuroDecode
+
+    w = dict(preset_weights(cfg, device="cuda", dtype=torch.bfloat16))
+    for b in batches:
+        base = TorchOuroDecode(cfg, w, b, 256)
+        ms = base.step_ms()
+        res["baseline"][b] = {"ms_per_step": ms, "tok_per_s": b / ms * 1e3}
+        print("baseline", b, res["baseline"][b], flush=True)
+        del base
+        _free()
+    del w
+    _free()
+
+    torch.cuda.reset_peak_memory_stats()
+    llm, meta = engine("ouro-1.4b", max_num_seqs=max(batches))
+    res["rlt_meta"] = meta
+    decode_benchmark(llm, 4, 32, 8, prefix="warm")
+    for b in batches:
+        r = decode_benchmark(llm, b, 128, 128, prefix=f"fixed{b}")
+        r["floor_ms"] = floor_ms(cfg, 4, b, roof)
+        r["frac_floor"] = r["floor_ms"] / r["ms_per_step"]
+        r["vs_baseline"] = r["tok_per_s"] / res["baseline"][b]["tok_per_s"]
+        res["rlt"][b] = r
+        print("rlt", b, r, flush=True)
+    res["prefill"] = prefill_benchmark(llm, 8 if quick else 16, 2048)
+    flops_tok = weight_bytes_per_step(cfg, 4)  # 2 FLOPs/param = bytes in bf16; attention excluded
+    res["prefill"]["frac_compute_floor"] = res["prefill"]["tok_per_s"] * flops_tok / (roof["gemm_tflops"] * 1e12)
+    print("prefill", res["prefill"], flush=True)
+    res["rlt_meta"]["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    res["rlt_meta"]["stats"] = llm.stats()
+    del llm
+    _free()
+
+    ids = [f"ee{b}-{i}" for b in batches for i in range(b)]
+    llm, meta = engine("ouro-1.4b", max_num_seqs=max(batches), exit_mode="trace",
+                       exit_trace=uniform_trace(ids + [f"warm-{i}" for i in range(4)], 4, 128))
+    decode_benchmark(llm, 4, 32, 8, prefix="warm")
+    for b in batches:
+        r = decode_benchmark(llm, b, 128, 128, prefix=f"ee{b}")
+        r["speedup_vs_fixed"] = r["tok_per_s"] / res["rlt"][b]["tok_per_s"]
+        res["early_exit"][b] = r
+        print("early exit", b, r, flush=True)
+    del llm
+    _free()
+
+    llm, _ = engine("ouro-1.4b", max_num_seqs=max(batches), batch_invariant=False)
+    decode_benchmark(llm, 4, 32, 8, prefix="warm")
+    for b in (batches[0], batches[-1]):
+        r = decode_benchmark(llm, b, 128, 128, prefix=f"cublas{b}")
+        r["invariance_cost"] = r["tok_per_s"] / res["rlt"][b]["tok_per_s"] - 1.0
+        res["cublas"][b] = r
+        print("cublas", b, r, flush=True)
+    del llm
+    _free()
+
+    for model in (["ouro-2.6b"] if quick else ["ouro-2.6b", "huginn-0125"]):
+        mcfg = preset_config(model)
+        llm, meta = engine(model, max_num_seqs=1)
+        decode_benchmark(llm, 1, 16, 4, prefix="warm")
+        r = decode_benchmark(llm, 1, 128, 32 if model.startswith("huginn") else 128, prefix="one")
+        depth = mcfg.num_loops
+        r["floor_ms"] = floor_ms(mcfg, depth, 1, roof)
+        r["frac_floor"] = r["floor_ms"] / r["ms_per_step"]
+        r.update(meta)
+        res["other_models"][model] = r
+        print(model, r, flush=True)
+        del llm
+        _free()
+    return res
+
+
+def markdown(res: dict) -> str:
+    roof = res["roofline"]
+    lines = [
+        f"Measured {res['date']} on {roof['gpu']} (torch {roof['torch']}, triton {roof['triton']}): "
+        f"copy {roof['copy_gbps']:.0f} GB/s, bf16 GEMM {roof['gemm_tflops']:.0f} TFLOP/s.",
+        "",
+        "| batch | rlt tok/s | ms/step | floor ms | of floor | host ms | device ms | PyTorch graph tok/s | vs PyTorch | early exit tok/s (depth) | exit speedup |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for b, r in res["rlt"].items():
+        e = res["early_exit"].get(b, {})
+        base = res["baseline"].get(b, {})
+        fmt = lambda v, f="{:.2f}": "n/a" if v is None else f.format(v)  # noqa: E731
+        lines.append(
+            f"| {b} | {r['tok_per_s']:.0f} | {r['ms_per_step']:.2f} | {r['floor_ms']:.2f} | {r['frac_floor']:.0%} | "
+            f"{fmt(r['host_ms_per_step'])} | {fmt(r['device_ms_per_step'])} | {base.get('tok_per_s', 0):.0f} | "
+            f"{r['vs_baseline']:.1f}x | {e.get('tok_per_s', 0):.0f} ({fmt(e.get('mean_depth'))}) | {fmt(e.get('speedup_vs_fixed'))}x |"
+        )
+    p = res.get("prefill")
+    if p:
+        lines += ["", f"Prefill, {p['num']} prompts x {p['input_len']} tokens: {p['tok_per_s']:.0f} tok/s "
+                      f"({p['frac_compute_floor']:.0%} of the compute floor)."]
+    for b, r in res.get("cublas", {}).items():
+        lines.append(f"cuBLAS linear layers (not batch invariant), batch {b}: {r['tok_per_s']:.0f} tok/s "
+                     f"({r['invariance_cost']:+.1%} vs batch-invariant).")
+    for m, r in res.get("other_models", {}).items():
+        lines.append(f"{m}, batch 1: {r['tok_per_s']:.1f} tok/s, {r['ms_per_step']:.2f} ms/step, "
+                     f"{r['frac_floor']:.0%} of the {r['floor_ms']:.2f} ms floor.")
+    meta = res.get("rlt_meta", {})
+    lines.append(f"ouro-1.4b engine: init {meta.get('init_s', 0):.1f} s, graph capture {meta.get('capture_s') or 0:.1f} s "
+                 f"({meta.get('captures')} graphs), peak memory {meta.get('peak_gib', 0):.1f} GiB.")
+    return "\n".join(lines) + "\n"
+
+
+def plot(res: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bs = list(res["rlt"])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(bs, [res["rlt"][b]["tok_per_s"] for b in bs], "o-", label="rlt, fixed depth")
+    if res["early_exit"]:
+        ax.plot(bs, [res["early_exit"][b]["tok_per_s"] for b in bs], "s-", label="rlt, early exit (mean depth 2.5)")
+    ax.plot(bs, [res["baseline"][b]["tok_per_s"] for b in bs], "^-", label="PyTorch, one CUDA graph")
+    ax.plot(bs, [b / res["rlt"][b]["floor_ms"] * 1e3 for b in bs], "k--", label="roofline floor")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch")
+    ax.set_ylabel("decode tok/s")
+    ax.set_title("Ouro-1.4B decode on " + res["roofline"]["gpu"])
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="out/engine")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    res = run(args.out, args.quick)
+    with open(os.path.join(args.out, "engine.json"), "w") as f:
+        json.dump(res, f, indent=2, default=str)
+    md = markdown(res)
+    with open(os.path.join(args.out, "engine.md"), "w") as f:
+        f.write(md)
+    plot(res, os.path.join(args.out, "engine.png"))
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

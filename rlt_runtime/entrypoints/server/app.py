@@ -1,0 +1,600 @@
+"""The OpenAI-compatible FastAPI app: `create_app(engine_or_worker, config)`.
+
+Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models[/{id}], GET /health,
+GET /metrics, POST /tokenize, POST /detokenize (see docs/serving.md). Handlers validate and
+tokenize on the event loop, then hand token ids to the EngineWorker and await its outputs;
+nothing here waits for an engine step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Optional, Union
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ...engine.llm_engine import LLMEngine
+from ...errors import ConfigError
+from ...outputs import CompletionOutput, RequestOutput
+from .metrics import CONTENT_TYPE
+from .protocol import (
+    ApiError, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
+    ChatLogprobs, ChatMessageOut, CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
+    DetokenizeRequest, DetokenizeResponse, ErrorResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
+    TokenLogprobOut, TopLogprob, Usage, param_from_message, sse, validation_error,
+)
+from .worker import EngineWorker, GenerationStream, WorkerUnavailable
+
+logger = logging.getLogger("rlt.server")
+
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 503, 504)}
+
+
+@dataclass
+class ServerConfig:
+    """HTTP-side limits and identity. The engine's own options live in EngineConfig."""
+
+    served_model_name: Optional[str] = None  # default: the engine's model name
+    api_key: Optional[str] = None  # required as "Authorization: Bearer <key>" on /v1/*, /tokenize, /detokenize
+    max_concurrent_requests: int = 1024  # generation requests in flight; more get 429 + Retry-After
+    max_body_bytes: int = 1 << 20  # larger request bodies get 413
+    request_timeout: float = 600.0  # seconds from arrival; later gets 504 (or an error event when streaming)
+    shutdown_timeout: float = 30.0  # grace period for in-flight requests at shutdown
+    cors_origins: tuple = ()  # no CORS headers unless origins are given ("*" allows any)
+
+    def validate(self) -> None:
+        for name in ("max_concurrent_requests", "max_body_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("request_timeout", "shutdown_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.api_key is not None and not self.api_key:
+            raise ConfigError("api_key must be a non-empty string or None")
+
+
+def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLMEngine]],
+               config: Optional[ServerConfig] = None) -> FastAPI:
+    """The app. The worker's thread starts with the app's lifespan and stops at its end."""
+    config = config or ServerConfig()
+    config.validate()
+    worker = engine_or_worker if isinstance(engine_or_worker, EngineWorker) else EngineWorker(engine_or_worker)
+    serving = _Serving(worker, config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        worker.start()
+        yield
+        await asyncio.to_thread(worker.shutdown, config.shutdown_timeout)
+
+    app = FastAPI(title="rlt OpenAI-compatible server", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.worker = worker
+    app.state.config = config
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError):
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        err = validation_error(list(exc.errors()))
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        err = ApiError(exc.status_code, str(exc.detail), None, None)
+        return JSONResponse(err.body(), status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.post("/v1/completions", response_model=None, responses={200: {"model": CompletionResponse}, **ERROR_RESPONSES})
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await serving.completions(body, request)
+
+    @app.post("/v1/chat/completions", response_model=None,
+              responses={200: {"model": ChatCompletionResponse}, **ERROR_RESPONSES})
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await serving.chat(body, request)
+
+    @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
+    async def models() -> ModelList:
+        return ModelList(data=[serving.model_card()])
+
+    @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=ERROR_RESPONSES)
+    async def model(model_id: str) -> ModelCard:
+        serving.check_model(model_id)
+        return serving.model_card()
+
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=ERROR_RESPONSES)
+    async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
+        return serving.tokenize(body)
+
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=ERROR_RESPONSES)
+    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+        return serving.detokenize(body)
+
+    @app.get("/health", responses={503: {"model": ErrorResponse}})
+    async def health() -> Response:
+        if worker.ready:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse(ApiError(503, worker.status, None, "not_ready").body(), status_code=503)
+
+    @app.get("/metrics", response_class=Response)
+    async def metrics() -> Response:
+        return Response(worker.metrics.render(), media_type=CONTENT_TYPE)
+
+    app.add_middleware(_Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
+    if config.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["*"])
+    return app
+
+
+# ---- request handling --------------------------------------------------------------------------------
+
+class _Serving:
+    """Turns validated requests into engine requests and engine outputs into OpenAI responses."""
+
+    def __init__(self, worker: EngineWorker, config: ServerConfig):
+        self.worker = worker
+        self.config = config
+        self.created = int(time.time())
+        self.inflight = 0
+        self._token_strs: dict[int, str] = {}
+
+    # ---- identity and access ---------------------------------------------------------------------
+    def engine(self) -> LLMEngine:
+        if not self.worker.ready:
+            raise ApiError(503, f"the engine is not ready ({self.worker.status})", None, "not_ready")
+        return self.worker.engine
+
+    def model_name(self) -> str:
+        return self.config.served_model_name or self.engine().model_name
+
+    def model_card(self) -> ModelCard:
+        engine = self.engine()
+        return ModelCard(id=self.model_name(), created=self.created, root=engine.model_name,
+                         max_model_len=engine.max_model_len)
+
+    def check_model(self, name: Optional[str]) -> None:
+        if name != self.model_name():
+            raise ApiError(404, f"the model {name!r} does not exist; this server serves {self.model_name()!r}",
+                           "model", "model_not_found")
+
+    def tokenizer(self, what: str):
+        tok = self.engine().tokenizer
+        if tok is None:
+            raise ApiError(400, f"this model has no tokenizer: {what} is unavailable; send token ids", None,
+                           "no_tokenizer")
+        return tok
+
+    def token_str(self, token_id: int) -> str:
+        s = self._token_strs.get(token_id)
+        if s is None:
+            tok = self.engine().tokenizer
+            s = tok.decode([token_id], skip_special_tokens=False) if tok is not None else f"token_id:{token_id}"
+            self._token_strs[token_id] = s
+        return s
+
+    # ---- prompts ---------------------------------------------------------------------------------
+    def prompt(self, prompt: Union[str, list[int]]) -> dict:
+        """An engine prompt {"prompt_token_ids", "prompt"} with its length checked against the context."""
+        engine = self.engine()
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ApiError(400, "prompt must not be empty", "prompt")
+            ids = self.tokenizer("a text prompt").encode(prompt)
+            item = {"prompt_token_ids": ids, "prompt": prompt}
+        else:
+            ids = list(prompt)
+            if not ids:
+                raise ApiError(400, "prompt must not be empty", "prompt")
+            vocab = engine.model_config.vocab_size
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise ApiError(400, f"prompt token ids must be in [0, {vocab}); got {bad[:5]}", "prompt")
+            text = engine.tokenizer.decode(ids) if engine.tokenizer is not None else None
+            item = {"prompt_token_ids": ids, "prompt": text}
+        if len(ids) >= engine.max_model_len:
+            raise ApiError(400, f"the prompt has {len(ids)} tokens but the model's context is {engine.max_model_len} "
+                           "tokens; the prompt must be shorter than the context", "prompt", "context_length_exceeded")
+        return item
+
+    def check_room(self, prompts: list[dict], max_tokens: Optional[int], field: str) -> None:
+        if max_tokens is None:
+            return
+        limit = self.engine().max_model_len
+        longest = max(len(p["prompt_token_ids"]) for p in prompts)
+        if longest + max_tokens > limit:
+            raise ApiError(400, f"{field} ({max_tokens}) plus the prompt ({longest} tokens) exceeds the model's context "
+                           f"of {limit} tokens", field, "context_length_exceeded")
+
+    @staticmethod
+    def sampling_params(make: Callable):
+        try:
+            return make()
+        except ConfigError as exc:
+            raise ApiError(400, str(exc), param_from_message(str(exc)), "invalid_value") from None
+
+    # ---- endpoints -------------------------------------------------------------------------------
+    async def completions(self, body: CompletionRequest, request: Request) -> Response:
+        arrival = time.monotonic()
+        self.check_model(body.model)
+        body.check_neutral()
+        prompts = [self.prompt(p) for p in body.prompts()]
+        self.check_room(prompts, body.max_tokens, "max_tokens")
+        if body.echo:
+            self.tokenizer("echo")
+        params = self.sampling_params(lambda: body.sampling_params(body.max_tokens, body.logprobs))
+        return await self.generate(request, prompts, params, arrival, body.stream, _CompletionFormat(self, body, prompts))
+
+    async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
+        arrival = time.monotonic()
+        self.check_model(body.model)
+        body.check_neutral()
+        tok = self.tokenizer("chat")
+        text = self._render(tok, body.template_messages(), True)
+        prompts = [self.prompt(tok.encode(text, add_special_tokens=False))]
+        prompts[0]["prompt"] = text
+        self.check_room(prompts, body.output_limit, "max_completion_tokens")
+        extra_stops = () if body.ignore_eos else tuple(tok.chat_stop_token_ids)
+        params = self.sampling_params(lambda: body.sampling_params(body.output_limit, body.logprobs_count, extra_stops))
+        return await self.generate(request, prompts, params, arrival, body.stream, _ChatFormat(self, body, prompts))
+
+    def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
+        if body.model is not None:
+            self.check_model(body.model)
+        tok = self.tokenizer("/tokenize")
+        if (body.prompt is None) == (body.messages is None):
+            raise ApiError(400, "give exactly one of prompt and messages", "prompt")
+        if body.prompt is not None:
+            ids = tok.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        else:
+            chat = ChatCompletionRequest.model_construct(messages=body.messages)
+            text = self._render(tok, chat.template_messages(), body.add_generation_prompt)
+            ids = tok.encode(text, add_special_tokens=False)
+        return TokenizeResponse(count=len(ids), max_model_len=self.engine().max_model_len, tokens=ids)
+
+    def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
+        if body.model is not None:
+            self.check_model(body.model)
+        tok = self.tokenizer("/detokenize")
+        vocab = self.engine().model_config.vocab_size
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise ApiError(400, f"tokens must be in [0, {vocab}); got {bad[:5]}", "tokens")
+        return DetokenizeResponse(prompt=tok.decode(body.tokens, skip_special_tokens=False))
+
+    @staticmethod
+    def _render(tok, messages: list[dict], add_generation_prompt: bool) -> str:
+        from ...errors import RequestError
+
+        try:
+            return tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        except RequestError as exc:
+            raise ApiError(400, str(exc), "messages") from None
+
+    # ---- the generation lifecycle ----------------------------------------------------------------
+    async def generate(self, request: Request, prompts: list[dict], params, arrival: float, streaming: bool,
+                       fmt: "_Format") -> Response:
+        if self.inflight >= self.config.max_concurrent_requests:
+            raise ApiError(429, f"the server is at its limit of {self.config.max_concurrent_requests} concurrent "
+                           "requests; retry later", None, "too_many_requests", headers={"Retry-After": "1"})
+        try:
+            stream = self.worker.submit(prompts, params, arrival)
+        except WorkerUnavailable as exc:
+            raise ApiError(503, f"the engine is not accepting requests ({exc})", None, "not_ready") from None
+        self.inflight += 1
+        stream.set_deadline(max(self.config.request_timeout - (time.monotonic() - arrival), 0.0))
+        handed_over = False
+        try:
+            error = await stream.admitted
+            if error is not None:
+                raise error
+            if streaming:
+                handed_over = True
+                return _EventStream(fmt.events(stream), on_close=lambda: self.release(stream))
+            watcher = asyncio.ensure_future(_watch_disconnect(request, stream))
+            try:
+                await stream.wait_done()
+            finally:
+                watcher.cancel()
+            return Response(fmt.response(stream.outputs).model_dump_json(), media_type="application/json")
+        finally:
+            if not handed_over:
+                self.release(stream)
+
+    def release(self, stream: GenerationStream) -> None:
+        """End of an API request: free its slot and abort what is still running in the engine."""
+        self.inflight -= 1
+        stream.cancel_deadline()
+        if not stream.finished:
+            self.worker.abort(stream)
+
+
+async def _watch_disconnect(request: Request, stream: GenerationStream) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            stream.fail(ApiError(499, "the client disconnected", None, "client_disconnected"))
+            return
+
+
+class _EventStream(StreamingResponse):
+    """SSE response that stops as soon as the client disconnects, then runs `on_close`."""
+
+    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], None]):
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            async with anyio.create_task_group() as tg:
+                async def watch() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(watch)
+                async for chunk in self.body_iterator:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                tg.cancel_scope.cancel()
+        except OSError:  # the connection is gone
+            pass
+        finally:
+            await self.body_iterator.aclose()
+            self._on_close()
+
+
+# ---- response formatting ---------------------------------------------------------------------------
+
+def _finish(reason: Optional[str]) -> Optional[str]:
+    return None if reason is None else ("length" if reason == "length" else "stop")
+
+
+class _Progress:
+    """What one choice has already streamed."""
+
+    __slots__ = ("text", "tokens", "offset", "finished")
+
+    def __init__(self):
+        self.text, self.tokens, self.offset, self.finished = "", 0, 0, False
+
+
+class _Format:
+    """Shared streaming loop; subclasses shape choices, chunks and the final response."""
+
+    prefix = "cmpl"
+
+    def __init__(self, serving: _Serving, body, prompts: list[dict]):
+        self.serving = serving
+        self.body = body
+        self.prompts = prompts
+        self.id = f"{self.prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = serving.model_name()
+
+    def usage(self, outputs: list[RequestOutput]) -> Usage:
+        prompt = sum(len(o.prompt_token_ids) for o in outputs)
+        completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+    async def events(self, stream: GenerationStream) -> AsyncIterator[bytes]:
+        progress: dict[int, _Progress] = {}
+        try:
+            for chunk in self.opening():
+                yield sse(chunk)
+            while True:
+                for pi in await stream.changes():
+                    for c in stream.outputs[pi].outputs:
+                        index = pi * self.body.n + c.index
+                        st = progress.get(index)
+                        if st is None:
+                            st = progress[index] = self.start(pi)
+                        chunk = self.delta(index, st, c)
+                        if chunk is not None:
+                            yield sse(chunk)
+                if stream.finished:
+                    break
+            if self.body.include_usage:
+                yield sse(self.usage_chunk(self.usage(stream.outputs)))
+            yield sse("[DONE]")
+        except ApiError as err:
+            yield sse(err.body())
+
+    def opening(self) -> list:
+        return []
+
+    def start(self, prompt_index: int) -> _Progress:
+        return _Progress()
+
+    def advance(self, st: _Progress, c: CompletionOutput) -> Optional[tuple[str, int, int, Optional[str]]]:
+        """(new text, first new token, end token, finish reason) or None when nothing changed."""
+        finish = _finish(c.finish_reason)
+        if len(c.token_ids) == st.tokens and (finish is None or st.finished):
+            return None
+        text = c.text[len(st.text):] if c.text.startswith(st.text) else ""
+        first, end = st.tokens, len(c.token_ids)
+        st.text, st.tokens, st.finished = st.text + text, end, finish is not None
+        return text, first, end, finish
+
+
+class _CompletionFormat(_Format):
+    prefix = "cmpl"
+
+    def start(self, prompt_index: int) -> _Progress:
+        st = _Progress()
+        if self.body.echo:
+            st.offset = len(self.prompts[prompt_index]["prompt"] or "")
+        return st
+
+    def logprobs(self, c: CompletionOutput, first: int, end: int, st: _Progress) -> Optional[CompletionLogprobs]:
+        if self.body.logprobs is None or c.logprobs is None:
+            return None
+        out = CompletionLogprobs()
+        for tid, lp in zip(c.token_ids[first:end], c.logprobs[first:end]):
+            s = self.serving.token_str(tid)
+            top = {self.serving.token_str(t): v for t, v in lp.top.items()}
+            top.setdefault(s, lp.logprob)
+            out.tokens.append(s)
+            out.token_logprobs.append(lp.logprob)
+            out.top_logprobs.append(top)
+            out.text_offset.append(st.offset)
+            st.offset += len(s)
+        return out
+
+    def echo_text(self, prompt_index: int) -> str:
+        return (self.prompts[prompt_index]["prompt"] or "") if self.body.echo else ""
+
+    def delta(self, index: int, st: _Progress, c: CompletionOutput) -> Optional[CompletionResponse]:
+        head = self.echo_text(index // self.body.n) if st.tokens == 0 and not st.finished else ""
+        step = self.advance(st, c)
+        if step is None:
+            return None
+        text, first, end, finish = step
+        choice = CompletionChoice(index=index, text=head + text, logprobs=self.logprobs(c, first, end, st),
+                                  finish_reason=finish)
+        return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=[choice])
+
+    def usage_chunk(self, usage: Usage) -> CompletionResponse:
+        return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=[], usage=usage)
+
+    def response(self, outputs: list[RequestOutput]) -> CompletionResponse:
+        choices = []
+        for pi, out in enumerate(outputs):
+            for c in out.outputs:
+                index = pi * self.body.n + c.index
+                st = self.start(pi)
+                choices.append(CompletionChoice(index=index, text=self.echo_text(pi) + c.text,
+                                                logprobs=self.logprobs(c, 0, len(c.token_ids), st),
+                                                finish_reason=_finish(c.finish_reason)))
+        choices.sort(key=lambda ch: ch.index)
+        return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices,
+                                  usage=self.usage(outputs))
+
+
+class _ChatFormat(_Format):
+    prefix = "chatcmpl"
+
+    def logprobs(self, c: CompletionOutput, first: int, end: int) -> Optional[ChatLogprobs]:
+        if self.body.logprobs_count is None or c.logprobs is None:
+            return None
+        content = []
+        for tid, lp in zip(c.token_ids[first:end], c.logprobs[first:end]):
+            top = [TopLogprob(token=self.serving.token_str(t), logprob=v, bytes=self._bytes(t))
+                   for t, v in sorted(lp.top.items(), key=lambda kv: -kv[1])]
+            content.append(TokenLogprobOut(token=self.serving.token_str(tid), logprob=lp.logprob,
+                                           bytes=self._bytes(tid), top_logprobs=top))
+        return ChatLogprobs(content=content)
+
+    def _bytes(self, token_id: int) -> Optional[list[int]]:
+        s = self.serving.token_str(token_id)
+        return None if "\ufffd" in s else list(s.encode("utf-8"))
+
+    def chunk(self, choices: list[ChatChunkChoice], usage: Optional[Usage] = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
+
+    def opening(self) -> list:
+        return [self.chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
+                for i in range(len(self.prompts) * self.body.n)]
+
+    def delta(self, index: int, st: _Progress, c: CompletionOutput) -> Optional[ChatCompletionChunk]:
+        step = self.advance(st, c)
+        if step is None:
+            return None
+        text, first, end, finish = step
+        return self.chunk([ChatChunkChoice(index=index, delta=ChatDelta(content=text),
+                                           logprobs=self.logprobs(c, first, end), finish_reason=finish)])
+
+    def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
+        return self.chunk([], usage)
+
+    def response(self, outputs: list[RequestOutput]) -> ChatCompletionResponse:
+        choices = [ChatChoice(index=c.index, message=ChatMessageOut(content=c.text),
+                              logprobs=self.logprobs(c, 0, len(c.token_ids)), finish_reason=_finish(c.finish_reason))
+                   for c in outputs[0].outputs]
+        choices.sort(key=lambda ch: ch.index)
+        return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices,
+                                      usage=self.usage(outputs))
+
+
+# ---- ASGI guard: API key and body size --------------------------------------------------------------
+
+class _Guard:
+    """Answers 401 (missing/wrong API key on protected paths) and 413 (body over the limit) before
+    the app reads anything; the body is read once here and replayed to the app."""
+
+    def __init__(self, app, api_key: Optional[str], max_body_bytes: int):
+        self.app = app
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.api_key is not None and scope["method"] != "OPTIONS" and scope["path"].startswith(PROTECTED_PREFIXES):
+            auth = _header(scope, b"authorization")
+            if not hmac.compare_digest(auth.encode("latin-1"), f"Bearer {self.api_key}".encode()):
+                await _send_error(send, ApiError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
+                                                 None, "invalid_api_key"))
+                return
+        declared = _header(scope, b"content-length")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            await _send_error(send, self._too_large())
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # disconnected before the body arrived
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_body_bytes:
+                await _send_error(send, self._too_large())
+                return
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    def _too_large(self) -> ApiError:
+        return ApiError(413, f"the request body exceeds the server's limit of {self.max_body_bytes} bytes", None,
+                        "request_too_large")
+
+
+def _header(scope, name: bytes) -> str:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return ""
+
+
+async def _send_error(send, err: ApiError) -> None:
+    response = JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+    await send({"type": "http.response.start", "status": response.status_code, "headers": response.raw_headers})
+    await send({"type": "http.response.body", "body": response.body, "more_body": False})

@@ -1,0 +1,148 @@
+"""Prometheus metrics of one server, with vLLM's names where vLLM has the metric.
+
+Every server owns a `CollectorRegistry`, so several servers in one process do not clash.
+Request timings are observed by the engine owner thread as outputs come out of `step()`.
+Engine-wide values (running/waiting requests, KV usage, prefix-cache and speculative counters)
+come from `engine.stats()` snapshots the owner thread takes at most every `stats_interval`
+seconds, and are exported at scrape time.
+
+`engine.stats()["speculative"]`, when present, is read as a dict with cumulative counts:
+`num_drafts`, `num_draft_tokens`, `num_accepted_tokens` and `accepted_per_position` (a list:
+drafts accepted at position 0, 1, ...). Missing keys are simply not exported.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Optional
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from ...outputs import RequestOutput
+
+TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.25, 0.5, 0.75, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+FINISH_REASONS = ("stop", "length", "abort")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass
+class RequestTimer:
+    """Per engine request progress kept by the owner thread (monotonic seconds)."""
+
+    arrival: float
+    first_token: Optional[float] = None
+    last_token: Optional[float] = None
+    tokens_seen: dict[int, int] = field(default_factory=dict)  # sample index -> tokens already counted
+
+
+class ServerMetrics:
+    """Collectors of one server. Thread-safe: the owner thread writes, scrapes read."""
+
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time from request arrival to its first token",
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram("vllm:inter_token_latency_seconds",
+                             "Time between successive steps that gave a request new tokens", buckets=ITL_BUCKETS,
+                             registry=r)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Time from request arrival to its end",
+                             buckets=E2E_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of admitted requests", registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens", registry=r)
+        self.request_finished = Counter("vllm:request_success", "Finished sequences by finish reason",
+                                        ["finished_reason"], registry=r)
+        for reason in FINISH_REASONS:
+            self.request_finished.labels(reason)
+        self._lock = threading.Lock()
+        self._loop_counts: dict[int, int] = {}
+        self._depth = 1
+        self._stats: dict = {}
+        r.register(self)  # collect() exports the engine snapshot
+
+    # ---- owner thread ----------------------------------------------------------------------------
+    def set_depth(self, depth: int) -> None:
+        """The model depth: buckets of rlt:loops_per_token are 1..depth."""
+        self._depth = depth
+
+    def admitted(self, num_prompt_tokens: int) -> None:
+        self.prompt_tokens.inc(num_prompt_tokens)
+
+    def observe(self, timer: RequestTimer, out: RequestOutput, now: float) -> None:
+        """Account the tokens `out` added since the last call (all samples) and its end."""
+        new = 0
+        depths: list[int] = []
+        for c in out.outputs:
+            seen = timer.tokens_seen.get(c.index, 0)
+            if len(c.token_ids) > seen:
+                new += len(c.token_ids) - seen
+                depths.extend(c.exit_depths[seen:])
+                timer.tokens_seen[c.index] = len(c.token_ids)
+        if new:
+            self.generation_tokens.inc(new)
+            if timer.first_token is None:
+                timer.first_token = now
+                self.ttft.observe(now - timer.arrival)
+            else:
+                self.itl.observe(now - timer.last_token)
+            timer.last_token = now
+            with self._lock:
+                for d in depths:
+                    self._loop_counts[d] = self._loop_counts.get(d, 0) + 1
+        if out.finished:
+            self.e2e.observe(now - timer.arrival)
+            for c in out.outputs:
+                if c.finish_reason in FINISH_REASONS:
+                    self.request_finished.labels(c.finish_reason).inc()
+
+    def update_engine(self, stats: dict) -> None:
+        """Replace the engine snapshot exported at scrape time."""
+        self._stats = dict(stats)
+
+    # ---- scrape ----------------------------------------------------------------------------------
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def loop_histogram(self) -> tuple[list[tuple[str, float]], float]:
+        with self._lock:
+            counts = dict(self._loop_counts)
+        top = max([self._depth, *counts]) if counts else self._depth
+        buckets, running = [], 0
+        for d in range(1, top + 1):
+            running += counts.get(d, 0)
+            buckets.append((str(float(d)), running))
+        buckets.append(("+Inf", running))
+        return buckets, float(sum(d * c for d, c in counts.items()))
+
+    def collect(self):
+        """Engine snapshot and loops-per-token histogram (called by the registry at scrape time)."""
+        s = self._stats
+        yield GaugeMetricFamily("vllm:num_requests_running", "Requests in the running batch", value=s.get("running", 0))
+        yield GaugeMetricFamily("vllm:num_requests_waiting", "Requests waiting for admission", value=s.get("waiting", 0))
+        yield GaugeMetricFamily("vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full)",
+                                value=s.get("kv_usage", 0.0))
+        yield CounterMetricFamily("vllm:prefix_cache_queries", "Prefix-cache block lookups",
+                                  value=s.get("prefix_cache_queries", 0))
+        yield CounterMetricFamily("vllm:prefix_cache_hits", "Prefix-cache block hits", value=s.get("prefix_cache_hits", 0))
+        yield CounterMetricFamily("vllm:num_preemptions", "Preempted requests", value=s.get("preemptions", 0))
+        spec = s.get("speculative")
+        if isinstance(spec, dict):
+            for key, help_text in (("num_drafts", "Speculative draft rounds"),
+                                   ("num_draft_tokens", "Drafted tokens"),
+                                   ("num_accepted_tokens", "Accepted draft tokens")):
+                if key in spec:
+                    yield CounterMetricFamily(f"vllm:spec_decode_{key}", help_text, value=spec[key])
+            per_pos = spec.get("accepted_per_position")
+            if per_pos is not None:
+                fam = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                          "Accepted draft tokens by draft position", labels=["position"])
+                for pos, count in enumerate(per_pos):
+                    fam.add_metric([str(pos)], count)
+                yield fam
+        buckets, total = self.loop_histogram()
+        yield HistogramMetricFamily("rlt:loops_per_token", "Loops run by each generated token (its exit depth)",
+                                    buckets=buckets, sum_value=total)

@@ -1,0 +1,442 @@
+"""The HTTP contract: pydantic models mirroring the OpenAI schema, the error body, SSE framing.
+
+Requests are strict: JSON types must match exactly (no "5" for 5, no 1.0 for an integer) and
+fields this server does not know are rejected with 400 naming the field (the OpenAI API does
+the same). OpenAI fields the engine has no use for are accepted only at their neutral value
+(`presence_penalty: 0`, `logit_bias: {}`, `tools: []`, ...); anything else is a 400 that says
+the feature is not supported. Extra rlt fields: `min_loops`, `max_loops`, `exit_threshold`,
+`speculative`, `priority`, plus vLLM's `top_k`, `min_p`, `stop_token_ids`, `ignore_eos`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+from ...sampling_params import MAX_LOGPROBS, SamplingParams
+
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+TokenId = Annotated[int, Field(ge=0)]
+
+
+class ApiError(Exception):
+    """An error answered with the OpenAI error body and `status`."""
+
+    TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+             413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_error",
+             503: "service_unavailable", 504: "timeout_error"}
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None, code: Optional[str] = None,
+                 headers: Optional[dict] = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
+
+    def body(self) -> dict:
+        return ErrorResponse(error=ErrorInfo(message=self.message, type=self.TYPES.get(self.status, "error"),
+                                             param=self.param, code=self.code)).model_dump()
+
+
+def unsupported(field: str, neutral: str) -> ApiError:
+    return ApiError(400, f"{field} is not supported by this server (only {neutral} is accepted)", field, "unsupported")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: Optional[bool] = None
+    include_obfuscation: Optional[bool] = None  # accepted, no effect (no obfuscation padding is sent)
+
+
+class _SamplingFields(_Strict):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str
+    n: int = Field(1, ge=1, le=64)
+    temperature: Optional[float] = Field(None, ge=0.0, le=100.0, description="default 1.0; 0 is greedy")
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
+    top_k: Optional[int] = Field(None, ge=-1, description="-1 or 0: off")
+    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
+    seed: Optional[int] = Field(None, ge=0, lt=2**63)
+    stop: Optional[Union[NonEmptyStr, list[NonEmptyStr]]] = None
+    stop_token_ids: Optional[list[TokenId]] = None
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    user: Optional[str] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    logit_bias: Optional[dict[str, float]] = None
+    min_loops: Optional[int] = Field(None, ge=1, description="rlt: fewest loops a generated token runs")
+    max_loops: Optional[int] = Field(None, ge=1, description="rlt: most loops a generated token runs")
+    exit_threshold: Optional[float] = Field(None, ge=0.0, le=1.0, description="rlt: exit-gate threshold (1 = fixed depth)")
+    speculative: bool = Field(True, description="rlt: false opts this request out of speculative decoding")
+    priority: int = Field(0, description="rlt/vLLM: lower runs first under the priority scheduling policy")
+
+    def check_neutral(self) -> None:
+        """Reject OpenAI features the engine does not implement (unless given at their neutral value)."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0.0):
+                raise unsupported(name, "0")
+        if self.repetition_penalty not in (None, 1.0):
+            raise unsupported("repetition_penalty", "1")
+        if self.logit_bias:
+            raise unsupported("logit_bias", "null or {}")
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "stream_options is only allowed when stream is true", "stream_options")
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int],
+                        extra_stop_token_ids: tuple = ()) -> SamplingParams:
+        """The engine's SamplingParams (raises ConfigError naming the field)."""
+        stop_ids = list(self.stop_token_ids or ())
+        stop_ids += [t for t in extra_stop_token_ids if t not in stop_ids]
+        top_k = self.top_k if self.top_k not in (None, 0) else -1
+        return SamplingParams(
+            n=self.n, max_tokens=max_tokens, temperature=1.0 if self.temperature is None else float(self.temperature),
+            top_p=1.0 if self.top_p is None else float(self.top_p), top_k=top_k,
+            min_p=0.0 if self.min_p is None else float(self.min_p), seed=self.seed, stop=self.stop,
+            stop_token_ids=stop_ids or None, ignore_eos=self.ignore_eos, logprobs=logprobs, min_loops=self.min_loops,
+            max_loops=self.max_loops, exit_threshold=1.0 if self.exit_threshold is None else float(self.exit_threshold),
+            priority=self.priority, speculative=self.speculative,
+        )
+
+
+PromptInput = Union[str, list[str], list[int], list[list[int]]]
+
+
+class CompletionRequest(_SamplingFields):
+    """POST /v1/completions."""
+
+    prompt: PromptInput = Field(description="a string, a list of strings, a token-id list or a list of token-id lists")
+    max_tokens: Optional[int] = Field(16, ge=1, description="null: up to the end of the context")
+    logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    best_of: Optional[int] = Field(None, ge=1)
+    suffix: Optional[str] = None
+
+    def check_neutral(self) -> None:
+        super().check_neutral()
+        if self.best_of is not None and self.best_of != self.n:
+            raise unsupported("best_of", "null or a value equal to n")
+        if self.suffix:
+            raise unsupported("suffix", "null or an empty string")
+        if self.echo and self.logprobs is not None:
+            raise ApiError(400, "echo with logprobs is not supported (prompt log-probabilities are not computed)",
+                           "echo", "unsupported")
+
+    def prompts(self) -> list[Union[str, list[int]]]:
+        """The prompts as a list of strings and token-id lists."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise ApiError(400, "prompt must not be empty", "prompt")
+        if isinstance(p[0], int):
+            return [p]
+        return list(p)
+
+
+class ContentPart(BaseModel):
+    """One part of a message's content; only {"type": "text", "text": ...} is supported."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: str
+    text: Optional[str] = None
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[Union[str, list[ContentPart]]] = None
+    name: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None
+    tool_call_id: Optional[str] = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1, description="null: up to the end of the context")
+    max_tokens: Optional[int] = Field(None, ge=1, description="deprecated alias of max_completion_tokens")
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = None
+    functions: Optional[list[dict[str, Any]]] = None
+    function_call: Optional[Union[str, dict[str, Any]]] = None
+    response_format: Optional[dict[str, Any]] = None
+
+    def check_neutral(self) -> None:
+        super().check_neutral()
+        for name in ("tools", "functions"):
+            if getattr(self, name):
+                raise unsupported(name, "null or []")
+        if self.tool_choice not in (None, "none", "auto"):
+            raise unsupported("tool_choice", "null, 'none' or 'auto' without tools")
+        if self.function_call not in (None, "none", "auto"):
+            raise unsupported("function_call", "null, 'none' or 'auto' without functions")
+        if self.response_format not in (None, {"type": "text"}):
+            raise unsupported("response_format", "null or {'type': 'text'}")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs to be true", "top_logprobs")
+        if (self.max_tokens is not None and self.max_completion_tokens is not None
+                and self.max_tokens != self.max_completion_tokens):
+            raise ApiError(400, "max_tokens and max_completion_tokens disagree; give one", "max_tokens")
+
+    @property
+    def output_limit(self) -> Optional[int]:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def logprobs_count(self) -> Optional[int]:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def template_messages(self) -> list[dict]:
+        """Messages as {"role", "content"} strings for the chat template (text content only)."""
+        out = []
+        for i, m in enumerate(self.messages):
+            where = f"messages[{i}]"
+            if m.role == "tool" or m.tool_calls or m.tool_call_id is not None:
+                raise ApiError(400, f"{where}: tool messages and tool calls are not supported", where, "unsupported")
+            content = m.content
+            if content is None:
+                if m.role != "assistant":
+                    raise ApiError(400, f"{where}.content must be a string or a list of text parts", f"{where}.content")
+                content = ""
+            elif not isinstance(content, str):
+                texts = []
+                for j, part in enumerate(content):
+                    if part.type != "text" or part.text is None:
+                        raise ApiError(400, f"{where}.content[{j}]: content type {part.type!r} is not supported; only "
+                                       "text parts ({'type': 'text', 'text': ...}) are accepted",
+                                       f"{where}.content[{j}].type", "unsupported")
+                    texts.append(part.text)
+                content = "".join(texts)
+            out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+        return out
+
+
+class TokenizeRequest(_Strict):
+    """POST /tokenize: either `prompt` or chat `messages` (rendered with the chat template)."""
+
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[ChatMessage]] = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(_Strict):
+    """POST /detokenize."""
+
+    model: Optional[str] = None
+    tokens: list[int]
+
+
+# ---- responses ---------------------------------------------------------------------------------
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: Optional[str] = None
+    code: Optional[str] = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(BaseModel):
+    """OpenAI completions logprobs: parallel lists, one entry per generated token."""
+
+    tokens: list[str] = []
+    token_logprobs: list[float] = []
+    top_logprobs: list[dict[str, float]] = []
+    text_offset: list[int] = []
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: Optional[CompletionLogprobs] = None
+    finish_reason: Optional[Literal["stop", "length"]] = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Optional[Usage] = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: Optional[list[int]] = None
+
+
+class TokenLogprobOut(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprobOut]
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatMessageOut
+    logprobs: Optional[ChatLogprobs] = None
+    finish_reason: Literal["stop", "length"]
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    """A streamed message delta; unset fields are left out of the JSON (as OpenAI sends them)."""
+
+    role: Optional[Literal["assistant"]] = None
+    content: Optional[str] = None
+
+    @model_serializer
+    def _without_nulls(self) -> dict:
+        return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: Optional[ChatLogprobs] = None
+    finish_reason: Optional[Literal["stop", "length"]] = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Optional[Usage] = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "rlt"
+    root: str
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+
+_UNION_HINTS = {
+    "prompt": "prompt must be a string, a list of strings, a list of token ids or a list of token-id lists",
+    "stop": "stop must be a non-empty string or a list of non-empty strings",
+}
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function-after", "function-before"}
+
+
+def _param(loc: tuple) -> str:
+    """`loc` of a pydantic error as a field path ("messages[0].content"), union tags dropped."""
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            if not parts:
+                break
+            parts[-1] += f"[{item}]"
+        elif item.isidentifier() and item not in _TYPE_TAGS:
+            parts.append(item)
+        else:
+            break
+    return ".".join(parts)
+
+
+def _loc(error: dict) -> tuple:
+    loc = tuple(error.get("loc", ()))
+    return loc[1:] if loc[:1] == ("body",) else loc
+
+
+def validation_error(errors: list[dict]) -> ApiError:
+    """A 400 ApiError from FastAPI/pydantic validation errors, naming the first offending field."""
+    first = errors[0]
+    kind, loc = first.get("type"), _loc(first)
+    if kind == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", first.get("msg", ""))
+        return ApiError(400, f"the request body is not valid JSON ({detail})", None, "invalid_json")
+    if not loc:
+        return ApiError(400, "the request body must be a JSON object", None, "invalid_body")
+    param = _param(loc) or None
+    if kind == "extra_forbidden":
+        return ApiError(400, f"unknown field {param!r} (this server rejects fields it does not know)", param,
+                        "unknown_field")
+    if kind == "missing":
+        return ApiError(400, f"{param} is required", param, "missing_field")
+    if param in _UNION_HINTS and sum(_param(_loc(e)) == param for e in errors) > 1:
+        return ApiError(400, _UNION_HINTS[param], param, "invalid_type")
+    value = first.get("input")
+    shown = json.dumps(value)[:80] if isinstance(value, (int, float, str, bool, type(None))) else type(value).__name__
+    return ApiError(400, f"{param}: {first.get('msg', 'invalid value')} (got {shown})", param, "invalid_value")
+
+
+def sse(payload: Union[BaseModel, dict, str]) -> bytes:
+    """One server-sent event: `data: <json>\\n\\n` (or `data: [DONE]\\n\\n`)."""
+    if isinstance(payload, str):
+        data = payload
+    elif isinstance(payload, BaseModel):
+        data = payload.model_dump_json()
+    else:
+        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return b"data: " + data.encode("utf-8") + b"\n\n"
+
+
+def param_from_message(message: str) -> Optional[str]:
+    """The request field an engine/SamplingParams error message starts with, if any."""
+    word = message.split(" ", 1)[0].strip(":,")
+    fields = set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields)
+    return word if word in fields else None

@@ -1,0 +1,156 @@
+"""Bucketed CUDA graphs of the decode program (all loops, exit, LM head, sampling).
+
+Row counts are padded up to a bucket ladder; padded rows are inert every step (the kernels read
+the device-side live-row count, padded rows sample nothing and write no K/V). Graphs are captured
+at startup, largest bucket first, into one shared memory pool, with automatic garbage collection
+paused during capture (a collected old graph must not be destroyed mid-capture). A failed capture
+drains the stream and the bucket falls back to eager execution; every fallback is counted.
+
+Two backends capture the same Python program: manual `torch.cuda.CUDAGraph` capture
+(``execution_mode="graphs"``) and `torch.compile(mode="reduce-overhead")` with static shapes per
+bucket (``execution_mode="compile"``), whose CUDA-graph trees record once per bucket because every
+persistent tensor (KV cache, tables, slot state, step inputs) is marked as a static address.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+logger = logging.getLogger("rlt")
+
+MAX_GRAPH_ROWS = 512
+
+
+def default_ladder(max_rows: int) -> list[int]:
+    """1, 2, 4, 8, then every 8 to 64, every 16 to 256, every 32 beyond (capped at max_rows)."""
+    sizes = [1, 2, 4]
+    sizes += list(range(8, 65, 8)) + list(range(80, 257, 16)) + list(range(288, MAX_GRAPH_ROWS + 1, 32))
+    ladder = [s for s in sizes if s < max_rows] + [max_rows]
+    return sorted(set(ladder))
+
+
+@dataclass
+class GraphStats:
+    captures: int = 0
+    replays: int = 0
+    fallbacks: int = 0
+    failed_captures: int = 0
+    real_rows: int = 0
+    padded_rows: int = 0
+    capture_seconds: float = 0.0
+    compile_seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        total = self.real_rows + self.padded_rows
+        d["padding_waste"] = self.padded_rows / total if total else 0.0
+        return d
+
+
+@dataclass
+class _Entry:
+    run: Callable[[], dict]
+    outputs: Optional[dict] = None
+
+
+@dataclass
+class DecodeGraphs:
+    """Captured decode programs keyed by (bucket rows, logprobs top-N or -1)."""
+
+    program: Callable[[int, bool, int], dict]
+    prepare_inputs: Callable[[], None]  # makes the static inputs inert (no live rows) for warm-up/capture
+    sizes: list[int]
+    mode: str = "graphs"
+    static_tensors: list = field(default_factory=list)
+    stats: GraphStats = field(default_factory=GraphStats)
+
+    def __post_init__(self):
+        self.sizes = sorted(set(self.sizes))
+        self._entries: dict[tuple[int, int], _Entry] = {}
+        self._failed: set = set()
+        self._pool = torch.cuda.graph_pool_handle() if self.mode == "graphs" else None
+        if self.mode == "compile":
+            for t in self.static_tensors:
+                torch._dynamo.mark_static_address(t)
+            self._compiled = torch.compile(self.program, mode="reduce-overhead", fullgraph=False, dynamic=False)
+
+    def bucket(self, rows: int) -> Optional[int]:
+        for s in self.sizes:
+            if s >= rows:
+                return s
+        return None
+
+    def capture_all(self) -> None:
+        """Capture every bucket without logprobs, largest first (startup)."""
+        for size in reversed(self.sizes):
+            self._capture(size, -1)
+
+    def run(self, rows: int, want_lp: bool, num_top: int) -> Optional[dict]:
+        """Replay the bucket for `rows` live rows; None means the caller must run eagerly (counted)."""
+        size = self.bucket(rows)
+        key = (size, num_top if want_lp else -1)
+        if size is None or key in self._failed:
+            self.stats.fallbacks += 1
+            return None
+        entry = self._entries.get(key) or self._capture(*key)
+        if entry is None:
+            self.stats.fallbacks += 1
+            return None
+        outputs = entry.run()
+        self.stats.replays += 1
+        self.stats.real_rows += rows
+        self.stats.padded_rows += size - rows
+        return outputs
+
+    def _capture(self, size: int, top: int) -> Optional[_Entry]:
+        want_lp, num_top = top >= 0, max(top, 0)
+        gc_enabled = gc.isenabled()
+        gc.disable()
+        start = time.perf_counter()
+        stream = torch.cuda.Stream()
+        try:
+            self.prepare_inputs()
+            stream.wait_stream(torch.cuda.current_stream())
+            if self.mode == "compile":
+                entry = self._compile_entry(size, want_lp, num_top, stream)
+            else:
+                with torch.cuda.stream(stream):
+                    self.program(size, want_lp, num_top)  # warm-up: Triton compiles outside the capture
+                stream.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._pool, stream=stream):
+                    outputs = self.program(size, want_lp, num_top)
+                entry = _Entry(run=lambda g=graph, o=outputs: (g.replay(), o)[1], outputs=outputs)
+            torch.cuda.current_stream().wait_stream(stream)
+        except Exception as exc:  # capture failure: drain, count, fall back to eager for this bucket
+            stream.synchronize()
+            torch.cuda.synchronize()
+            self._failed.add((size, top))
+            self.stats.failed_captures += 1
+            logger.warning("CUDA graph capture of bucket %d failed (%s); it will run eagerly", size, exc)
+            return None
+        finally:
+            if gc_enabled:
+                gc.enable()
+        elapsed = time.perf_counter() - start
+        if self.mode == "compile":
+            self.stats.compile_seconds += elapsed
+        else:
+            self.stats.capture_seconds += elapsed
+        self.stats.captures += 1
+        self._entries[(size, top)] = entry
+        return entry
+
+    def _compile_entry(self, size: int, want_lp: bool, num_top: int, stream) -> _Entry:
+        compiled = self._compiled
+        with torch.cuda.stream(stream):
+            for _ in range(3):  # compile, then let cudagraph trees warm up and record
+                compiled(size, want_lp, num_top)
+        stream.synchronize()
+        return _Entry(run=lambda: compiled(size, want_lp, num_top))
