@@ -1,6 +1,8 @@
 """Sampling, filtered distributions and fused speculative acceptance on the H200.
 
-Run on a GPU: ``pytest perf/test_bench_sampling.py --benchmark-json=out/sampling.json``.
+Run on a GPU: ``pytest perf/test_bench_sampling.py --benchmark-json=out/sampling.json``;
+``RLT_SAMPLING_SWEEP=1 pytest perf/test_bench_sampling.py -k sweep`` times candidate launch
+constants (chunk widths, warps) for tuning.
 
 Bytes counted are what a perfect kernel must move: the logits read once (sampling), plus the
 fp32 distribution written once (filtered_probs), and for acceptance the probability rows the
@@ -19,6 +21,7 @@ top-p, vectorised rejection sampling) timed eagerly over the same rotated inputs
 """
 
 import itertools
+import os
 
 import pytest
 import torch
@@ -260,3 +263,28 @@ def test_bench_accept_draft(benchmark, roofline, rows, greedy):
     _report(benchmark, roofline, f"accept_draft/ouro/R{rows}/K{k}/{'greedy' if greedy else 'sampling'}", calls,
             baseline_calls, bytes_moved, rows=rows, drafts=k, vocab=v,
             mean_accepted=float(num_accepted.float().mean()))
+
+
+SWEEP = [  # BLOCK_V, SEARCH_BLOCK_V, NUM_WARPS
+    (block, search, warps) for block in (1024, 2048, 4096) for search in (256, 512) for warps in (4, 8, 16)
+]
+
+
+@pytest.mark.skipif(not os.environ.get("RLT_SAMPLING_SWEEP"), reason="set RLT_SAMPLING_SWEEP=1 to tune")
+@pytest.mark.parametrize("mode", ["greedy", "temperature", "top_k_top_p"])
+@pytest.mark.parametrize("config", SWEEP, ids=[f"B{b}-S{s}-W{w}" for b, s, w in SWEEP])
+def test_bench_sample_sweep(benchmark, roofline, monkeypatch, config, mode):
+    """Ouro vocabulary, batch 256, fp32 logits, under each candidate launch configuration."""
+    block, search, warps = config
+    monkeypatch.setattr(sampling, "BLOCK_V", block)
+    monkeypatch.setattr(sampling, "SEARCH_BLOCK_V", search)
+    monkeypatch.setattr(sampling, "NUM_WARPS", warps)
+    batch, v = 256, VOCABS["ouro"]
+    nbytes = batch * v * 4
+    inputs = [_sampling_inputs(batch, v, mode, torch.float32, seed) for seed in range(_copies(nbytes))]
+    out = torch.empty(batch, dtype=torch.int64, device="cuda")
+    calls = [(lambda lg=lg, pr=pr, s=s, p=p: sampling.sample(lg, *pr, s, p, out=out)) for lg, pr, s, p in inputs]
+    baseline_out = torch.empty_like(out)
+    baseline_calls = [_torch_sample_fn(mode, lg, pr, baseline_out) for lg, pr, _, _ in inputs[:2]]
+    _report(benchmark, roofline, f"sweep/sample/B{block}-S{search}-W{warps}/{mode}", calls, baseline_calls, nbytes,
+            block=block, search_block=search, num_warps=warps, mode=mode)

@@ -142,7 +142,7 @@ def _accept_kernel(
         # The committed token after a rejection comes from (p - q)+, else from p (bonus); one
         # pass over V, plus a second over p only when the residual is empty.
         rejected = accepted < k
-        stream = tl.where(rejected, SAMPLE, SAMPLE)
+        stream = tl.where(rejected, RECOVER, SAMPLE)
         p_row = target_probs_ptr + r64 * stride_tp_row + accepted * stride_tp_step
         q_row = draft_probs_ptr + r64 * stride_dp_row + accepted * stride_dp_step
         q_len = tl.where(rejected, V, 0)

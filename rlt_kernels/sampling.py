@@ -160,28 +160,31 @@ def compute_logprobs_reference(logits, tokens, num_top: int = 0):
 # ---------------------------------------------------------------------------------------------
 # Triton kernels: one program per row, streaming the vocabulary in chunks.
 #
-# Passes over a sampling row (temperature > 0):
-#   no filter          1 pass   Gumbel-max
-#   min-p only         2 passes max, Gumbel-max
-#   top-k and/or top-p 2 + 8 per filter: max, threshold searches, Gumbel-max
-# Greedy rows make one argmax pass. Top-k and top-p thresholds are found without sorting: each
-# search pass counts (top-k) or weighs by exp(z - max) (top-p) the elements at or above
-# SEARCH_CANDIDATES evenly spaced keys of the current key interval (keys are the fp32 bit
-# patterns mapped to a signed-int order), shrinking it 16x; SEARCH_PASSES = 8 passes resolve
-# the 32-bit key exactly, so thresholds are data values with tie-inclusive semantics.
+# Passes over a sampling row (temperature > 0) in `sample`:
+#   no filter          1 pass    Gumbel-max
+#   min-p only         2 passes  max, Gumbel-max
+#   top-k and/or top-p 2 + at most 8 per filter: max, threshold searches, Gumbel-max
+# Greedy rows make one argmax pass. Top-k and top-p thresholds are found without sorting, on
+# the logits x (z = x / t is monotone in x): each search pass counts (top-k) or weighs by
+# exp((x - max) / t) (top-p) the elements at or above SEARCH_CANDIDATES evenly spaced keys of
+# the current key interval (keys are the fp32 bit patterns mapped to a signed-int order),
+# shrinking it 16x; SEARCH_PASSES = 8 passes resolve the 32-bit key exactly, so thresholds are
+# data values with tie-inclusive semantics. Random
+# rows compute one Philox word and two logs per vocabulary entry: at large batches the
+# temperature path is bound by that arithmetic, not by reading the logits.
 # ---------------------------------------------------------------------------------------------
 
 BLOCK_V = 2048  # vocabulary chunk of the streaming passes
 SEARCH_BLOCK_V = 512  # vocabulary chunk of the search passes (holds a [chunk, candidates] tile)
 SEARCH_CANDIDATES = 16
 SEARCH_PASSES = 8
-NUM_WARPS = 8
+NUM_WARPS = 16  # 4 elements per thread at BLOCK_V: <= 64 registers, two 512-thread rows per SM
 
 
-def vocab_block(v: int, block: int = BLOCK_V) -> int:
-    """Chunk width for a vocabulary of v: ``block``, or less for tiny vocabularies. A function
-    of v only, so a row's arithmetic never depends on the batch."""
-    return min(block, triton.next_power_of_2(max(v, 1)))
+def vocab_block(v: int, block: int | None = None) -> int:
+    """Chunk width for a vocabulary of v: ``block`` (default BLOCK_V), or less for tiny
+    vocabularies. A function of v only, so a row's arithmetic never depends on the batch."""
+    return min(BLOCK_V if block is None else block, triton.next_power_of_2(max(v, 1)))
 
 
 @triton.jit
@@ -235,31 +238,37 @@ def _argmax_pass(row_ptr, V, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _max_pass(row_ptr, V, t, BLOCK: tl.constexpr):
-    zmax = tl.full([BLOCK], float("-inf"), tl.float32)
+def _key_value(key):
+    """Inverse of `_order_key`: the fp32 value of a key."""
+    return tl.where(key < 0, key ^ 0x7FFFFFFF, key).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _max_pass(row_ptr, V, BLOCK: tl.constexpr):
+    """Largest logit of a row (fp32)."""
+    xmax = tl.full([BLOCK], float("-inf"), tl.float32)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-        zmax = tl.maximum(zmax, tl.math.div_rn(x, t))
-    return tl.max(zmax, axis=0)
+        xmax = tl.maximum(xmax, tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32))
+    return tl.max(xmax, axis=0)
 
 
 @triton.jit
 def _search_key(
-    row_ptr, V, t, zmax, floor, need,
+    row_ptr, V, xmax, inv_t, floor, need,
     BY_MASS: tl.constexpr, BLOCK: tl.constexpr, CANDIDATES: tl.constexpr, PASSES: tl.constexpr,
 ):
-    """Largest key T >= floor with W(T) >= need (count) or W(T) >= need * W(floor) (mass).
+    """Largest logit key T >= floor with W(T) >= need (count) or W(T) >= need * W(floor) (mass).
 
     W(T) sums over the elements with key >= max(T, floor) either 1 (BY_MASS False: top-k,
-    need = k) or exp(z - zmax) (BY_MASS True: top-p, need = p). Invariant: W(lo) passes and
-    W(hi) fails. Each pass weighs CANDIDATES keys splitting [lo, hi) evenly and also snaps the
-    bounds to the nearest data keys inside (W is constant between data keys), so rows with few
-    distinct values in the interval finish before PASSES.
+    need = k) or exp((x - xmax) / t) (BY_MASS True: top-p, need = p). Invariant: W(lo) passes
+    and W(hi) fails. Each pass weighs CANDIDATES keys splitting [lo, hi) evenly and also snaps
+    the bounds to the nearest data keys inside (W is constant between data keys), so rows with
+    few distinct values in the interval finish before PASSES.
     """
     cols = tl.arange(0, CANDIDATES)
     lo = floor.to(tl.int64)
-    hi = _order_key(zmax).to(tl.int64) + 1
+    hi = _order_key(xmax).to(tl.int64) + 1
     total = tl.full([], 0.0, tl.float32)
     for it in range(PASSES):
         if hi - lo > 1:
@@ -273,10 +282,9 @@ def _search_key(
             for start in range(0, V, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
                 x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-                z = tl.math.div_rn(x, t)
-                key = _order_key(z)
+                key = _order_key(x)
                 if BY_MASS:
-                    w = tl.where((offs < V) & (key >= floor), tl.exp(z - zmax), 0.0)
+                    w = tl.where((offs < V) & (key >= floor), tl.exp((x - xmax) * inv_t), 0.0)
                 else:
                     w = tl.where(offs < V, 1.0, 0.0)
                 acc += tl.where(key[:, None] >= cand32[None, :], w[:, None], 0.0)
@@ -296,51 +304,49 @@ def _search_key(
 
 
 @triton.jit
-def _keep_threshold(
-    row_ptr, V, t, zmax, top_k, top_p,
-    BLOCK: tl.constexpr, CANDIDATES: tl.constexpr, PASSES: tl.constexpr,
-):
-    """Key threshold of top-k and top-p together: a token survives both iff key(z) >= it."""
-    thresh = tl.full([], -2147483648, tl.int32)
-    if (top_k > 0) & (top_k < V):
-        thresh = _search_key(row_ptr, V, t, zmax, thresh, top_k.to(tl.float32), False, BLOCK, CANDIDATES, PASSES)
-    if top_p < 1.0:
-        thresh = _search_key(row_ptr, V, t, zmax, thresh, top_p, True, BLOCK, CANDIDATES, PASSES)
-    return thresh
-
-
-@triton.jit
 def _row_filter(
     row_ptr, row, V, t, top_k_ptr, top_p_ptr, min_p_ptr, ALWAYS_MAX: tl.constexpr,
     SEARCH_BLOCK: tl.constexpr, CANDIDATES: tl.constexpr, PASSES: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """(zmax, log_min_p, thresh) of a sampling row; keep = key(z) >= thresh & z - zmax >= log_min_p.
+    """(zmax, z_min_kept, log_min_p) of a sampling row: keep z >= z_min_kept (top-k and top-p)
+    and z - zmax >= log_min_p (min-p).
 
-    Rows without filters skip every pass (zmax = 0, log_min_p = -inf, thresh = INT32_MIN)
-    unless ALWAYS_MAX asks for the row maximum anyway.
+    z = x / t is monotone in the logit x, so the searches run on the logits themselves: the
+    k-th largest z is the k-th largest x divided by t, ties included. Rows without filters
+    skip every pass (zmax = 0, z_min_kept = log_min_p = -inf) unless ALWAYS_MAX asks for zmax.
     """
     top_k = tl.load(top_k_ptr + row).to(tl.int32)
     top_p = tl.load(top_p_ptr + row).to(tl.float32)
     min_p = tl.load(min_p_ptr + row).to(tl.float32)
+    xmax = tl.full([], 0.0, tl.float32)
     zmax = tl.full([], 0.0, tl.float32)
+    z_min_kept = tl.full([], float("-inf"), tl.float32)
     log_min_p = tl.full([], float("-inf"), tl.float32)
-    thresh = tl.full([], -2147483648, tl.int32)
     filtered = ((top_k > 0) & (top_k < V)) | (top_p < 1.0) | (min_p > 0.0)
     if filtered | ALWAYS_MAX:
-        zmax = _max_pass(row_ptr, V, t, BLOCK)
+        xmax = _max_pass(row_ptr, V, BLOCK)
+        zmax = tl.math.div_rn(xmax, t)
     if filtered:
-        thresh = _keep_threshold(row_ptr, V, t, zmax, top_k, top_p, SEARCH_BLOCK, CANDIDATES, PASSES)
+        thresh = tl.full([], -2147483648, tl.int32)
+        if (top_k > 0) & (top_k < V):
+            thresh = _search_key(
+                row_ptr, V, xmax, 1.0 / t, thresh, top_k.to(tl.float32), False, SEARCH_BLOCK, CANDIDATES, PASSES
+            )
+        if top_p < 1.0:
+            thresh = _search_key(row_ptr, V, xmax, 1.0 / t, thresh, top_p, True, SEARCH_BLOCK, CANDIDATES, PASSES)
+        if thresh > -2147483648:
+            z_min_kept = tl.math.div_rn(_key_value(thresh), t)
         if min_p > 0.0:
             log_min_p = tl.log(tl.maximum(min_p, 1e-30))
-    return zmax, log_min_p, thresh
+    return zmax, z_min_kept, log_min_p
 
 
 @triton.jit
-def _kept(row_ptr, offs, V, t, zmax, log_min_p, thresh):
+def _kept(row_ptr, offs, V, t, zmax, z_min_kept, log_min_p):
     """Scaled logits z = logits / t of a chunk (IEEE division, as torch) and their keep mask."""
     x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
     z = tl.math.div_rn(x, t)
-    keep = (offs < V) & (_order_key(z) >= thresh) & (z - zmax >= log_min_p)
+    keep = (offs < V) & (z >= z_min_kept) & (z - zmax >= log_min_p)
     return z, keep
 
 
@@ -361,7 +367,7 @@ def _sample_kernel(
         token = _argmax_pass(row_ptr, V, BLOCK)
     else:
         t = tl.maximum(temperature, 1e-30)
-        zmax, log_min_p, thresh = _row_filter(
+        zmax, z_min_kept, log_min_p = _row_filter(
             row_ptr, row, V, t, top_k_ptr, top_p_ptr, min_p_ptr, False, SEARCH_BLOCK, CANDIDATES, PASSES, BLOCK
         )
         seed = tl.load(seed_ptr + row).to(tl.int64)
@@ -371,7 +377,7 @@ def _sample_kernel(
         best_idx = lanes
         for start in range(0, V, BLOCK):
             offs = start + lanes
-            z, keep = _kept(row_ptr, offs, V, t, zmax, log_min_p, thresh)
+            z, keep = _kept(row_ptr, offs, V, t, zmax, z_min_kept, log_min_p)
             u = philox_uniform_tl(seed, position, stream, offs)
             score = tl.where(keep, z - tl.log(-tl.log(u)), float("-inf"))
             best, best_idx = _lane_argmax(best, best_idx, score, offs)
@@ -400,18 +406,18 @@ def _filtered_probs_kernel(
             tl.store(out_row + offs, tl.where(offs == best_idx, 1.0, 0.0), mask=offs < V)
     else:
         t = tl.maximum(temperature, 1e-30)
-        zmax, log_min_p, thresh = _row_filter(
+        zmax, z_min_kept, log_min_p = _row_filter(
             row_ptr, row, V, t, top_k_ptr, top_p_ptr, min_p_ptr, True, SEARCH_BLOCK, CANDIDATES, PASSES, BLOCK
         )
         lane_total = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, V, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            z, keep = _kept(row_ptr, offs, V, t, zmax, log_min_p, thresh)
+            z, keep = _kept(row_ptr, offs, V, t, zmax, z_min_kept, log_min_p)
             lane_total += tl.where(keep, tl.exp(z - zmax), 0.0)
         total = tl.sum(lane_total, axis=0)
         for start in range(0, V, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            z, keep = _kept(row_ptr, offs, V, t, zmax, log_min_p, thresh)
+            z, keep = _kept(row_ptr, offs, V, t, zmax, z_min_kept, log_min_p)
             tl.store(out_row + offs, tl.math.div_rn(tl.where(keep, tl.exp(z - zmax), 0.0), total), mask=offs < V)
 
 

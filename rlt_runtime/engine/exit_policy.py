@@ -32,9 +32,31 @@ class ExitState:
     prev_stat: Optional[torch.Tensor] = None  # Huginn: previous entropy / argmax [B]
     streak: Optional[torch.Tensor] = None  # Huginn argmax-stability count [B]
 
+    def fields(self) -> tuple:
+        return (self.survival, self.pending, self.prev, self.prev_stat, self.streak)
+
     def permute(self, order: torch.Tensor) -> "ExitState":
-        pick = lambda t: None if t is None else t.index_select(0, order)  # noqa: E731
-        return ExitState(pick(self.survival), pick(self.pending), pick(self.prev), pick(self.prev_stat), pick(self.streak))
+        return ExitState(*(None if t is None else t.index_select(0, order) for t in self.fields()))
+
+    def park(self, row_id: torch.Tensor, into: "ExitState", scatter_rows) -> None:
+        """Store rows into `into` at their row ids (-1: skip); scatter_rows is the kernel op."""
+        for src, dst in zip(self.fields(), into.fields()):
+            if src is not None:
+                scatter_rows(src.to(dst.dtype), row_id, dst, active_rows=None)
+
+    def empty_like(self, rows: int) -> "ExitState":
+        """Parking buffers for `rows` rows (bool fields stored as uint8 for the row-scatter kernel)."""
+        def buf(t):
+            dtype = torch.uint8 if t.dtype == torch.bool else t.dtype
+            return torch.zeros((rows,) + tuple(t.shape[1:]), dtype=dtype, device=t.device)
+
+        return ExitState(*(None if t is None else buf(t) for t in self.fields()))
+
+    def gather(self, index: torch.Tensor) -> "ExitState":
+        """Rows of parking buffers as a live ExitState (uint8 flags back to bool)."""
+        picked = [None if t is None else t.index_select(0, index) for t in self.fields()]
+        picked[1] = picked[1].bool()
+        return ExitState(*picked)
 
 
 def new_exit_state(rows: int, device) -> ExitState:

@@ -61,9 +61,14 @@ class _Entry:
 
 @dataclass
 class DecodeGraphs:
-    """Captured decode programs keyed by (bucket rows, logprobs top-N or -1)."""
+    """Captured step programs keyed by (bucket rows, variant).
 
-    program: Callable[[int, bool, int], dict]
+    `program(rows, *variant)` must read every per-step input from static tensors; a variant is a
+    tuple of Python values that change the program's shape or work (e.g. logprobs top-N, the
+    number of speculative drafts).
+    """
+
+    program: Callable[..., dict]
     prepare_inputs: Callable[[], None]  # makes the static inputs inert (no live rows) for warm-up/capture
     sizes: list[int]
     mode: str = "graphs"
@@ -72,7 +77,7 @@ class DecodeGraphs:
 
     def __post_init__(self):
         self.sizes = sorted(set(self.sizes))
-        self._entries: dict[tuple[int, int], _Entry] = {}
+        self._entries: dict[tuple, _Entry] = {}
         self._failed: set = set()
         self._pool = torch.cuda.graph_pool_handle() if self.mode == "graphs" else None
         if self.mode == "compile":
@@ -86,15 +91,15 @@ class DecodeGraphs:
                 return s
         return None
 
-    def capture_all(self) -> None:
-        """Capture every bucket without logprobs, largest first (startup)."""
+    def capture_all(self, variant: tuple) -> None:
+        """Capture every bucket for one variant, largest first (startup)."""
         for size in reversed(self.sizes):
-            self._capture(size, -1)
+            self._capture(size, variant)
 
-    def run(self, rows: int, want_lp: bool, num_top: int) -> Optional[dict]:
+    def run(self, rows: int, variant: tuple) -> Optional[dict]:
         """Replay the bucket for `rows` live rows; None means the caller must run eagerly (counted)."""
         size = self.bucket(rows)
-        key = (size, num_top if want_lp else -1)
+        key = (size, variant)
         if size is None or key in self._failed:
             self.stats.fallbacks += 1
             return None
@@ -108,8 +113,7 @@ class DecodeGraphs:
         self.stats.padded_rows += size - rows
         return outputs
 
-    def _capture(self, size: int, top: int) -> Optional[_Entry]:
-        want_lp, num_top = top >= 0, max(top, 0)
+    def _capture(self, size: int, variant: tuple) -> Optional[_Entry]:
         gc_enabled = gc.isenabled()
         gc.disable()
         start = time.perf_counter()
@@ -118,20 +122,20 @@ class DecodeGraphs:
             self.prepare_inputs()
             stream.wait_stream(torch.cuda.current_stream())
             if self.mode == "compile":
-                entry = self._compile_entry(size, want_lp, num_top, stream)
+                entry = self._compile_entry(size, variant, stream)
             else:
                 with torch.cuda.stream(stream):
-                    self.program(size, want_lp, num_top)  # warm-up: Triton compiles outside the capture
+                    self.program(size, *variant)  # warm-up: Triton compiles outside the capture
                 stream.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._pool, stream=stream):
-                    outputs = self.program(size, want_lp, num_top)
+                    outputs = self.program(size, *variant)
                 entry = _Entry(run=lambda g=graph, o=outputs: (g.replay(), o)[1], outputs=outputs)
             torch.cuda.current_stream().wait_stream(stream)
         except Exception as exc:  # capture failure: drain, count, fall back to eager for this bucket
             stream.synchronize()
             torch.cuda.synchronize()
-            self._failed.add((size, top))
+            self._failed.add((size, variant))
             self.stats.failed_captures += 1
             logger.warning("CUDA graph capture of bucket %d failed (%s); it will run eagerly", size, exc)
             return None
@@ -144,13 +148,13 @@ class DecodeGraphs:
         else:
             self.stats.capture_seconds += elapsed
         self.stats.captures += 1
-        self._entries[(size, top)] = entry
+        self._entries[(size, variant)] = entry
         return entry
 
-    def _compile_entry(self, size: int, want_lp: bool, num_top: int, stream) -> _Entry:
+    def _compile_entry(self, size: int, variant: tuple, stream) -> _Entry:
         compiled = self._compiled
         with torch.cuda.stream(stream):
             for _ in range(3):  # compile, then let cudagraph trees warm up and record
-                compiled(size, want_lp, num_top)
+                compiled(size, *variant)
         stream.synchronize()
-        return _Entry(run=lambda: compiled(size, want_lp, num_top))
+        return _Entry(run=lambda: compiled(size, *variant))

@@ -31,6 +31,42 @@ MAX_TOP_LOGPROBS = 20
 
 
 @dataclass
+class RowState:
+    """Decode rows in their current (compacted) order; rows at or past `active` are done."""
+
+    slots: torch.Tensor  # int32 [B]
+    pos: torch.Tensor  # int64 [B]
+    row_id: torch.Tensor  # int64 [B]: index of the row in its pass's outputs
+    thr: torch.Tensor
+    min_l: torch.Tensor
+    max_l: torch.Tensor
+    trace: torch.Tensor
+    h: torch.Tensor  # [B, hidden]: Ouro's normed state / Huginn's recurrent state
+    e: Optional[torch.Tensor]  # Huginn's prelude output [B, hidden]
+    ex: ExitState
+    active: torch.Tensor  # int32 [1]
+
+    def permute(self, order: torch.Tensor, active: torch.Tensor) -> "RowState":
+        pick = lambda t: None if t is None else t.index_select(0, order)  # noqa: E731
+        return RowState(pick(self.slots), pick(self.pos), pick(self.row_id), pick(self.thr), pick(self.min_l),
+                        pick(self.max_l), pick(self.trace), pick(self.h), pick(self.e), self.ex.permute(order), active)
+
+
+@dataclass
+class RowResults:
+    """Per-row results of a pass, indexed by row id: final state, loops run (0 = not finished)."""
+
+    final: torch.Tensor
+    depth: torch.Tensor
+    logits: Optional[torch.Tensor] = None
+
+    @staticmethod
+    def empty(rows: int, like: torch.Tensor, device) -> "RowResults":
+        return RowResults(torch.zeros((rows, like.shape[1]), dtype=like.dtype, device=device),
+                          torch.zeros(rows, dtype=torch.int32, device=device))
+
+
+@dataclass
 class StepResult:
     """Host copy of one step's results, rows in submission order (decode rows, then prefill samples)."""
 
@@ -89,7 +125,7 @@ class ModelRunner:
         self.allocate_kv(num_blocks)
         self.cos_sin = rope_cos_sin(max_model_len, model_config.head_dim, model_config.rope_theta, device=d)
         z = lambda dt: torch.zeros(num_slots, dtype=dt, device=d)  # noqa: E731
-        self.slot_token, self.slot_key = z(torch.int64), z(torch.int64)
+        self.slot_token, self.slot_key, self.slot_pos = z(torch.int64), z(torch.int64), z(torch.int64)
         self.slot_temperature, self.slot_top_p, self.slot_min_p = z(torch.float32), z(torch.float32), z(torch.float32)
         self.slot_top_k = z(torch.int32)
         self.slot_threshold = z(torch.float32)
@@ -101,8 +137,7 @@ class ModelRunner:
         self.graphs = None
         self.record_device_time = False
         self.dec_in = StaticStaging(
-            {"slots": (torch.int32, max_rows), "positions": (torch.int64, max_rows), "trace": (torch.int32, max_rows),
-             "num_rows": (torch.int32, 1)}, d,
+            {"slots": (torch.int32, max_rows), "trace": (torch.int32, max_rows), "num_rows": (torch.int32, 1)}, d,
         )
         self.loops_executed = 0
 
@@ -123,11 +158,11 @@ class ModelRunner:
         from .graphs import DecodeGraphs
 
         static = [self.kv.k, self.kv.v, self.kv.block_tables, self.kv.key_depth, self.dec_in.dev, self.cos_sin,
-                  self.slot_token, self.slot_key, self.slot_temperature, self.slot_top_p, self.slot_min_p,
+                  self.slot_token, self.slot_key, self.slot_pos, self.slot_temperature, self.slot_top_p, self.slot_min_p,
                   self.slot_top_k, self.slot_threshold, self.slot_min_loops, self.slot_max_loops]
         self.graphs = DecodeGraphs(self.decode_program, lambda: self.dec_in["num_rows"].zero_(),
                                    [s for s in sizes if s <= self.max_rows], mode=mode, static_tensors=static)
-        self.graphs.capture_all()
+        self.graphs.capture_all((False, 0))
 
     # ---- persistent state updates ------------------------------------------------------------
     def _apply_updates(self, sched: SchedulerOutput) -> None:
@@ -147,6 +182,7 @@ class ModelRunner:
             arrays["min_loops"] = np.asarray([r.min_loops for r in admitted], dtype=np.int32)
             arrays["max_loops"] = np.asarray([r.depth_limit for r in admitted], dtype=np.int32)
             arrays["token"] = np.asarray([r.output_token_ids[-1] if r.output_token_ids else 0 for r in admitted], dtype=np.int64)
+            arrays["pos"] = np.asarray([r.prefill_target for r in admitted], dtype=np.int64)
         if not arrays:
             return
         dev = upload_arrays(arrays, self.device)
@@ -164,6 +200,7 @@ class ModelRunner:
             self.slot_min_loops[s] = dev["min_loops"]
             self.slot_max_loops[s] = dev["max_loops"]
             self.slot_token[s] = dev["token"]
+            self.slot_pos[s] = dev["pos"]
 
     # ---- a step ------------------------------------------------------------------------------
     def execute(self, sched: SchedulerOutput) -> StepHandle:
@@ -294,94 +331,106 @@ class ModelRunner:
         b = len(rows)
         st = self.dec_in
         st.write("slots", np.asarray([r.slot for r in rows], np.int32))
-        st.write("positions", np.asarray(sched.decode_positions, np.int64))
         trace = [r.trace_depths[len(r.output_token_ids) + r.inflight_outputs - 1] if r.trace_depths else self.depth
                  for r in rows]
         st.write("trace", np.asarray(trace, np.int32))
         st.write("num_rows", np.asarray([b], np.int32))
         st.upload()
-        res = self.graphs.run(b, want_lp, num_top) if self.graphs is not None else None
+        res = self.graphs.run(b, (want_lp, num_top)) if self.graphs is not None else None
         if res is None:
             res = self.decode_program(b, want_lp, num_top)
         return {k: v[:b] for k, v in res.items()}
 
     def decode_program(self, b: int, want_lp: bool, num_top: int) -> dict:
-        """All loops of `b` decode rows (static inputs in `dec_in`), LM head and sampling."""
-        d = self.device
+        """All loops of `b` decode rows (static inputs in `dec_in`), LM head and sampling.
+
+        Each row processes its request's pending token (slot_token) at its position (slot_pos);
+        the sampled token and the advanced position go back into the slot pools.
+        """
         slots = self.dec_in["slots"][:b]
-        pos = self.dec_in["positions"][:b]
-        trace = self.dec_in["trace"][:b]
         active = self.dec_in["num_rows"]
-        tok = self.slot_token.index_select(0, slots.long())
         idx = slots.long()
-        thr, min_l, max_l = self.slot_threshold[idx], self.slot_min_loops[idx], self.slot_max_loops[idx]
-        row_id = torch.arange(b, device=d)
-        rows_live = row_id < active
-        depth_out = torch.zeros(b, dtype=torch.int32, device=d)
-        batch = self._decode_batch(pos, slots, active.clone())
-        self._set_key_depth(batch, torch.full((b,), self.depth - 1, dtype=torch.int32, device=d))
+        pos = self.slot_pos.index_select(0, idx)
+        rs = self.start_rows(self.slot_token.index_select(0, idx), slots, pos, self.dec_in["trace"][:b], active)
+        out = RowResults.empty(b, rs.h, self.device)
+        self.run_loops(rs, 0, self.depth, out)
+        logits = self.head_logits(out, slots, pos, active)
+        res = self._sample(logits, slots, pos + 1, want_lp, num_top, active)
+        live = torch.where(torch.arange(b, device=self.device) < active, idx, torch.full_like(idx, -1))
+        self.ops.scatter_rows(res["tokens"], live, self.slot_token, active_rows=None)
+        self.ops.scatter_rows(pos + 1, live, self.slot_pos, active_rows=None)
+        res["depths"] = out.depth
+        return res
+
+    def start_rows(self, tokens, slots, pos, trace, active) -> "RowState":
+        """Embed the rows' tokens (Huginn: prelude and initial state) and mark them running."""
+        idx = slots.long()
+        b = tokens.shape[0]
+        batch = self._decode_batch(pos, slots, active)
+        self._set_key_depth(batch, torch.full((b,), self.depth - 1, dtype=torch.int32, device=self.device))
+        e = None
         if self.family == "ouro":
-            state = self.model.embed(tok)
-            final = torch.zeros_like(state)
+            h = self.model.embed(tokens)
         else:
-            e = self.model.embed(tok, batch)
-            state = self.model.initial_state(self.slot_key.index_select(0, idx), pos)
-            final = torch.zeros_like(state)
-        ex = self._init_exit(b, state)
-        cur_active = batch.active
-        final_logits = None
-        for t in range(self.depth):
-            batch = self._decode_batch(pos, slots, cur_active)
+            e = self.model.embed(tokens, batch)
+            h = self.model.initial_state(self.slot_key.index_select(0, idx), pos)
+        return RowState(
+            slots=slots, pos=pos, row_id=torch.arange(b, device=self.device), thr=self.slot_threshold[idx],
+            min_l=self.slot_min_loops[idx], max_l=self.slot_max_loops[idx], trace=trace, h=h, e=e,
+            ex=self._init_exit(b, h), active=active,
+        )
+
+    def run_loops(self, rs: "RowState", t_begin: int, t_end: int, out: "RowResults") -> "RowState":
+        """Loops t_begin..t_end-1 with the exit rule after each; exited rows store their final state
+        and depth in `out` (by row id) and are compacted out so they cost no more compute. At the
+        model's last loop every live row exits. Returns the rows still running."""
+        d = self.device
+        b = rs.h.shape[0]
+        for t in range(t_begin, t_end):
+            batch = self._decode_batch(rs.pos, rs.slots, rs.active)
+            logits_t = None
             if self.family == "ouro":
-                state = self.model.loop(state, batch, t)
-                gate = self.model.gate_logits(state, self.ops, cur_active) if self.exit_mode in GATE_MODES else None
+                rs.h = self.model.loop(rs.h, batch, t)
+                gate = self.model.gate_logits(rs.h, self.ops, rs.active) if self.exit_mode in GATE_MODES else None
                 look = None
                 if self.exit_mode == "random_lookahead":
                     look = torch.empty((b, 1), dtype=torch.float32, device=d)
-                    self.ops.linear(state, self.lookahead_w, out=look, active_rows=cur_active)
+                    self.ops.linear(rs.h, self.lookahead_w, out=look, active_rows=rs.active)
                     look = look[:, 0]
-                exit_now = ouro_exit(self.exit_mode, t, gate, look, thr, min_l, max_l, trace, ex)
+                exit_now = ouro_exit(self.exit_mode, t, gate, look, rs.thr, rs.min_l, rs.max_l, rs.trace, rs.ex)
             else:
-                state = self.model.loop(state, e, batch, t)
+                rs.h = self.model.loop(rs.h, rs.e, batch, t)
                 lp = None
                 if self.exit_mode in LOGIT_CRITERIA:
-                    logits_t = self.model.logits(self.model.coda(state, batch), self.ops, cur_active)
+                    logits_t = self.model.logits(self.model.coda(rs.h, batch), self.ops, rs.active)
                     lp = torch.log_softmax(logits_t, dim=1)
-                    final_logits = torch.zeros_like(logits_t) if final_logits is None else final_logits
-                exit_now = huginn_exit(self.exit_mode, t, self.criterion_threshold, min_l, max_l, trace, ex, state, lp)
-            live = torch.arange(b, device=d) < cur_active
-            exit_now = exit_now & live
+                exit_now = huginn_exit(self.exit_mode, t, self.criterion_threshold, rs.min_l, rs.max_l, rs.trace, rs.ex,
+                                       rs.h, lp)
+            live = torch.arange(b, device=d) < rs.active
+            exit_now = (exit_now | (t == self.depth - 1)) & live
+            gone = torch.where(exit_now, rs.row_id, torch.full_like(rs.row_id, -1))
+            self.ops.scatter_rows(rs.h, gone, out.final, active_rows=None)
+            if logits_t is not None:
+                if out.logits is None:
+                    out.logits = torch.zeros((out.final.shape[0], logits_t.shape[1]), dtype=logits_t.dtype, device=d)
+                self.ops.scatter_rows(logits_t, gone, out.logits, active_rows=None)
+            self.ops.scatter_rows(torch.full_like(gone, t + 1, dtype=torch.int32), gone, out.depth, active_rows=None)
             if t == self.depth - 1:
-                exit_now = live
-            gone = torch.where(exit_now, row_id, torch.full_like(row_id, -1))
-            self.ops.scatter_rows(state, gone, final, active_rows=None)
-            if final_logits is not None:
-                self.ops.scatter_rows(logits_t, gone, final_logits, active_rows=None)
-            depth_out.index_put_((row_id,), torch.where(exit_now, torch.full_like(depth_out, t + 1), depth_out[row_id]))
-            if t < self.depth - 1:
-                self._record_exit(batch, exit_now, t)
-                keep = live & ~exit_now
-                order = torch.argsort((~keep).to(torch.int8), stable=True)
-                cur_active = keep.sum().to(torch.int32).reshape(1)
-                state, pos, slots, row_id = state[order], pos[order], slots[order], row_id[order]
-                thr, min_l, max_l, trace = thr[order], min_l[order], max_l[order], trace[order]
-                ex = ex.permute(order)
-                if self.family == "huginn":
-                    e = e[order]
-        out_slots = self.dec_in["slots"][:b]
-        out_pos = self.dec_in["positions"][:b] + 1
-        batch_full = self._decode_batch(self.dec_in["positions"][:b], out_slots, active)
+                break
+            self._record_exit(batch, exit_now, t)
+            keep = live & ~exit_now
+            rs = rs.permute(torch.argsort((~keep).to(torch.int8), stable=True), keep.sum().to(torch.int32).reshape(1))
+        return rs
+
+    def head_logits(self, out: "RowResults", slots, pos, active, cached: bool = True) -> torch.Tensor:
+        """fp32 logits of the rows' final states (Huginn: coda, writing its K/V, then the head).
+
+        cached: reuse logits a Huginn logit criterion already computed at each row's exit."""
         if self.family == "ouro":
-            logits = self.model.logits(final, self.ops, active)
-        elif final_logits is not None:
-            logits = final_logits
-        else:
-            logits = self.model.logits(self.model.coda(final, batch_full), self.ops, active)
-        res = self._sample(logits, out_slots, out_pos, want_lp, num_top, active)
-        live_slots = torch.where(rows_live, out_slots.long(), torch.full_like(out_slots.long(), -1))
-        self.ops.scatter_rows(res["tokens"], live_slots, self.slot_token, active_rows=None)
-        res["depths"] = depth_out
-        return res
+            return self.model.logits(out.final, self.ops, active)
+        if cached and out.logits is not None:
+            return out.logits
+        return self.model.logits(self.model.coda(out.final, self._decode_batch(pos, slots, active)), self.ops, active)
 
     def _decode_batch(self, pos, slots, active) -> ForwardBatch:
         b = pos.shape[0]

@@ -55,7 +55,7 @@ def profile_step_peak(engine, graphs: bool) -> int:
     rows = engine.max_num_seqs
     runner.kv.block_tables.zero_()
     runner.dec_in.write("slots", list(range(rows)))
-    runner.dec_in.write("positions", [0] * rows)
+    runner.slot_pos.zero_()
     runner.dec_in.write("trace", [engine.depth] * rows)
     runner.dec_in.write("num_rows", [rows])
     runner.dec_in.upload()

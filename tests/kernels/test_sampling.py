@@ -122,7 +122,7 @@ def test_uniforms_lie_strictly_inside_the_unit_interval_on_the_23_bit_grid():
 # ----------------------------------------------------------------------- sample vs reference
 
 
-@settings(max_examples=6)
+@settings(max_examples=10)
 @given(
     seed=st.integers(0, 2**31 - 1), rows=st.integers(1, 8), v=st.sampled_from([7, 100, 257, 1000]),
     dtype=st.sampled_from(DTYPES), ties=st.booleans(),
@@ -136,7 +136,7 @@ def test_sample_matches_reference(device, seed, rows, v, dtype, ties):
     assert torch.equal(out, ref)
 
 
-@settings(max_examples=6)
+@settings(max_examples=10)
 @given(
     seed=st.integers(0, 2**31 - 1), rows=st.integers(1, 8), v=st.sampled_from([7, 100, 257, 1000]),
     dtype=st.sampled_from(DTYPES), ties=st.booleans(),
@@ -164,6 +164,29 @@ def test_greedy_ties_take_the_lowest_index(device):
     keys = torch.zeros(3, dtype=torch.int64, device=device)
     assert sampling.sample(logits, *filters, keys, keys).tolist() == [3, 0, 48]
     assert sampling.filtered_probs(logits, *filters).argmax(1).tolist() == [3, 0, 48]
+
+
+def test_signed_zeros_are_one_tied_value(device):
+    """-0.0 == +0.0: a top-k threshold at zero keeps both (ties kept)."""
+    logits = torch.tensor([[1.0, -0.0, 0.0, -1.0, 0.5]], device=device)
+    one = torch.ones(1, device=device)
+    filters = (one, torch.full((1,), 3, dtype=torch.int32, device=device), one, one * 0)
+    kept = sampling.filtered_probs(logits, *filters) > 0
+    assert kept.tolist() == [[True, True, True, False, True]]
+    assert torch.equal(kept, sampling.filtered_probs_reference(logits, *filters) > 0)
+
+
+def test_ties_made_by_the_temperature_division_are_kept(device):
+    """Adjacent fp32 logits can divide to the same z: top-k keeps the whole tied group."""
+    base = torch.tensor(1.9).view(torch.int32)
+    x = (base + torch.arange(12, dtype=torch.int32)).view(torch.float32)  # 1.9 and the next 11 floats
+    logits = torch.cat([x, torch.tensor([-1.0, 0.5])]).repeat(4, 1).to(device)
+    temperature = torch.tensor([3.0, 3.0, 0.7, 0.3], device=device)
+    top_k = torch.tensor([1, 3, 5, 2], dtype=torch.int32, device=device)
+    filters = (temperature, top_k, torch.ones(4, device=device), torch.zeros(4, device=device))
+    kept = sampling.filtered_probs(logits, *filters) > 0
+    assert torch.equal(kept, sampling.filtered_probs_reference(logits, *filters) > 0)
+    assert (kept.sum(1) > top_k).any(), "the case should contain division ties"
 
 
 def test_active_rows_leave_the_rest_untouched(device):
@@ -200,7 +223,7 @@ def test_model_vocabulary_greedy_and_temperature(device):
 # -------------------------------------------------------------------------- batch invariance
 
 
-@settings(max_examples=3)
+@settings(max_examples=4)
 @given(seed=st.integers(0, 2**31 - 1), rows=st.integers(2, 6), v=st.sampled_from([33, 300]))
 def test_rows_are_bitwise_batch_invariant(device, seed, rows, v):
     """A row's token and distribution are identical alone, in a batch, permuted, behind a row
@@ -353,6 +376,20 @@ def test_gpu_model_vocabularies_match_reference(v):
     i = 17
     assert torch.equal(sampling.sample(logits[i : i + 1], *_filters(_rows(p, slice(i, i + 1))), p["seeds"][i : i + 1],
                                        p["positions"][i : i + 1]), out[i : i + 1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_logprobs_at_model_vocabulary(dtype):
+    device = torch.device("cuda")
+    rng = np.random.default_rng(9)
+    logits = _logits(64, 65536, dtype, device, rng)
+    tokens = torch.from_numpy(rng.integers(0, 65536, 64)).to(device)
+    chosen, ids, vals = sampling.compute_logprobs(logits, tokens, 20)
+    ref_chosen, ref_ids, ref_vals = sampling.compute_logprobs_reference(logits, tokens, 20)
+    torch.testing.assert_close(chosen, ref_chosen, rtol=1e-5, atol=1e-5)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(vals, ref_vals, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.gpu

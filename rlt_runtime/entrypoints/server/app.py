@@ -25,14 +25,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...engine.llm_engine import LLMEngine
-from ...errors import ConfigError
+from ...errors import ConfigError, RequestError
 from ...outputs import CompletionOutput, RequestOutput
 from .metrics import CONTENT_TYPE
 from .protocol import (
     ApiError, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
     ChatLogprobs, ChatMessageOut, CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
     DetokenizeRequest, DetokenizeResponse, ErrorResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
-    TokenLogprobOut, TopLogprob, Usage, param_from_message, sse, validation_error,
+    TokenLogprobOut, TopLogprob, Usage, param_from_message, sse, template_messages, validation_error,
 )
 from .worker import EngineWorker, GenerationStream, WorkerUnavailable
 
@@ -152,7 +152,7 @@ class _Serving:
         self.config = config
         self.created = int(time.time())
         self.inflight = 0
-        self._token_strs: dict[int, str] = {}
+        self._token_strs: dict[int, tuple[str, int]] = {}
 
     # ---- identity and access ---------------------------------------------------------------------
     def engine(self) -> LLMEngine:
@@ -180,13 +180,17 @@ class _Serving:
                            "no_tokenizer")
         return tok
 
-    def token_str(self, token_id: int) -> str:
-        s = self._token_strs.get(token_id)
-        if s is None:
+    def token_str(self, token_id: int) -> tuple[str, int]:
+        """(the token as a string with special tokens spelled out, how many characters it adds to the text)."""
+        entry = self._token_strs.get(token_id)
+        if entry is None:
             tok = self.engine().tokenizer
-            s = tok.decode([token_id], skip_special_tokens=False) if tok is not None else f"token_id:{token_id}"
-            self._token_strs[token_id] = s
-        return s
+            if tok is None:
+                entry = (f"token_id:{token_id}", 0)
+            else:
+                entry = (tok.decode([token_id], skip_special_tokens=False), len(tok.decode([token_id])))
+            self._token_strs[token_id] = entry
+        return entry
 
     # ---- prompts ---------------------------------------------------------------------------------
     def prompt(self, prompt: Union[str, list[int]]) -> dict:
@@ -204,7 +208,7 @@ class _Serving:
             vocab = engine.model_config.vocab_size
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
-                raise ApiError(400, f"prompt token ids must be in [0, {vocab}); got {bad[:5]}", "prompt")
+                raise ApiError(400, f"prompt token ids must be in [0, {vocab}); got {bad[:5]}", "prompt", "invalid_value")
             text = engine.tokenizer.decode(ids) if engine.tokenizer is not None else None
             item = {"prompt_token_ids": ids, "prompt": text}
         if len(ids) >= engine.max_model_len:
@@ -262,8 +266,7 @@ class _Serving:
         if body.prompt is not None:
             ids = tok.encode(body.prompt, add_special_tokens=body.add_special_tokens)
         else:
-            chat = ChatCompletionRequest.model_construct(messages=body.messages)
-            text = self._render(tok, chat.template_messages(), body.add_generation_prompt)
+            text = self._render(tok, template_messages(body.messages), body.add_generation_prompt)
             ids = tok.encode(text, add_special_tokens=False)
         return TokenizeResponse(count=len(ids), max_model_len=self.engine().max_model_len, tokens=ids)
 
@@ -274,13 +277,11 @@ class _Serving:
         vocab = self.engine().model_config.vocab_size
         bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:
-            raise ApiError(400, f"tokens must be in [0, {vocab}); got {bad[:5]}", "tokens")
+            raise ApiError(400, f"tokens must be in [0, {vocab}); got {bad[:5]}", "tokens", "invalid_value")
         return DetokenizeResponse(prompt=tok.decode(body.tokens, skip_special_tokens=False))
 
     @staticmethod
     def _render(tok, messages: list[dict], add_generation_prompt: bool) -> str:
-        from ...errors import RequestError
-
         try:
             return tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
         except RequestError as exc:
@@ -448,14 +449,16 @@ class _CompletionFormat(_Format):
             return None
         out = CompletionLogprobs()
         for tid, lp in zip(c.token_ids[first:end], c.logprobs[first:end]):
-            s = self.serving.token_str(tid)
-            top = {self.serving.token_str(t): v for t, v in lp.top.items()}
-            top.setdefault(s, lp.logprob)
+            s, width = self.serving.token_str(tid)
+            top: dict[str, float] = {}
+            for t, v in [*lp.top.items(), (tid, lp.logprob)]:  # tokens spelled alike keep the larger value
+                key = self.serving.token_str(t)[0]
+                top[key] = max(v, top.get(key, v))
             out.tokens.append(s)
             out.token_logprobs.append(lp.logprob)
             out.top_logprobs.append(top)
             out.text_offset.append(st.offset)
-            st.offset += len(s)
+            st.offset += width
         return out
 
     def echo_text(self, prompt_index: int) -> str:
@@ -496,14 +499,14 @@ class _ChatFormat(_Format):
             return None
         content = []
         for tid, lp in zip(c.token_ids[first:end], c.logprobs[first:end]):
-            top = [TopLogprob(token=self.serving.token_str(t), logprob=v, bytes=self._bytes(t))
+            top = [TopLogprob(token=self.serving.token_str(t)[0], logprob=v, bytes=self._bytes(t))
                    for t, v in sorted(lp.top.items(), key=lambda kv: -kv[1])]
-            content.append(TokenLogprobOut(token=self.serving.token_str(tid), logprob=lp.logprob,
+            content.append(TokenLogprobOut(token=self.serving.token_str(tid)[0], logprob=lp.logprob,
                                            bytes=self._bytes(tid), top_logprobs=top))
         return ChatLogprobs(content=content)
 
     def _bytes(self, token_id: int) -> Optional[list[int]]:
-        s = self.serving.token_str(token_id)
+        s = self.serving.token_str(token_id)[0]
         return None if "\ufffd" in s else list(s.encode("utf-8"))
 
     def chunk(self, choices: list[ChatChunkChoice], usage: Optional[Usage] = None) -> ChatCompletionChunk:

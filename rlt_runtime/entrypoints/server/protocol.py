@@ -110,7 +110,7 @@ class _SamplingFields(_Strict):
         )
 
 
-PromptInput = Union[str, list[str], list[int], list[list[int]]]
+PromptInput = Union[str, list[str], list[TokenId], list[list[TokenId]]]
 
 
 class CompletionRequest(_SamplingFields):
@@ -202,28 +202,32 @@ class ChatCompletionRequest(_SamplingFields):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def template_messages(self) -> list[dict]:
-        """Messages as {"role", "content"} strings for the chat template (text content only)."""
-        out = []
-        for i, m in enumerate(self.messages):
-            where = f"messages[{i}]"
-            if m.role == "tool" or m.tool_calls or m.tool_call_id is not None:
-                raise ApiError(400, f"{where}: tool messages and tool calls are not supported", where, "unsupported")
-            content = m.content
-            if content is None:
-                if m.role != "assistant":
-                    raise ApiError(400, f"{where}.content must be a string or a list of text parts", f"{where}.content")
-                content = ""
-            elif not isinstance(content, str):
-                texts = []
-                for j, part in enumerate(content):
-                    if part.type != "text" or part.text is None:
-                        raise ApiError(400, f"{where}.content[{j}]: content type {part.type!r} is not supported; only "
-                                       "text parts ({'type': 'text', 'text': ...}) are accepted",
-                                       f"{where}.content[{j}].type", "unsupported")
-                    texts.append(part.text)
-                content = "".join(texts)
-            out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
-        return out
+        return template_messages(self.messages)
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict]:
+    """Messages as {"role", "content"} strings for the chat template (text content only)."""
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if m.role == "tool" or m.tool_calls or m.tool_call_id is not None:
+            raise ApiError(400, f"{where}: tool messages and tool calls are not supported", where, "unsupported")
+        content = m.content
+        if content is None:
+            if m.role != "assistant":
+                raise ApiError(400, f"{where}.content must be a string or a list of text parts", f"{where}.content")
+            content = ""
+        elif not isinstance(content, str):
+            texts = []
+            for j, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise ApiError(400, f"{where}.content[{j}]: content type {part.type!r} is not supported; only "
+                                   "text parts ({'type': 'text', 'text': ...}) are accepted",
+                                   f"{where}.content[{j}].type", "unsupported")
+                texts.append(part.text)
+            content = "".join(texts)
+        out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+    return out
 
 
 class TokenizeRequest(_Strict):
@@ -240,7 +244,7 @@ class DetokenizeRequest(_Strict):
     """POST /detokenize."""
 
     model: Optional[str] = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 # ---- responses ---------------------------------------------------------------------------------

@@ -137,6 +137,7 @@ class EngineWorker:
         self._posts: dict[asyncio.AbstractEventLoop, list] = {}
         self._ready = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._start_lock = threading.Lock()
         self._closing = False
         self.failure: Optional[BaseException] = None
         self._last_stats = 0.0
@@ -144,9 +145,10 @@ class EngineWorker:
     # ---- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> "EngineWorker":
         """Start the owner thread (idempotent)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="rlt-engine", daemon=True)
-            self._thread.start()
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="rlt-engine", daemon=True)
+                self._thread.start()
         return self
 
     def wait_ready(self, timeout: Optional[float] = None) -> bool:

@@ -1,0 +1,81 @@
+"""How many tokens to draft per speculative round (plain Python).
+
+`fixed` always drafts K. `adaptive` picks k in [0, K] maximising expected committed tokens per
+unit of predicted round time:
+
+    E(k) = 1 + sum_{j=1..k} prod_{i<=j} a_i        (a_i: acceptance of draft i given i-1 passed)
+    T(k) = measured device time of a round with k drafts at this batch bucket
+           (k = 0 is a plain decode step)
+
+Per-position acceptance is estimated online with exponential forgetting; round times are moving
+averages of device-measured rounds, seeded from a cost model (a draft pass costs draft_loops/D of a
+decode step, the verify pass (D - draft_loops)/D of one at the batch's row count) until measured.
+To keep learning while k = 0 wins, every `probe_every` native steps one round with K drafts runs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+FORGET = 0.05  # weight of the newest observation
+
+
+@dataclass
+class DraftPolicy:
+    max_drafts: int
+    draft_loops: int
+    depth: int
+    adaptive: bool = True
+    probe_every: int = 32
+    accept: list = field(default_factory=list)  # a_1..a_K estimates
+    _times: dict = field(default_factory=dict)  # (bucket, k) -> ms
+    _since_probe: int = 0
+    chosen: dict = field(default_factory=lambda: defaultdict(int))  # k -> rounds (histogram)
+
+    def __post_init__(self):
+        if not self.accept:
+            self.accept = [0.7] * self.max_drafts
+
+    def expected_tokens(self, k: int) -> float:
+        total, run = 1.0, 1.0
+        for i in range(k):
+            run *= self.accept[i]
+            total += run
+        return total
+
+    def predicted_ms(self, bucket: int, k: int) -> float:
+        measured = self._times.get((bucket, k))
+        if measured is not None:
+            return measured
+        step = self._times.get((bucket, 0))
+        if step is None:
+            step = 1.0
+        draft = self.draft_loops / self.depth
+        verify = (self.depth - self.draft_loops) / self.depth
+        return step * ((k + 1) * draft + verify * (1.0 + 0.05 * k))
+
+    def choose(self, bucket: int) -> int:
+        """Drafts for the next round at this row bucket."""
+        if not self.adaptive:
+            k = self.max_drafts
+        else:
+            k = max(range(self.max_drafts + 1), key=lambda j: self.expected_tokens(j) / self.predicted_ms(bucket, j))
+            if k == 0:
+                self._since_probe += 1
+                if self._since_probe >= self.probe_every:
+                    self._since_probe, k = 0, self.max_drafts
+        self.chosen[k] += 1
+        return k
+
+    def observe_round(self, bucket: int, k: int, accepted: list[int], drafted: list[int], device_ms) -> None:
+        """Update from one round: per request, drafts offered and accepted; the round's device time."""
+        for i in range(k):
+            offered = sum(1 for a, d in zip(accepted, drafted) if d > i and a >= i)
+            passed = sum(1 for a, d in zip(accepted, drafted) if d > i and a > i)
+            if offered:
+                self.accept[i] += FORGET * (passed / offered - self.accept[i])
+        if device_ms is not None:
+            key = (bucket, k)
+            old = self._times.get(key)
+            self._times[key] = device_ms if old is None else old + 0.2 * (device_ms - old)

@@ -1,0 +1,206 @@
+"""Self-speculative rounds: draft with the first d loops, verify with loops d..D-1, one program.
+
+A round for R requests with k drafts (rows sorted by their own draft count k_r, descending):
+
+1. Draft passes j = 0..k: the pending token y_0 (and then each draft y_j) runs loops 0..d-1 with
+   the exit rule; a row that exits inside the draft is final. For j < k the draft head (the LM
+   head on the loop-d state; Huginn: coda + head) proposes y_{j+1}: argmax for greedy rows, a
+   draw from the processed distribution q_j (Gumbel-max, draft stream) for sampled rows. The
+   loop-d states and exit states are parked per (j, request).
+2. Verify pass: the sum(k_r + 1) rows (j, r) continue from their parked loop-d states through
+   loops d..D-1, each as its own one-query sequence (its causal context includes the request's
+   earlier drafts, written at the same loop just before), with exit and compaction exactly as a
+   decode step. Their final states give the target distributions p_j.
+3. Fused acceptance (`accept_draft`): greedy prefix match or exact rejection sampling with the
+   very q that drew the drafts; commit the accepted drafts plus the correction/bonus token.
+4. The last committed token and position (+ accepted + 1) go to the slot pools on the device;
+   rejected positions are simply overwritten by later steps.
+
+Because every kernel is batch invariant, a greedy round commits exactly the tokens (and exit
+depths) plain decoding would produce. Drafted tokens follow the exit rule at verification: a
+row's exit is evaluated after every loop, in the draft and in the verify pass, as in decode.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rlt_kernels.sampling import STREAM_ACCEPT, STREAM_DRAFT
+
+from .model_runner import RowResults, RowState
+from .philox import philox_uniform_torch
+from .staging import StaticStaging
+
+
+class SpeculativeRunner:
+    """Device side of self-speculative decoding, built on the model runner's row passes."""
+
+    def __init__(self, runner, max_drafts: int, draft_loops: int, synthetic_acceptance=None):
+        self.runner, self.k_max, self.d = runner, max_drafts, draft_loops
+        self.synthetic = synthetic_acceptance
+        r = runner.max_rows
+        self.inp = StaticStaging({
+            "slots": (torch.int32, r), "num_drafts": (torch.int32, r), "counts": (torch.int32, max_drafts + 1),
+            "trace": (torch.int32, r * (max_drafts + 1)), "vj": (torch.int64, r * (max_drafts + 1)),
+            "vr": (torch.int64, r * (max_drafts + 1)), "num_verify": (torch.int32, 1), "num_rows": (torch.int32, 1),
+        }, runner.device)
+        self.graphs = None
+
+    def enable_graphs(self, mode: str, sizes: list[int]) -> None:
+        from .graphs import DecodeGraphs
+
+        def inert():
+            self.inp["num_rows"].zero_()
+            self.inp["num_verify"].zero_()
+            self.inp["counts"].zero_()
+
+        self.graphs = DecodeGraphs(self.round_program, inert, [s for s in sizes if s <= self.runner.max_rows], mode=mode)
+
+    # ---- host side ---------------------------------------------------------------------------
+    def run_round(self, requests, num_drafts: list[int], trace_depths, k: int, want_lp: bool, num_top: int) -> dict:
+        """Stage and launch one round. requests are sorted by num_drafts, descending."""
+        n = len(requests)
+        bucket = self.graphs.bucket(n) if self.graphs is not None else n
+        rows = bucket or n
+        sampling = any(r.params.temperature > 0 for r in requests)
+        inp = self.inp
+        inp.write("slots", np.asarray([r.slot for r in requests], np.int32))
+        inp.write("num_drafts", np.asarray(num_drafts, np.int32))
+        inp.write("counts", np.asarray([sum(1 for x in num_drafts if x >= j) for j in range(k + 1)], np.int32))
+        trace = np.zeros((k + 1, rows), np.int32)
+        vj, vr = [], []
+        for i, kr in enumerate(num_drafts):
+            for j in range(kr + 1):
+                vj.append(j)
+                vr.append(i)
+                trace[j, i] = trace_depths[i][j]
+        inp.write("trace", trace.reshape(-1))
+        inp.write("vj", np.asarray(vj, np.int64))
+        inp.write("vr", np.asarray(vr, np.int64))
+        inp.write("num_verify", np.asarray([len(vj)], np.int32))
+        inp.write("num_rows", np.asarray([n], np.int32))
+        inp.upload()
+        variant = (k, sampling, want_lp, num_top)
+        res = self.graphs.run(n, variant) if self.graphs is not None and bucket is not None else None
+        if res is None:
+            res = self.round_program(rows, *variant)
+        return {key: value[:n] for key, value in res.items()}
+
+    # ---- the round program -------------------------------------------------------------------
+    def round_program(self, rows: int, k: int, sampling: bool, want_lp: bool, num_top: int) -> dict:
+        """One speculative round over `rows` (bucket) rows with k drafts; inputs in `self.inp`."""
+        run, inp, ops, dev = self.runner, self.inp, self.runner.ops, self.runner.device
+        d, depth = self.d, run.depth
+        slots = inp["slots"][:rows]
+        idx = slots.long()
+        active = inp["num_rows"]
+        pos0 = run.slot_pos.index_select(0, idx)
+        keys = run.slot_key.index_select(0, idx)
+        temp, top_k = run.slot_temperature[idx], run.slot_top_k[idx]
+        top_p, min_p = run.slot_top_p[idx], run.slot_min_p[idx]
+        num_drafts = inp["num_drafts"][:rows]
+        tok = run.slot_token.index_select(0, idx)
+        drafts = torch.zeros((rows, k + 1), dtype=torch.int64, device=dev)
+        drafts[:, 0] = tok
+        q = torch.zeros((rows, k, run.cfg.vocab_size), dtype=torch.float32, device=dev) if sampling and k else None
+        n_park = (k + 1) * rows
+        park_h = park_e = park_ex = None
+        park_depth = torch.zeros(n_park, dtype=torch.int32, device=dev)
+        for j in range(k + 1):
+            count = inp["counts"][j : j + 1]
+            rs = run.start_rows(tok, slots, pos0 + j, inp["trace"][j * rows : (j + 1) * rows], count)
+            if park_h is None:
+                park_h = torch.zeros((n_park, rs.h.shape[1]), dtype=rs.h.dtype, device=dev)
+                park_e = torch.zeros_like(park_h) if rs.e is not None else None
+                park_ex = rs.ex.empty_like(n_park)
+            out = RowResults.empty(rows, rs.h, dev)
+            rs = run.run_loops(rs, 0, d, out)
+            live = torch.arange(rows, device=dev) < rs.active
+            parked = torch.where(live, rs.row_id, torch.full_like(rs.row_id, -1))
+            ops.scatter_rows(rs.h, parked, out.final, active_rows=None)
+            base = j * rows
+            park_h[base : base + rows] = out.final
+            park_depth[base : base + rows] = out.depth
+            park_to = torch.where(live, rs.row_id + base, torch.full_like(rs.row_id, -1))
+            if park_e is not None:
+                ops.scatter_rows(rs.e, park_to, park_e, active_rows=None)
+            rs.ex.park(park_to, park_ex, ops.scatter_rows)
+            if j < k:
+                logits = run.head_logits(out, slots, pos0 + j, count)
+                if q is not None:
+                    ops.filtered_probs(logits, temp, top_k, top_p, min_p, out=q[:, j], active_rows=count)
+                tok = ops.sample(logits, temp, top_k, top_p, min_p, keys, pos0 + j + 1, stream=STREAM_DRAFT, active_rows=count)
+                drafts[:, j + 1] = tok
+        # Verify: rows (j, r) continue from their parked loop-d state.
+        nv = rows * (k + 1)
+        num_verify = inp["num_verify"]
+        vid = torch.arange(nv, device=dev)
+        in_use = vid < num_verify
+        zero = torch.zeros_like(vid)
+        vj = torch.where(in_use, inp["vj"][:nv], zero)  # padding entries may hold stale indices
+        vr = torch.where(in_use, inp["vr"][:nv], zero)
+        flat = vj * rows + vr
+        v_slots, v_pos = slots[vr], pos0[vr] + vj
+        v_idx = v_slots.long()
+        out_v = RowResults(park_h.index_select(0, flat), park_depth.index_select(0, flat))
+        alive = in_use & (out_v.depth == 0)
+        rs = RowState(
+            slots=v_slots, pos=v_pos, row_id=vid, thr=run.slot_threshold[v_idx], min_l=run.slot_min_loops[v_idx],
+            max_l=run.slot_max_loops[v_idx], trace=inp["trace"].index_select(0, flat), h=out_v.final.clone(),
+            e=park_e.index_select(0, flat) if park_e is not None else None, ex=park_ex.gather(flat), active=active,
+        ).permute(torch.argsort((~alive).to(torch.int8), stable=True), alive.sum().to(torch.int32).reshape(1))
+        run.run_loops(rs, d, depth, out_v)
+        logits_v = run.head_logits(out_v, v_slots, v_pos, num_verify, cached=False)
+        # Arrange per request: row `rows` is the sink of padded verify rows.
+        put_r = torch.where(in_use, vr, torch.full_like(vr, rows))
+        target = torch.full((rows + 1, k + 1), -1, dtype=torch.int64, device=dev)
+        target[put_r, vj] = logits_v.argmax(dim=1)
+        depths = torch.zeros((rows + 1, k + 1), dtype=torch.int32, device=dev)
+        depths[put_r, vj] = out_v.depth
+        p = None
+        if sampling:
+            p_v = ops.filtered_probs(logits_v, temp[vr], top_k[vr], top_p[vr], min_p[vr], active_rows=num_verify)
+            p = torch.zeros((rows + 1, k + 1, p_v.shape[1]), dtype=torch.float32, device=dev)
+            p[put_r, vj] = p_v
+            p = p[:rows]
+        greedy = temp <= 0
+        if self.synthetic is not None:
+            out_tokens, accepted = self._synthetic_accept(drafts, num_drafts, target[:rows], keys, pos0, k)
+        else:
+            out_tokens, accepted = ops.accept_draft(drafts[:, 1:], num_drafts, target[:rows], p, q, greedy, keys,
+                                                    pos0 + 1, active_rows=active)
+        last = out_tokens.gather(1, accepted.long()[:, None])[:, 0]
+        live_slot = torch.where(torch.arange(rows, device=dev) < active, idx, torch.full_like(idx, -1))
+        ops.scatter_rows(last, live_slot, run.slot_token, active_rows=None)
+        ops.scatter_rows(pos0 + accepted.long() + 1, live_slot, run.slot_pos, active_rows=None)
+        res = {"tokens": out_tokens, "accepted": accepted, "depths": depths[:rows]}
+        if want_lp:
+            committed = out_tokens[vr, vj].clamp(min=0)
+            chosen, top_ids, top_lp = ops.compute_logprobs(logits_v, committed, num_top)
+            lp = torch.zeros((rows + 1, k + 1), dtype=torch.float32, device=dev)
+            lp[put_r, vj] = chosen
+            ids = torch.zeros((rows + 1, k + 1, num_top), dtype=torch.int64, device=dev)
+            ids[put_r, vj] = top_ids
+            vals = torch.zeros((rows + 1, k + 1, num_top), dtype=torch.float32, device=dev)
+            vals[put_r, vj] = top_lp
+            res.update(logprobs=lp[:rows], top_ids=ids[:rows], top_logprobs=vals[:rows])
+        return res
+
+    def _synthetic_accept(self, drafts, num_drafts, target, keys, pos0, k):
+        """Benchmark aid only: accept each draft with probability `synthetic_acceptance`.
+
+        The committed tokens are then NOT the model's output; this measures round mechanics at a
+        chosen acceptance rate on random-weight replicas.
+        """
+        rows = drafts.shape[0]
+        if k == 0:
+            return target[:, :1].clone(), torch.zeros(rows, dtype=torch.int32, device=drafts.device)
+        u = torch.stack([philox_uniform_torch(keys, pos0 + 1 + j, STREAM_ACCEPT, 1)[:, 0] for j in range(k)], dim=1)
+        ok = (u < self.synthetic) & (torch.arange(k, device=drafts.device)[None, :] < num_drafts[:, None])
+        accepted = ok.to(torch.int32).cumprod(dim=1).sum(dim=1).to(torch.int32)
+        steps = torch.arange(k + 1, device=drafts.device)[None, :]
+        fill = target.gather(1, accepted.long()[:, None])
+        drafted = torch.cat([drafts[:, 1:], fill], dim=1)
+        out = torch.where(steps < accepted[:, None], drafted, torch.where(steps == accepted[:, None], fill, -1))
+        return out, accepted

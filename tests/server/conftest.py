@@ -1,0 +1,102 @@
+"""Live rlt servers on loopback for the server tests (uvicorn on a background thread, port 0)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from typing import Optional
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+import uvicorn  # noqa: E402
+
+from rlt_runtime.engine.llm_engine import LLMEngine  # noqa: E402
+from rlt_runtime.entrypoints.server import EngineWorker, ServerConfig, create_app  # noqa: E402
+
+MODEL = "ouro-tiny"
+ENGINE_DEFAULTS = dict(dtype="float32", device="cpu", max_num_seqs=16, num_blocks=512, max_model_len=128)
+
+
+class LiveServer:
+    """A running server: `url` (no trailing slash), its `worker` and `engine`."""
+
+    def __init__(self, url: str, worker: EngineWorker, server: uvicorn.Server, thread: threading.Thread):
+        self.url, self.worker, self.server, self.thread = url, worker, server, thread
+
+    @property
+    def engine(self) -> LLMEngine:
+        return self.worker.engine
+
+    def on_engine(self, fn, timeout: float = 30.0):
+        """Run fn(engine) on the engine thread and return its result."""
+        return self.worker.call(fn).result(timeout)
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Wait until no request runs, and the engine holds no unfinished work."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.worker.num_active == 0 and not self.on_engine(lambda e: e.has_unfinished_requests()):
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"server still busy after {timeout} s: {self.worker.num_active} active requests")
+
+    def kv_full(self) -> bool:
+        """Every KV block is free (or an idle prefix-cache block) and the bookkeeping is consistent."""
+        def check(engine):
+            engine.check_invariants()
+            return engine.kv.pool.num_free == engine.kv.pool.num_blocks
+        return self.on_engine(check)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the server did not stop"
+
+
+@contextlib.contextmanager
+def live_server(engine_options: Optional[dict] = None, **config):
+    """Start an ouro-tiny server; yields a LiveServer and stops it afterwards."""
+    options = dict(ENGINE_DEFAULTS, **(engine_options or {}))
+    engine = LLMEngine(MODEL, **options)
+    worker = EngineWorker(engine)
+    config.setdefault("served_model_name", MODEL)
+    app = create_app(worker, ServerConfig(**config))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    grace = max(1, round(config.get("shutdown_timeout", 5)))
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
+                                          timeout_graceful_shutdown=grace))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not (server.started and worker.ready):
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.01)
+    live = LiveServer(f"http://127.0.0.1:{port}", worker, server, thread)
+    try:
+        yield live
+    finally:
+        if thread.is_alive():
+            live.stop()
+        sock.close()
+
+
+@pytest.fixture(scope="session")
+def start_server():
+    """`live_server` as a fixture, for modules that need servers with their own limits."""
+    return live_server
+
+
+@pytest.fixture(scope="module")
+def server():
+    """One shared server per test module (default limits)."""
+    with live_server() as live:
+        yield live

@@ -1,0 +1,184 @@
+"""Bad requests get the right 4xx with the OpenAI error body naming the field; the server stays healthy.
+
+Unknown-field policy under test: a field the server does not know is a 400 naming it (the
+OpenAI API does the same); OpenAI fields without an engine feature are accepted only at their
+neutral value.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+KEY = "secret-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+BODY_LIMIT = 4096
+OK = {"model": "ouro-tiny", "prompt": "hi", "max_tokens": 2}
+CHAT = {"model": "ouro-tiny", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def guarded(start_server):
+    with start_server(api_key=KEY, max_body_bytes=BODY_LIMIT) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def http(guarded):
+    with httpx.Client(base_url=guarded.url, headers=AUTH, timeout=30) as client:
+        yield client
+
+
+def _error(resp: httpx.Response, status: int) -> dict:
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    return err
+
+
+def _with(**fields):
+    body = dict(OK)
+    for key, value in fields.items():
+        if value is _DROP:
+            body.pop(key)
+        else:
+            body[key] = value
+    return body
+
+
+_DROP = object()
+
+COMPLETION_CASES = [
+    ("wrong type prompt", _with(prompt=5), "prompt"),
+    ("mixed prompt list", _with(prompt=[1, "a"]), "prompt"),
+    ("string max_tokens", _with(max_tokens="5"), "max_tokens"),
+    ("float n", _with(n=1.5), "n"),
+    ("string temperature", _with(temperature="hot"), "temperature"),
+    ("string stream", _with(stream="yes"), "stream"),
+    ("bool logprobs", _with(logprobs=True), "logprobs"),
+    ("numeric stop", _with(stop=5), "stop"),
+    ("empty stop string", _with(stop=[""]), "stop"),
+    ("negative max_tokens", _with(max_tokens=-1), "max_tokens"),
+    ("zero max_tokens", _with(max_tokens=0), "max_tokens"),
+    ("huge max_tokens", _with(max_tokens=10**12), "max_tokens"),
+    ("beyond int64 max_tokens", _with(max_tokens=2**70), "max_tokens"),
+    ("unknown field", _with(max_token=5), "max_token"),
+    ("unknown nested field", _with(stream=True, stream_options={"include_usage": True, "extra": 1}),
+     "stream_options.extra"),
+    ("missing prompt", _with(prompt=_DROP), "prompt"),
+    ("empty prompt", _with(prompt=""), "prompt"),
+    ("empty prompt list", _with(prompt=[]), "prompt"),
+    ("empty token list", _with(prompt=[[]]), "prompt"),
+    ("out-of-vocab token", _with(prompt=[1, 999_999]), "prompt"),
+    ("negative token", _with(prompt=[-1]), "prompt"),
+    ("min_loops above max_loops", _with(min_loops=3, max_loops=2), "min_loops"),
+    ("zero min_loops", _with(min_loops=0), "min_loops"),
+    ("max_loops above depth", _with(max_loops=99), "max_loops"),
+    ("exit_threshold above 1", _with(exit_threshold=2.0), "exit_threshold"),
+    ("negative temperature", _with(temperature=-1.0), "temperature"),
+    ("zero top_p", _with(top_p=0.0), "top_p"),
+    ("bad top_k", _with(top_k=-5), "top_k"),
+    ("too many logprobs", _with(logprobs=21), "logprobs"),
+    ("zero n", _with(n=0), "n"),
+    ("negative seed", _with(seed=-1), "seed"),
+    ("best_of above n", _with(best_of=3), "best_of"),
+    ("presence penalty", _with(presence_penalty=0.5), "presence_penalty"),
+    ("logit bias", _with(logit_bias={"1": 5.0}), "logit_bias"),
+    ("suffix", _with(suffix="tail"), "suffix"),
+    ("echo with logprobs", _with(echo=True, logprobs=1), "echo"),
+    ("stream_options without stream", _with(stream_options={"include_usage": True}), "stream_options"),
+    ("string speculative", _with(speculative="no"), "speculative"),
+]
+
+
+@pytest.mark.parametrize("name,body,param", COMPLETION_CASES, ids=[c[0] for c in COMPLETION_CASES])
+def test_completion_field_errors(http, name, body, param):
+    err = _error(http.post("/v1/completions", json=body), 400)
+    assert err["param"] == param, err
+    assert err["type"] == "invalid_request_error"
+
+
+CHAT_CASES = [
+    ("no messages", dict(CHAT, messages=[]), "messages"),
+    ("missing messages", {k: v for k, v in CHAT.items() if k != "messages"}, "messages"),
+    ("unknown role", dict(CHAT, messages=[{"role": "wizard", "content": "x"}]), "messages[0].role"),
+    ("numeric content", dict(CHAT, messages=[{"role": "user", "content": 5}]), "messages[0].content"),
+    ("image part", dict(CHAT, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]),
+     "messages[0].content[0].type"),
+    ("tool message", dict(CHAT, messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}]), "messages[0]"),
+    ("tools", dict(CHAT, tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+    ("json mode", dict(CHAT, response_format={"type": "json_object"}), "response_format"),
+    ("top_logprobs without logprobs", dict(CHAT, top_logprobs=2), "top_logprobs"),
+    ("huge max_completion_tokens", dict(CHAT, max_completion_tokens=10**9), "max_completion_tokens"),
+    ("unknown field", dict(CHAT, temprature=0.5), "temprature"),
+]
+
+
+@pytest.mark.parametrize("name,body,param", CHAT_CASES, ids=[c[0] for c in CHAT_CASES])
+def test_chat_field_errors(http, name, body, param):
+    err = _error(http.post("/v1/chat/completions", json=body), 400)
+    assert err["param"] == param, err
+
+
+@pytest.mark.parametrize("raw", ['{"model": ', "[1, 2]", "", "null", '"text"', "\xff\xfe"])
+def test_malformed_bodies(http, raw):
+    resp = http.post("/v1/completions", content=raw.encode("latin-1"), headers={"Content-Type": "application/json"})
+    err = _error(resp, 400)
+    assert err["param"] is None
+
+
+def test_unknown_model_is_404(http):
+    err = _error(http.post("/v1/completions", json=_with(model="gpt-4o")), 404)
+    assert err["param"] == "model" and err["code"] == "model_not_found"
+    assert _error(http.get("/v1/models/gpt-4o"), 404)["param"] == "model"
+
+
+def test_prompt_longer_than_context_names_both_lengths(http, guarded):
+    limit = guarded.engine.max_model_len
+    err = _error(http.post("/v1/completions", json=_with(prompt=list(range(3, 3 + limit + 5)))), 400)
+    assert err["param"] == "prompt" and err["code"] == "context_length_exceeded"
+    assert str(limit + 5) in err["message"] and str(limit) in err["message"]
+
+
+def test_api_key(guarded):
+    assert _error(httpx.post(guarded.url + "/v1/completions", json=OK), 401)["code"] == "invalid_api_key"
+    assert httpx.post(guarded.url + "/v1/completions", json=OK, headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert httpx.post(guarded.url + "/tokenize", json={"prompt": "x"}).status_code == 401
+    assert httpx.get(guarded.url + "/v1/models").status_code == 401
+    assert httpx.get(guarded.url + "/health").status_code == 200
+    assert httpx.get(guarded.url + "/metrics").status_code == 200
+
+
+def test_oversized_body_is_413(http):
+    big = json.dumps(_with(prompt="x" * (BODY_LIMIT + 10)))
+    assert _error(http.post("/v1/completions", content=big, headers={"Content-Type": "application/json"}),
+                  413)["code"] == "request_too_large"
+
+    def chunks():  # no Content-Length: the limit is enforced while reading
+        for i in range(0, len(big), 1000):
+            yield big[i:i + 1000].encode()
+
+    _error(http.post("/v1/completions", content=chunks(), headers={"Content-Type": "application/json"}), 413)
+
+
+def test_tokenizer_endpoint_errors(http):
+    assert _error(http.post("/tokenize", json={"prompt": "a", "messages": [{"role": "user", "content": "b"}]}),
+                  400)["param"] == "prompt"
+    assert _error(http.post("/tokenize", json={}), 400)["param"] == "prompt"
+    assert _error(http.post("/detokenize", json={"tokens": [1, 10**6]}), 400)["param"] == "tokens"
+    assert _error(http.post("/detokenize", json={"tokens": "abc"}), 400)["param"] == "tokens"
+
+
+def test_wrong_route_and_method(http):
+    assert _error(http.get("/v1/completions"), 405)
+    assert _error(http.post("/v1/nothing", json={}), 404)
+
+
+def test_server_healthy_after_bad_input(http, guarded):
+    assert http.get("/health").status_code == 200
+    resp = http.post("/v1/completions", json=OK)
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] >= 1
+    guarded.wait_idle()
+    assert guarded.kv_full()

@@ -1,0 +1,196 @@
+"""The official `openai` client against a live rlt server on loopback (ouro-tiny, fp32, CPU)."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+from openai.types import Completion  # noqa: E402
+from openai.types.chat import ChatCompletion, ChatCompletionChunk  # noqa: E402
+
+MODEL = "ouro-tiny"
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def _metric(server, name: str) -> float:
+    text = httpx.get(server.url + "/metrics").text
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    assert m, f"{name} not exported"
+    return float(m.group(1))
+
+
+def _prompt_len(server, text: str) -> int:
+    return httpx.post(server.url + "/tokenize", json={"prompt": text}).json()["count"]
+
+
+def _validate_completion_chunk(chunk) -> None:
+    """Validate a streamed completion against the client's Completion type. The type marks
+    finish_reason as required, but streams (OpenAI's too) send null until the last chunk."""
+    data = chunk.model_dump()
+    for choice in data["choices"]:
+        assert choice["finish_reason"] in (None, "stop", "length")
+        choice["finish_reason"] = choice["finish_reason"] or "length"
+    Completion.model_validate(data)
+
+
+def test_completion_validates_and_counts(client, server):
+    resp = client.completions.create(model=MODEL, prompt="Hello there", max_tokens=5, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    Completion.model_validate(resp.model_dump())
+    assert resp.object == "text_completion" and resp.model == MODEL
+    assert len(resp.choices) == 1 and resp.choices[0].finish_reason == "length"
+    assert resp.usage.completion_tokens == 5
+    assert resp.usage.prompt_tokens == _prompt_len(server, "Hello there")
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + 5
+
+
+def test_token_prompts_and_n(client):
+    resp = client.completions.create(model=MODEL, prompt=[[5, 6, 7], [8, 9]], n=2, max_tokens=3, seed=3,
+                                     extra_body={"ignore_eos": True})
+    Completion.model_validate(resp.model_dump())
+    assert [c.index for c in resp.choices] == [0, 1, 2, 3]
+    assert resp.usage.prompt_tokens == 5 and resp.usage.completion_tokens == 12
+
+
+def test_seed_reproducible_and_streaming_matches(client):
+    kw = dict(model=MODEL, prompt="Once upon", max_tokens=8, temperature=0.9, seed=1234, extra_body={"ignore_eos": True})
+    a = client.completions.create(**kw).choices[0].text
+    b = client.completions.create(**kw).choices[0].text
+    other = client.completions.create(**dict(kw, seed=99)).choices[0].text
+    assert a == b
+    assert a != other
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    for chunk in chunks:
+        _validate_completion_chunk(chunk)
+    assert all(c.usage is None for c in chunks[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
+    assert "".join(c.choices[0].text for c in chunks[:-1]) == a
+    assert [c.choices[0].finish_reason for c in chunks[:-1]][-1] == "length"
+
+
+def test_stop_string_cuts_text(client):
+    kw = dict(model=MODEL, prompt=[40, 41, 42], max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+    full = client.completions.create(**kw).choices[0].text
+    visible = [ch for ch in full[1:] if ch.isprintable() and ch != "\ufffd"]
+    assert visible, f"greedy text has no printable character to stop on: {full!r}"
+    stop = visible[0]
+    expected = full[:full.index(stop)]
+    resp = client.completions.create(stop=[stop, "never-matches"], **kw)
+    assert resp.choices[0].text == expected and resp.choices[0].finish_reason == "stop"
+    streamed = list(client.completions.create(stop=stop, stream=True, **kw))
+    assert "".join(c.choices[0].text for c in streamed) == expected
+    assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+def test_completion_logprobs_shape(client):
+    resp = client.completions.create(model=MODEL, prompt="abc", max_tokens=4, temperature=0, logprobs=3,
+                                     extra_body={"ignore_eos": True})
+    lp = resp.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 4
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert 1 <= len(top) <= 4 and chosen <= 0.0  # keyed by string: byte tokens may share "\ufffd"
+        assert chosen == pytest.approx(max(top.values()), abs=1e-5)  # greedy picks the most likely token
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+
+
+def test_max_tokens_null_runs_to_the_context(client, server):
+    prompt = list(range(10, 10 + server.engine.max_model_len - 6))
+    resp = client.completions.create(model=MODEL, prompt=prompt, max_tokens=None, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert resp.usage.completion_tokens == 6 and resp.choices[0].finish_reason == "length"
+
+
+def test_chat_completion_and_stream(client):
+    kw = dict(model=MODEL, messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}],
+              max_completion_tokens=6, temperature=0.7, seed=5, extra_body={"ignore_eos": True})
+    resp = client.chat.completions.create(**kw)
+    ChatCompletion.model_validate(resp.model_dump())
+    assert resp.choices[0].message.role == "assistant" and resp.choices[0].finish_reason == "length"
+    assert resp.usage.completion_tokens == 6
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    for chunk in chunks:
+        ChatCompletionChunk.model_validate(chunk.model_dump())
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.choices[0].delta.role is None for c in chunks[1:-1])
+    assert "".join(c.choices[0].delta.content or "" for c in chunks[:-1]) == resp.choices[0].message.content
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+    assert chunks[-2].choices[0].finish_reason == "length"
+
+
+def test_chat_n_and_logprobs(client):
+    resp = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [{"type": "text", "text": "x"}]}],
+                                          n=2, max_completion_tokens=3, logprobs=True, top_logprobs=2,
+                                          extra_body={"ignore_eos": True})
+    ChatCompletion.model_validate(resp.model_dump())
+    assert [c.index for c in resp.choices] == [0, 1]
+    for choice in resp.choices:
+        assert len(choice.logprobs.content) == 3
+        assert all(len(t.top_logprobs) == 2 for t in choice.logprobs.content)
+
+
+def test_chat_stops_on_end_of_turn(client, server, monkeypatch):
+    seen = []
+    submit = server.worker.submit
+
+    def spy(prompts, params, arrival_time):
+        seen.append(params)
+        return submit(prompts, params, arrival_time)
+
+    monkeypatch.setattr(server.worker, "submit", spy)
+    msgs = [{"role": "user", "content": "Hi"}]
+    client.chat.completions.create(model=MODEL, messages=msgs, max_completion_tokens=1, extra_body={"stop_token_ids": [7]})
+    client.chat.completions.create(model=MODEL, messages=msgs, max_completion_tokens=1, extra_body={"ignore_eos": True})
+    im_end = server.engine.tokenizer.chat_stop_token_ids
+    assert im_end and seen[0].stop_token_ids == [7, *im_end]
+    assert seen[1].stop_token_ids is None  # ignore_eos also ignores the end-of-turn marker
+    every_id = list(range(server.engine.model_config.vocab_size))
+    stopped = client.completions.create(model=MODEL, prompt="Hi", max_tokens=5, extra_body={"stop_token_ids": every_id})
+    assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == 1
+
+
+def test_unsupported_chat_features_are_clear_400s(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], tools=[
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
+    assert err.value.body["param"] == "tools"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}])
+    assert err.value.body["param"] == "messages[0].content[0].type"
+    assert "image_url" in err.value.body["message"]
+
+
+def test_models_and_unknown_model(client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-4", prompt="x", max_tokens=1)
+
+
+def test_loop_controls_reach_the_engine(client, server):
+    before = _metric(server, 'rlt:loops_per_token_bucket{le="1.0"}')
+    client.completions.create(model=MODEL, prompt="loops", max_tokens=4, temperature=0,
+                              extra_body={"ignore_eos": True, "max_loops": 1, "speculative": False})
+    after = _metric(server, 'rlt:loops_per_token_bucket{le="1.0"}')
+    assert after - before == 3  # the first token comes from the full-depth prompt pass
+
+
+def test_metrics_and_tokenizer_endpoints(client, server):
+    client.completions.create(model=MODEL, prompt="m", max_tokens=2)
+    assert _metric(server, "vllm:generation_tokens_total") > 0
+    assert _metric(server, "vllm:time_to_first_token_seconds_count") > 0
+    assert _metric(server, "vllm:e2e_request_latency_seconds_count") > 0
+    assert _metric(server, "vllm:num_requests_running") >= 0
+    ids = httpx.post(server.url + "/tokenize", json={"prompt": "héllo"}).json()["tokens"]
+    assert httpx.post(server.url + "/detokenize", json={"tokens": ids}).json()["prompt"] == "héllo"
+    chat = httpx.post(server.url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert chat["count"] == len(chat["tokens"]) > 2
+    assert httpx.get(server.url + "/health").status_code == 200

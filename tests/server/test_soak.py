@@ -1,0 +1,192 @@
+"""Misbehaving clients under load: hundreds of concurrent streams with random disconnects, slow
+requests past the timeout, too many requests, shutdown with requests in flight. Every request
+ends (completed or aborted), the KV pool returns to full, nothing is logged as an error."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import random
+import re
+import threading
+import time
+
+import httpx
+import pytest
+
+MODEL = "ouro-tiny"
+SOAK_REQUESTS = 240
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def _counter(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+
+async def _one(client: httpx.AsyncClient, i: int, rng: random.Random) -> str:
+    body = {"model": MODEL, "prompt": f"soak request {i} " + "x" * rng.randint(0, 40), "stream": True,
+            "max_tokens": rng.randint(2, 4), "temperature": 0.8, "seed": i, "ignore_eos": rng.random() < 0.5,
+            "stream_options": {"include_usage": True}}
+    mode = rng.choice(["complete", "complete", "disconnect_at_once", "disconnect_after_first"])
+    async with client.stream("POST", "/v1/completions", json=body) as resp:
+        assert resp.status_code == 200, await resp.aread()
+        if mode == "disconnect_at_once":
+            return "aborted"
+        events = 0
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                return "completed"
+            assert '"error"' not in line, line
+            events += 1
+            if mode == "disconnect_after_first":
+                return "aborted"
+    raise AssertionError(f"request {i}: the stream ended without [DONE]")
+
+
+async def _storm(url: str, n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+        return await asyncio.gather(*[_one(client, i, rng) for i in range(n)])
+
+
+@pytest.fixture(scope="module")
+def soak_server(start_server):
+    with start_server(engine_options={"max_num_seqs": 64, "num_blocks": 1024}) as live:
+        yield live
+
+
+def test_soak_streams_with_random_disconnects(soak_server, caplog):
+    url = soak_server.url
+    caplog.set_level(logging.WARNING)
+    asyncio.run(_storm(url, 40, seed=0))  # warm-up: allocator, code paths
+    soak_server.wait_idle()
+    gc.collect()
+    rss_before = _rss_bytes()
+    ended_before = _counter(url, "vllm:request_success_total")
+    aborted_before = _counter(url, 'vllm:request_success_total{finished_reason="abort"}')
+
+    start = time.monotonic()
+    outcomes = asyncio.run(_storm(url, SOAK_REQUESTS, seed=1))
+    soak_server.wait_idle(timeout=60)
+    elapsed = time.monotonic() - start
+
+    assert sorted(set(outcomes)) == ["aborted", "completed"] and len(outcomes) == SOAK_REQUESTS
+    # Every request reached an end in the engine: finished (stop/length) or aborted on disconnect.
+    assert _counter(url, "vllm:request_success_total") - ended_before == SOAK_REQUESTS
+    assert _counter(url, 'vllm:request_success_total{finished_reason="abort"}') > aborted_before
+    assert soak_server.kv_full()
+    assert soak_server.worker.num_active == 0
+    assert _counter(url, "vllm:num_requests_running") == 0 and _counter(url, "vllm:num_requests_waiting") == 0
+    gc.collect()
+    growth = _rss_bytes() - rss_before
+    assert growth < 64 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB over {SOAK_REQUESTS} requests"
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
+    assert httpx.get(url + "/health").status_code == 200
+    assert elapsed < 120
+
+
+@pytest.fixture(scope="module")
+def limited(start_server):
+    # ~10-30 ms per decode step on CPU: 200 tokens take seconds, far past the 1 s timeout.
+    with start_server(engine_options={"max_model_len": 256}, request_timeout=1.0, max_concurrent_requests=2) as live:
+        yield live
+
+
+LONG = {"model": MODEL, "prompt": "long", "max_tokens": 200, "ignore_eos": True}
+
+
+def _wait_engine_idle(live, within: float) -> float:
+    start = time.monotonic()
+    while live.on_engine(lambda e: e.has_unfinished_requests()):
+        assert time.monotonic() - start < within, f"the request still runs {within} s after the client left"
+        time.sleep(0.01)
+    return time.monotonic() - start
+
+
+def test_stream_disconnect_aborts_at_once(limited):
+    aborted = _counter(limited.url, 'vllm:request_success_total{finished_reason="abort"}')
+    with httpx.Client(base_url=limited.url, timeout=30) as client:
+        with client.stream("POST", "/v1/completions", json=dict(LONG, stream=True)) as resp:
+            next(line for line in resp.iter_lines() if line.startswith("data: "))
+    _wait_engine_idle(limited, within=0.5)
+    assert limited.kv_full()
+    limited.wait_idle()
+    assert _counter(limited.url, 'vllm:request_success_total{finished_reason="abort"}') == aborted + 1
+
+
+def test_non_streaming_disconnect_aborts(limited):
+    aborted = _counter(limited.url, 'vllm:request_success_total{finished_reason="abort"}')
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(limited.url + "/v1/completions", json=LONG, timeout=httpx.Timeout(30, read=0.3))
+    _wait_engine_idle(limited, within=0.5)
+    assert limited.kv_full()
+    limited.wait_idle()
+    assert _counter(limited.url, 'vllm:request_success_total{finished_reason="abort"}') == aborted + 1
+
+
+def test_request_timeout_is_504(limited):
+    resp = httpx.post(limited.url + "/v1/completions", json=LONG, timeout=30)
+    assert resp.status_code == 504 and resp.json()["error"]["code"] == "timeout"
+    with httpx.stream("POST", limited.url + "/v1/completions", json=dict(LONG, stream=True), timeout=30) as resp:
+        events = [line for line in resp.iter_lines() if line.startswith("data: ")]
+    assert '"timeout"' in events[-1] and "data: [DONE]" not in events
+    limited.wait_idle()
+    assert limited.kv_full()
+
+
+def test_too_many_requests_is_429(limited):
+    with httpx.Client(base_url=limited.url, timeout=30) as client:
+        streams = [client.stream("POST", "/v1/completions", json=dict(LONG, stream=True)) for _ in range(2)]
+        responses = [s.__enter__() for s in streams]
+        try:
+            assert [r.status_code for r in responses] == [200, 200]
+            busy = httpx.post(limited.url + "/v1/completions", json=LONG, timeout=30)
+            assert busy.status_code == 429 and busy.headers["Retry-After"] == "1"
+            assert busy.json()["error"]["code"] == "too_many_requests"
+        finally:
+            for s in streams:
+                s.__exit__(None, None, None)
+    limited.wait_idle()
+    ok = httpx.post(limited.url + "/v1/completions", json=dict(LONG, max_tokens=2), timeout=30)
+    assert ok.status_code == 200
+
+
+def test_graceful_shutdown_is_bounded(start_server):
+    with start_server(engine_options={"max_model_len": 512}, shutdown_timeout=1.0) as live:
+        engine = live.engine
+        results = []
+
+        def stream_long():
+            try:
+                with httpx.stream("POST", live.url + "/v1/completions", timeout=60,
+                                  json=dict(LONG, max_tokens=400, stream=True)) as resp:
+                    results.append([line for line in resp.iter_lines() if line.startswith("data: ")])
+            except httpx.HTTPError as exc:  # the server may cut the connection at the end of the grace period
+                results.append(exc)
+
+        clients = [threading.Thread(target=stream_long) for _ in range(3)]
+        for t in clients:
+            t.start()
+        while live.worker.num_active < 3:
+            time.sleep(0.01)
+        start = time.monotonic()
+        live.stop(timeout=15)
+        assert time.monotonic() - start < 1.0 + 5.0
+        for t in clients:
+            t.join(10)
+        assert len(results) == 3
+        assert all(not isinstance(r, list) or "data: [DONE]" not in r for r in results)  # cut short, not finished
+        assert not live.worker.ready and live.worker.num_active == 0
+        engine.check_invariants()  # the engine thread has exited: safe to inspect directly
+        assert engine.kv.pool.num_free == engine.kv.pool.num_blocks
+        assert not engine.has_unfinished_requests()
