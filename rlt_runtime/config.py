@@ -52,7 +52,7 @@ class SpeculativeConfig:
 
     def validate(self, depth: int) -> None:
         _int(self.num_speculative_tokens, "speculative_config.num_speculative_tokens", 1, 16)
-        _int(self.draft_loops, "speculative_config.draft_loops", 1, depth - 1)
+        _int(self.draft_loops, "speculative_config.draft_loops", 1, depth - 1, allow_none=True)
         _choice(self.draft_policy, "speculative_config.draft_policy", DRAFT_POLICIES)
         if self.synthetic_acceptance is not None and not 0.0 <= float(self.synthetic_acceptance) <= 1.0:
             raise _fail("speculative_config.synthetic_acceptance", "None or a number in [0, 1]", self.synthetic_acceptance)

@@ -145,6 +145,10 @@ class LLMEngine:
             from ..executor.graphs import default_ladder
 
             self.runner.enable_graphs(self.execution_mode, cfg.cuda_graph_sizes or default_ladder(self.max_num_seqs))
+        self.policy = None
+        self.spec_stats = None
+        if cfg.speculative_config is not None:
+            self._init_speculation(cfg.speculative_config)
         self._groups: dict[str, list[Request]] = {}
         self._trackers: dict[int, TextTracker] = {}
         self._prompts: dict[str, Optional[str]] = {}
@@ -156,6 +160,38 @@ class LLMEngine:
         self.num_steps = 0
         self._profiler = None
         self.timings: Optional[list] = None  # set to [] to record (host_ms, device_ms) per processed step
+
+    def _init_speculation(self, spec) -> None:
+        from ..executor.speculative import SpeculativeRunner
+        from .draft_policy import DraftPolicy
+
+        if self.exit_mode == "trace" and self.async_scheduling:
+            raise ConfigError("exit_mode='trace' with speculative decoding needs async_scheduling=False "
+                              "(trace depths are indexed by output position, which async rounds learn late)")
+        d = spec.draft_loops or (min(2, self.depth - 1) if self.family == "ouro" else max(1, self.depth // 4))
+        if not 1 <= d < self.depth:
+            raise ConfigError(f"speculative_config.draft_loops must be in 1..{self.depth - 1}, got {d}")
+        self.draft_loops = d
+        self.runner.spec = SpeculativeRunner(self.runner, spec.num_speculative_tokens, d, spec.synthetic_acceptance)
+        if self.execution_mode != "eager":
+            sizes = sorted({1 << i for i in range(12) if (1 << i) < self.max_num_seqs} | {self.max_num_seqs})
+            self.runner.spec.enable_graphs(self.execution_mode, self.cfg.cuda_graph_sizes or sizes)
+        self.policy = DraftPolicy(spec.num_speculative_tokens, d, self.depth, adaptive=spec.draft_policy == "adaptive")
+        self.runner.record_device_time = self.device.type == "cuda"
+        self.spec_stats = {"rounds": 0, "drafted": 0, "accepted": 0, "committed": 0, "verify_rows": 0,
+                           "accepted_per_position": [0] * spec.num_speculative_tokens,
+                           "drafted_per_position": [0] * spec.num_speculative_tokens}
+
+    def _round_k(self) -> int:
+        if self.policy is None:
+            return 0
+        n = self.scheduler.decode_ready()
+        if n == 0:
+            return 0
+        graphs = self.runner.spec.graphs
+        bucket = (graphs.bucket(n) if graphs is not None else None) or n
+        self._bucket = bucket
+        return self.policy.choose(bucket)
 
     # ---- capacity ------------------------------------------------------------------------------
     def _profile_peak(self) -> int:
@@ -281,7 +317,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         self._wait_s = 0.0
         self._profile_tick()
-        sched = self.scheduler.schedule()
+        sched = self.scheduler.schedule(self._round_k())
         now = time.monotonic()
         for r in sched.admitted:
             if r.metrics.first_scheduled_time is None:
@@ -320,20 +356,46 @@ class LLMEngine:
                 self.kv.publish(req.request_id, req.prompt_token_ids, req.num_computed, self.scheduler._salt(req))
         if res is None:
             return
-        for i, (req, gen, kind) in enumerate(handle.rows):
+        accepted, drafted = [], []
+        for i, (req, gen, kind, k) in enumerate(handle.rows):
+            committed = int((res.tokens[i] >= 0).sum())
+            if kind == "decode" and handle.round_k:
+                accepted.append(committed - 1)
+                drafted.append(k)
             if gen != req.generation or req.finished:
                 continue
             if kind == "decode":
-                req.num_computed += 1
-                req.num_inflight -= 1
+                req.num_computed += committed
+                req.num_inflight -= 1 + k
             req.inflight_outputs -= 1
-            lp = None
-            if res.logprobs is not None and req.params.logprobs is not None:
-                n = req.params.logprobs
-                top = {int(t): float(v) for t, v in zip(res.top_ids[i][:n], res.top_logprobs[i][:n])}
-                lp = TokenLogprob(float(res.logprobs[i]), top)
-            self._append(req, int(res.tokens[i]), int(res.depths[i]), lp)
+            for j in range(committed):
+                lp = None
+                if res.logprobs is not None and req.params.logprobs is not None:
+                    n = req.params.logprobs
+                    top = {int(t): float(v) for t, v in zip(res.top_ids[i, j][:n], res.top_logprobs[i, j][:n])}
+                    lp = TokenLogprob(float(res.logprobs[i, j]), top)
+                self._append(req, int(res.tokens[i, j]), int(res.depths[i, j]), lp)
+                if req.finished:
+                    break
             touched[req.group_id] = None
+        if self.policy is not None and any(kind == "decode" for _, _, kind, _ in handle.rows):
+            self._observe_round(handle, accepted, drafted)
+
+    def _observe_round(self, handle: StepHandle, accepted: list[int], drafted: list[int]) -> None:
+        k = handle.round_k
+        self.policy.observe_round(getattr(self, "_bucket", len(accepted)), k, accepted, drafted, handle.device_ms())
+        if k == 0:
+            return
+        st = self.spec_stats
+        st["rounds"] += 1
+        st["drafted"] += sum(drafted)
+        st["accepted"] += sum(accepted)
+        st["committed"] += sum(accepted) + len(accepted)
+        st["verify_rows"] += sum(drafted) + len(drafted)
+        for a, d in zip(accepted, drafted):
+            for pos in range(d):
+                st["drafted_per_position"][pos] += 1
+                st["accepted_per_position"][pos] += int(a > pos)
 
     def _append(self, req: Request, token: int, depth: int, lp: Optional[TokenLogprob]) -> None:
         req.output_token_ids.append(token)
@@ -427,7 +489,18 @@ class LLMEngine:
             "execution_mode": self.execution_mode,
             "async_scheduling": self.async_scheduling,
             "graphs": self.runner.graphs.stats.as_dict() if self.runner.graphs is not None else None,
+            "speculative": self._spec_stats(),
         }
+
+    def _spec_stats(self) -> Optional[dict]:
+        if self.policy is None:
+            return None
+        st = dict(self.spec_stats)
+        st["chosen_k"] = dict(self.policy.chosen)
+        st["acceptance_estimate"] = list(self.policy.accept)
+        graphs = self.runner.spec.graphs
+        st["graphs"] = graphs.stats.as_dict() if graphs is not None else None
+        return st
 
     def check_invariants(self) -> None:
         """Block accounting and slot bookkeeping are consistent (for tests)."""

@@ -40,6 +40,8 @@ class PrefillChunk:
 class SchedulerOutput:
     decodes: list[Request] = field(default_factory=list)
     decode_positions: list[int] = field(default_factory=list)
+    num_drafts: list[int] = field(default_factory=list)  # per decode row (speculative rounds)
+    round_k: int = 0  # drafts of this step's speculative round (0: plain decode)
     prefills: list[PrefillChunk] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)  # got a slot this step (runner initialises it)
     preempted: list[Request] = field(default_factory=list)
@@ -47,7 +49,7 @@ class SchedulerOutput:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.decodes) + sum(len(c.token_ids) for c in self.prefills)
+        return len(self.decodes) + sum(self.num_drafts) + sum(len(c.token_ids) for c in self.prefills)
 
     @property
     def is_empty(self) -> bool:
@@ -108,7 +110,7 @@ class Scheduler:
     def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
         if victim in out.decodes:
             i = out.decodes.index(victim)
-            del out.decodes[i], out.decode_positions[i]
+            del out.decodes[i], out.decode_positions[i], out.num_drafts[i]
         out.prefills = [c for c in out.prefills if c.request is not victim]
         if victim in out.admitted:
             out.admitted.remove(victim)
@@ -140,8 +142,13 @@ class Scheduler:
             return 1 << 62
         return self.cfg.prefill_chunk_size
 
-    def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+    def decode_ready(self) -> int:
+        """Running requests that will take a decode row in the next step (an estimate for policies)."""
+        return sum(1 for r in self.running if not r.is_prefilling)
+
+    def schedule(self, round_k: int = 0) -> SchedulerOutput:
+        """Plan one step. round_k > 0: decode rows become speculative rounds of up to round_k drafts."""
+        out = SchedulerOutput(round_k=round_k)
         budget = self.cfg.max_num_batched_tokens
         prefill_only = (
             not self.cfg.enable_chunked_prefill
@@ -156,12 +163,17 @@ class Scheduler:
                 if len(r.output_token_ids) + r.inflight_outputs >= r.max_tokens or budget < 1:
                     continue
                 pos = r.num_computed + r.num_inflight
-                if not self._allocate(r, pos + 1, out):
-                    self._preempt(r, out)
-                    continue
+                remaining = r.max_tokens - len(r.output_token_ids) - r.inflight_outputs
+                k = min(round_k, remaining - 1, budget - 1) if r.params.speculative else 0
+                if not self._allocate(r, pos + k + 1, out):
+                    k = 0
+                    if not self._allocate(r, pos + 1, out):
+                        self._preempt(r, out)
+                        continue
                 out.decodes.append(r)
                 out.decode_positions.append(pos)
-                budget -= 1
+                out.num_drafts.append(k)
+                budget -= 1 + k
         prefilling = [r for r in self.running if r.is_prefilling]
         if prefilling:
             k = self._rotation % len(prefilling)
@@ -176,9 +188,9 @@ class Scheduler:
             budget = self._admit(budget, out)
         self._consecutive_prefill_steps = self._consecutive_prefill_steps + 1 if (out.prefills and not out.decodes) else 0
         out.block_updates = self.kv.take_updates()
-        for r in out.decodes:
-            r.num_inflight += 1
-            r.inflight_outputs += 1
+        for r, k in zip(out.decodes, out.num_drafts):
+            r.num_inflight += 1 + k  # an upper bound: the round commits 1..k+1 tokens
+            r.inflight_outputs += 1  # a lower bound
         for c in out.prefills:
             c.request.num_inflight += len(c.token_ids)
             c.request.inflight_outputs += int(c.sample)

@@ -68,20 +68,24 @@ class RowResults:
 
 @dataclass
 class StepResult:
-    """Host copy of one step's results, rows in submission order (decode rows, then prefill samples)."""
+    """Host copy of one step's results, rows in submission order (decode rows, then prefill samples).
 
-    tokens: np.ndarray  # int64 [R]
-    depths: np.ndarray  # int32 [R]
-    logprobs: Optional[np.ndarray] = None  # fp32 [R]
-    top_ids: Optional[np.ndarray] = None  # int64 [R, N]
-    top_logprobs: Optional[np.ndarray] = None  # fp32 [R, N]
+    Each row holds the tokens it committed (one, or up to k + 1 for a speculative round), -1 padded.
+    """
+
+    tokens: np.ndarray  # int64 [R, C]
+    depths: np.ndarray  # int32 [R, C]
+    logprobs: Optional[np.ndarray] = None  # fp32 [R, C]
+    top_ids: Optional[np.ndarray] = None  # int64 [R, C, N]
+    top_logprobs: Optional[np.ndarray] = None  # fp32 [R, C, N]
 
 
 @dataclass
 class StepHandle:
     """A submitted step: rows (request, generation) and the pending device→host copies."""
 
-    rows: list = field(default_factory=list)  # (request, generation, kind) per result row
+    rows: list = field(default_factory=list)  # (request, generation, kind, drafts) per result row
+    round_k: int = 0
     prefills: list = field(default_factory=list)  # (request, generation, chunk) per prefill chunk
     host: Optional[dict] = None
     event: Optional[torch.cuda.Event] = None
@@ -135,6 +139,7 @@ class ModelRunner:
         )
         self.max_rows = max_rows
         self.graphs = None
+        self.spec = None  # SpeculativeRunner when speculative decoding is on
         self.record_device_time = False
         self.dec_in = StaticStaging(
             {"slots": (torch.int32, max_rows), "trace": (torch.int32, max_rows), "num_rows": (torch.int32, 1)}, d,
@@ -216,24 +221,43 @@ class ModelRunner:
             c.sample and c.request.params.logprobs is not None for c in sched.prefills)
         handle.num_top = num_top
         parts = []
-        if sched.decodes:
+        handle.round_k = sched.round_k
+        if sched.decodes and sched.round_k > 0:
+            order = sorted(range(len(sched.decodes)), key=lambda i: -sched.num_drafts[i])
+            reqs = [sched.decodes[i] for i in order]
+            drafts = [sched.num_drafts[i] for i in order]
+            traces = [self._trace(r, k + 1) for r, k in zip(reqs, drafts)]
+            parts.append(self.spec.run_round(reqs, drafts, traces, sched.round_k, want_lp, num_top))
+            handle.rows += [(r, r.generation, "decode", k) for r, k in zip(reqs, drafts)]
+        elif sched.decodes:
             parts.append(self._run_decode(sched, want_lp, num_top))
-            handle.rows += [(r, r.generation, "decode") for r in sched.decodes]
+            handle.rows += [(r, r.generation, "decode", 0) for r in sched.decodes]
         if sched.prefills:
             part = self._run_prefill(sched, want_lp, num_top)
             if part is not None:
                 parts.append(part)
-            handle.rows += [(c.request, c.request.generation, "prefill") for c in sched.prefills if c.sample]
+            handle.rows += [(c.request, c.request.generation, "prefill", 0) for c in sched.prefills if c.sample]
             handle.prefills = [(c.request, c.request.generation, c) for c in sched.prefills]
         if parts:
             handle.host, handle.event = self._readback(parts, want_lp, timed=handle.start_event is not None)
         return handle
 
     def _readback(self, parts, want_lp, timed=False):
+        """Copy every part's per-row results ([n] or [n, C] committed tokens) to pinned memory."""
         names = ["tokens", "depths"] + (["logprobs", "top_ids", "top_logprobs"] if want_lp else [])
         host = {}
+        width = max(p["tokens"].shape[1] if p["tokens"].dim() == 2 else 1 for p in parts)
         for name in names:
-            dev = torch.cat([p[name] for p in parts])
+            pieces = []
+            for p in parts:
+                t = p[name]
+                if p["tokens"].dim() == 1:
+                    t = t.unsqueeze(1)
+                if t.shape[1] < width:
+                    pad = [0, 0] * (t.dim() - 2) + [0, width - t.shape[1]]
+                    t = torch.nn.functional.pad(t, pad, value=-1 if name == "tokens" else 0)
+                pieces.append(t)
+            dev = torch.cat(pieces)
             buf = torch.empty(dev.shape, dtype=dev.dtype, pin_memory=self.device.type == "cuda")
             buf.copy_(dev, non_blocking=True)
             host[name] = buf
@@ -326,13 +350,19 @@ class ModelRunner:
         self.ops.scatter_rows(last_loop.to(torch.int32), slots0, self.kv.key_depth.view(-1), active_rows=batch.active)
 
     # ---- decode ------------------------------------------------------------------------------
+    def _trace(self, r, n: int) -> list[int]:
+        """Trace depths of a row's next n outputs (the model depth when not replaying a trace)."""
+        if not r.trace_depths:
+            return [self.depth] * n
+        first = len(r.output_token_ids) + r.inflight_outputs - 1
+        return [r.trace_depths[min(first + j, len(r.trace_depths) - 1)] for j in range(n)]
+
     def _run_decode(self, sched: SchedulerOutput, want_lp: bool, num_top: int):
         rows = sched.decodes
         b = len(rows)
         st = self.dec_in
         st.write("slots", np.asarray([r.slot for r in rows], np.int32))
-        trace = [r.trace_depths[len(r.output_token_ids) + r.inflight_outputs - 1] if r.trace_depths else self.depth
-                 for r in rows]
+        trace = [self._trace(r, 1)[0] for r in rows]
         st.write("trace", np.asarray(trace, np.int32))
         st.write("num_rows", np.asarray([b], np.int32))
         st.upload()

@@ -130,7 +130,9 @@ class SpeculativeRunner:
                 logits = run.head_logits(out, slots, pos0 + j, count)
                 if q is not None:
                     ops.filtered_probs(logits, temp, top_k, top_p, min_p, out=q[:, j], active_rows=count)
-                tok = ops.sample(logits, temp, top_k, top_p, min_p, keys, pos0 + j + 1, stream=STREAM_DRAFT, active_rows=count)
+                drawn = ops.sample(logits, temp, top_k, top_p, min_p, keys, pos0 + j + 1, stream=STREAM_DRAFT,
+                                   active_rows=count)
+                tok = torch.where(torch.arange(rows, device=dev) < count, drawn, tok)  # rows done drafting keep a valid id
                 drafts[:, j + 1] = tok
         # Verify: rows (j, r) continue from their parked loop-d state.
         nv = rows * (k + 1)

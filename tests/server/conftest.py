@@ -6,7 +6,7 @@ import contextlib
 import socket
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import pytest
 
@@ -59,11 +59,18 @@ class LiveServer:
 
 
 @contextlib.contextmanager
-def live_server(engine_options: Optional[dict] = None, **config):
-    """Start an ouro-tiny server; yields a LiveServer and stops it afterwards."""
-    options = dict(ENGINE_DEFAULTS, **(engine_options or {}))
-    engine = LLMEngine(MODEL, **options)
-    worker = EngineWorker(engine)
+def live_server(engine_options: Optional[dict] = None, engine_factory: Optional[Callable[[], LLMEngine]] = None,
+                **config):
+    """Start an ouro-tiny server and yield a LiveServer; stop it afterwards.
+
+    With `engine_factory` the engine is built on the worker thread and the server is yielded as
+    soon as HTTP is up (possibly before the engine is ready).
+    """
+    if engine_factory is None:
+        engine = LLMEngine(MODEL, **dict(ENGINE_DEFAULTS, **(engine_options or {})))
+        worker = EngineWorker(engine)
+    else:
+        worker = EngineWorker(engine_factory)
     config.setdefault("served_model_name", MODEL)
     app = create_app(worker, ServerConfig(**config))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -76,7 +83,7 @@ def live_server(engine_options: Optional[dict] = None, **config):
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn-test", daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
-    while not (server.started and worker.ready):
+    while not (server.started and (worker.ready or engine_factory is not None)):
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the test server did not start")
         time.sleep(0.01)

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -12,6 +18,7 @@ from openai.types import Completion  # noqa: E402
 from openai.types.chat import ChatCompletion, ChatCompletionChunk  # noqa: E402
 
 MODEL = "ouro-tiny"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -194,3 +201,71 @@ def test_metrics_and_tokenizer_endpoints(client, server):
     chat = httpx.post(server.url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
     assert chat["count"] == len(chat["tokens"]) > 2
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(tmp_path, *flags: str) -> subprocess.Popen:
+    log = open(tmp_path / "serve.log", "w")
+    return subprocess.Popen([sys.executable, "-m", "rlt_runtime.entrypoints.server.cli", "--dtype", "float32",
+                             "--device", "cpu", "--num-blocks", "256", "--max-model-len", "128", *flags],
+                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+
+
+def test_rlt_serve_command_end_to_end(tmp_path):
+    port = _free_port()
+    proc = _serve(tmp_path, "--model", "ouro-tiny", "--port", str(port), "--served-model-name", "tiny",
+                  "--api-key", "k3y")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "rlt-serve did not become healthy"
+            time.sleep(0.1)
+        cli = openai.OpenAI(base_url=url + "/v1", api_key="k3y", max_retries=0, timeout=60)
+        resp = cli.completions.create(model="tiny", prompt="Hi", max_tokens=3, extra_body={"ignore_eos": True})
+        assert resp.usage.completion_tokens == 3
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
+        assert "access-control-allow-origin" not in httpx.options(
+            url + "/v1/models", headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"}).headers
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(60)
+    log = (tmp_path / "serve.log").read_text()
+    assert code == 0, log
+    assert "Traceback" not in log
+
+
+def test_rlt_serve_exits_when_the_model_fails_to_load(tmp_path):
+    proc = _serve(tmp_path, "--model", str(tmp_path / "no-such-checkpoint"), "--port", str(_free_port()))
+    assert proc.wait(120) == 1
+    assert "the engine failed" in (tmp_path / "serve.log").read_text()
+
+
+def test_serve_flags_map_to_engine_options():
+    from rlt_runtime.entrypoints.server.cli import build_parser, engine_options
+    from rlt_runtime.errors import ConfigError
+
+    parse = build_parser().parse_args
+    args = parse(["--model", "ouro-tiny", "--speculative-tokens", "3", "--draft-loops", "2", "--draft-policy", "fixed",
+                  "--max-num-seqs", "8"])
+    assert args.host == "127.0.0.1" and args.cors_origins == [] and args.api_key is None
+    assert engine_options(args) == {"max_num_seqs": 8, "speculative_config": {
+        "num_speculative_tokens": 3, "draft_loops": 2, "draft_policy": "fixed"}}
+    assert "speculative_config" not in engine_options(parse(["--model", "m"]))
+    with pytest.raises(ConfigError):
+        engine_options(parse(["--model", "m", "--speculative-config", '{"num_speculative_tokens": 2}',
+                              "--speculative-tokens", "3"]))
+    with pytest.raises(ConfigError):
+        engine_options(parse(["--model", "m", "--draft-loops", "2"]))

@@ -95,7 +95,10 @@ def main(argv=None) -> int:
             server.should_exit = True
 
     threading.Thread(target=stop_if_load_fails, name="rlt-serve-load", daemon=True).start()
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the signal after its graceful shutdown
+        pass
     if worker.failure is not None:
         print(f"rlt-serve: error: the engine failed: {worker.failure}", file=sys.stderr)
         return 1

@@ -23,7 +23,7 @@ import uuid
 from typing import Callable, Optional, Union
 
 from ...engine.llm_engine import LLMEngine
-from ...errors import ConfigError, RequestError
+from ...errors import ConfigError, RequestError, RltError
 from ...outputs import RequestOutput
 from ...sampling_params import SamplingParams
 from .metrics import RequestTimer, ServerMetrics
@@ -224,6 +224,11 @@ class EngineWorker:
             self.metrics.set_depth(engine.depth)
             self.metrics.update_engine(engine.stats())
             self._engine = engine
+        except RltError as exc:  # a bad model or option: the message says it all
+            logger.error("rlt-serve: the engine failed to load: %s", exc)
+            self.failure = exc
+            self._ready.set()
+            return
         except BaseException as exc:  # noqa: BLE001 - reported through /health and the CLI
             logger.exception("rlt-serve: the engine failed to load")
             self.failure = exc

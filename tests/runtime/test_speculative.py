@@ -1,0 +1,147 @@
+"""Self-speculative decoding: greedy outputs bitwise equal to plain decoding, sampled outputs
+distributed as the target, and a clean request lifecycle around rounds in flight."""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlt_runtime import LLM, ConfigError, SamplingParams
+
+
+@functools.lru_cache(maxsize=None)
+def engine(**options) -> LLM:
+    """Engines are cached per option set (speculative_config passed as a tuple of items)."""
+    if isinstance(options.get("speculative_config"), tuple):
+        options["speculative_config"] = dict(options["speculative_config"])
+    return LLM("ouro-tiny", dtype="float32", max_num_seqs=4, **options)
+
+
+def spec(k=3, d=1, policy="fixed"):
+    return {"num_speculative_tokens": k, "draft_loops": d, "draft_policy": policy}
+
+
+def run(llm: LLM, work, params: SamplingParams):
+    """work: [(prompt, arrival step)]; returns {index: (token ids, exit depths, finish reason)}."""
+    eng = llm.engine
+    pending = sorted(((arr, i, p) for i, (p, arr) in enumerate(work)), key=lambda x: x[0])
+    done, step = {}, 0
+    while pending or eng.has_unfinished_requests():
+        while pending and pending[0][0] <= step:
+            _, i, p = pending.pop(0)
+            eng.add_request(f"q{i}-{id(work)}", p, params)
+        for out in eng.step():
+            if out.finished:
+                c = out.outputs[0]
+                done[int(out.request_id[1:].split("-")[0])] = (c.token_ids, c.exit_depths, c.finish_reason)
+        eng.check_invariants()
+        step += 1
+    assert eng.kv.pool.num_free == eng.kv.pool.num_blocks
+    return done
+
+
+workloads = st.lists(st.tuples(st.lists(st.integers(3, 300), min_size=1, max_size=24), st.integers(0, 3)),
+                     min_size=1, max_size=5)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    work=workloads,
+    k=st.integers(1, 4),
+    d=st.integers(1, 3),
+    policy=st.sampled_from(["fixed", "adaptive"]),
+    threshold=st.sampled_from([1.0, 0.6]),
+    async_mode=st.booleans(),
+    pool=st.sampled_from([None, 24]),
+    prefix=st.booleans(),
+    chunk=st.sampled_from([2, 64]),
+    stop=st.booleans(),
+)
+def test_greedy_speculation_is_bitwise_identical(work, k, d, policy, threshold, async_mode, pool, prefix, chunk, stop):
+    common = dict(num_blocks=pool, block_size=16, enable_prefix_caching=prefix, prefill_chunk_size=chunk,
+                  max_num_batched_tokens=16)
+    params = SamplingParams(max_tokens=14, temperature=0, exit_threshold=threshold, ignore_eos=True,
+                            stop_token_ids=[133, 219] if stop else None)
+    plain = run(engine(**common), work, params)
+    fast = run(engine(speculative_config=tuple(spec(k, d, policy).items()), async_scheduling=async_mode, **common),
+               work, params)
+    assert fast == plain
+
+
+def test_speculation_is_used_and_counted():
+    llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, speculative_config=spec(3, 2))
+    llm.generate([[5, 6, 7], [9, 10]], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True), use_tqdm=False)
+    st_ = llm.stats()["speculative"]
+    assert st_["rounds"] > 0 and st_["drafted"] > 0 and st_["committed"] >= st_["rounds"]
+    assert sum(st_["chosen_k"].values()) >= st_["rounds"]
+    assert len(st_["accepted_per_position"]) == 3
+
+
+def test_per_request_opt_out_matches_plain():
+    llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, speculative_config=spec(3, 1))
+    p = SamplingParams(max_tokens=10, temperature=0.9, seed=4, ignore_eos=True, speculative=False)
+    plain = LLM("ouro-tiny", dtype="float32", max_num_seqs=4).generate(["abc"], p, use_tqdm=False)[0]
+    opted = llm.generate(["abc"], p, use_tqdm=False)[0]
+    assert plain.outputs[0].token_ids == opted.outputs[0].token_ids
+
+
+def _joint(llm, n):
+    params = [SamplingParams(max_tokens=3, temperature=0.7, top_k=4, seed=s, ignore_eos=True) for s in range(n)]
+    outs = llm.generate([[11, 12, 13]] * n, params, use_tqdm=False)
+    return Counter(tuple(o.outputs[0].token_ids[1:3]) for o in outs)
+
+
+def test_sampled_speculation_preserves_the_target_distribution():
+    n = 500
+    plain = _joint(LLM("ouro-tiny", dtype="float32", max_num_seqs=16), n)
+    fast = _joint(LLM("ouro-tiny", dtype="float32", max_num_seqs=16, speculative_config=spec(3, 1)), n)
+    # Two-sample chi-square over the joint (token 2, token 3) cells seen at least 10 times in total.
+    cells = [c for c in set(plain) | set(fast) if plain[c] + fast[c] >= 10]
+    chi2 = sum((plain[c] - fast[c]) ** 2 / (plain[c] + fast[c]) for c in cells)
+    dof = max(1, len(cells) - 1)
+    assert chi2 < dof + 4 * (2 * dof) ** 0.5, (chi2, dof)
+
+
+def test_sampled_speculation_is_reproducible_per_seed():
+    llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, speculative_config=spec(3, 1))
+    p = SamplingParams(max_tokens=12, temperature=1.0, seed=77, ignore_eos=True)
+    a = llm.generate(["same"], p, use_tqdm=False)[0].outputs[0].token_ids
+    b = llm.generate(["other", "same"], p, use_tqdm=False)[1].outputs[0].token_ids
+    assert a == b
+
+
+def test_max_tokens_and_stop_inside_a_round():
+    llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, speculative_config=spec(4, 2))
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True), use_tqdm=False)[0]
+    assert len(out.outputs[0].token_ids) == 3 and out.outputs[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("async_mode", [False, True])
+def test_abort_and_id_reuse_with_rounds_in_flight(async_mode):
+    llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, speculative_config=spec(3, 1), async_scheduling=async_mode)
+    eng = llm.engine
+    p = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    eng.add_request("x", [5, 6, 7], p)
+    eng.add_request("y", [8, 9], p)
+    for _ in range(4):
+        eng.step()
+    eng.abort_request("x")
+    eng.add_request("x", [5, 6, 7], p)  # same id, new request, while the old one's round may be in flight
+    done = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+    eng.check_invariants()
+    assert eng.kv.pool.num_free == eng.kv.pool.num_blocks
+    fresh = LLM("ouro-tiny", dtype="float32", max_num_seqs=4).generate([[5, 6, 7]], p, use_tqdm=False)[0]
+    assert done["x"] == fresh.outputs[0].token_ids and len(done["y"]) == 30
+
+
+def test_trace_with_async_speculation_is_rejected():
+    with pytest.raises(ConfigError, match="async_scheduling"):
+        LLM("ouro-tiny", exit_mode="trace", exit_trace={"a": [4]}, async_scheduling=True, speculative_config=spec())
