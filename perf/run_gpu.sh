@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# The GPU suite and every benchmark in one call. Results land in $OUT (default ./out).
+# The GPU suite and every benchmark in one call.
 #   OUT=out bash perf/run_gpu.sh [tests|kernels|engine|spec|serving ...]   (default: all)
+# Each part gets a time limit (PART_TIMEOUT seconds, default 900); every log, JSON, table and plot
+# is collected in $OUT/results.tgz (and left unpacked in $WORK).
 set -u
 OUT=${OUT:-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-}
+WORK=${WORK:-/tmp/rlt-gpu-results}
+PART_TIMEOUT=${PART_TIMEOUT:-900}
+mkdir -p "$OUT" "$WORK"
+export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0
+pack() { tar czf "$OUT/results.tgz" -C "$WORK" . ; }
+trap pack EXIT
 parts=${*:-tests kernels engine spec serving}
-python3 - <<'PY' | tee "$OUT/env.txt"
+python3 - <<'PY' | tee "$WORK/env.txt"
 import torch, triton, transformers, sys, datetime
 print(datetime.date.today(), torch.cuda.get_device_name(0), "torch", torch.__version__, "triton", triton.__version__,
       "transformers", transformers.__version__, "python", sys.version.split()[0], "gpus", torch.cuda.device_count())
@@ -14,12 +20,17 @@ PY
 for part in $parts; do
   start=$(date +%s)
   case $part in
-    tests)   python3 -m pytest tests -m gpu -q -p no:cacheprovider -rfE 2>&1 | tee "$OUT/gpu_tests.log" ;;
-    kernels) python3 -m pytest perf -q -p no:cacheprovider --benchmark-json="$OUT/kernels.json" -k "not sweep" \
-               2>&1 | tail -n 40 > "$OUT/kernel_bench.log"; python3 -m perf.report_kernels "$OUT/kernels.json" "$OUT" ;;
-    engine)  python3 -m perf.bench_engine --out "$OUT" 2>&1 | tee "$OUT/engine.log" ;;
-    spec)    [ -f perf/bench_speculative.py ] && python3 -m perf.bench_speculative --out "$OUT" 2>&1 | tee "$OUT/spec.log" ;;
-    serving) [ -f perf/bench_serving.py ] && python3 -m perf.bench_serving --out "$OUT" 2>&1 | tee "$OUT/serving.log" ;;
+    tests)   timeout "$PART_TIMEOUT" python3 -m pytest tests -m gpu -q -p no:cacheprovider -rfE --durations=15 \
+               > "$WORK/gpu_tests.log" 2>&1; tail -n 60 "$WORK/gpu_tests.log" ;;
+    kernels) timeout "$PART_TIMEOUT" python3 -m pytest perf -q -p no:cacheprovider --benchmark-json="$WORK/kernels.json" \
+               -k "not sweep" > "$WORK/kernel_bench.log" 2>&1; tail -n 15 "$WORK/kernel_bench.log"
+             python3 -m perf.report_kernels "$WORK/kernels.json" "$WORK" ;;
+    engine)  timeout "$PART_TIMEOUT" python3 -m perf.bench_engine --out "$WORK" ${QUICK:+--quick} > "$WORK/engine.log" 2>&1
+             tail -n 25 "$WORK/engine.log" ;;
+    spec)    timeout "$PART_TIMEOUT" python3 -m perf.bench_speculative --out "$WORK" ${QUICK:+--quick} > "$WORK/spec.log" 2>&1
+             tail -n 15 "$WORK/spec.log" ;;
+    serving) timeout "$PART_TIMEOUT" python3 -m perf.bench_serving --out "$WORK" ${QUICK:+--quick} > "$WORK/serving.log" 2>&1
+             tail -n 15 "$WORK/serving.log" ;;
   esac
-  echo "== $part: $(( $(date +%s) - start )) s" | tee -a "$OUT/timing.txt"
+  echo "== $part: $(( $(date +%s) - start )) s" | tee -a "$WORK/timing.txt"
 done

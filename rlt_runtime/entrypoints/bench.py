@@ -80,7 +80,8 @@ class ServerInfo:
         self.max_model_len = int(card.get("max_model_len") or 0)
 
     async def tokenize(self, text: str) -> Optional[list[int]]:
-        resp = await self.client.post("/tokenize", json={"model": self.model, "prompt": text, "add_special_tokens": False})
+        body = {"model": self.model, "prompt": text, "add_special_tokens": False}
+        resp = await self.client.post("/tokenize", json=body)
         return resp.json()["tokens"] if resp.status_code == 200 else None
 
     async def detokenize(self, ids: list[int]) -> str:
@@ -119,7 +120,8 @@ async def sharegpt_dataset(info: ServerInfo, args, rng: random.Random) -> list[B
             break
         p_ids = await info.tokenize(prompt)
         if p_ids is None:
-            raise SystemExit("rlt-bench: error: the ShareGPT dataset needs the server's /tokenize (a model with a tokenizer)")
+            raise SystemExit("rlt-bench: error: the ShareGPT dataset needs the server's /tokenize "
+                             "(a model with a tokenizer)")
         fixed = args.sharegpt_output_len
         out_len = fixed or len(await info.tokenize(completion) or ())
         too_short = len(p_ids) < 4 or (not fixed and out_len < 4)
@@ -339,12 +341,14 @@ def build_serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--random-range-ratio", type=float, default=0.0,
                    help="lengths are drawn uniformly from [len * (1 - r), len * (1 + r)]")
     p.add_argument("--sharegpt-output-len", type=int, default=None, help="override the conversations' output lengths")
-    p.add_argument("--request-rate", type=float, default=float("inf"), help="requests per second (default inf: all at once)")
+    p.add_argument("--request-rate", type=float, default=float("inf"),
+                   help="requests per second (default inf: all at once)")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (1 = Poisson)")
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--ignore-eos", action="store_true", help="generate exactly the requested output lengths")
-    p.add_argument("--extra-body", type=json.loads, default={}, help='JSON merged into every request, e.g. \'{"speculative": false}\'')
+    p.add_argument("--extra-body", type=json.loads, default={},
+                   help='JSON merged into every request, e.g. \'{"speculative": false}\'')
     p.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS", help="SLOs, e.g. ttft:500 tpot:50 e2e:10000")
     p.add_argument("--percentiles", default="50,90,99", help="comma-separated percentiles to report")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
@@ -381,7 +385,8 @@ def _check_args(p: argparse.ArgumentParser, args) -> None:
 def print_report(report: dict) -> None:
     rows = [("Successful requests", report["completed"]), ("Failed requests", report["failed"]),
             ("Benchmark duration (s)", f"{report['duration']:.2f}"),
-            ("Total input tokens", report["total_input_tokens"]), ("Total generated tokens", report["total_output_tokens"]),
+            ("Total input tokens", report["total_input_tokens"]),
+            ("Total generated tokens", report["total_output_tokens"]),
             ("Request throughput (req/s)", f"{report['request_throughput']:.2f}"),
             ("Output token throughput (tok/s)", f"{report['output_throughput']:.2f}"),
             ("Total token throughput (tok/s)", f"{report['total_token_throughput']:.2f}")]

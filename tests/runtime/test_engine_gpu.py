@@ -172,3 +172,44 @@ def test_long_context_and_many_requests():
     assert all(o.finished for o in outs)
     llm.engine.check_invariants()
     assert llm.engine.kv.pool.num_free == llm.engine.kv.pool.num_blocks
+
+
+@pytest.mark.parametrize("options", [
+    dict(execution_mode="eager", async_scheduling=False),
+    dict(execution_mode="graphs", async_scheduling=False),
+    dict(execution_mode="graphs", async_scheduling=True),
+])
+@pytest.mark.parametrize("k,d,policy", [(2, 2, "fixed"), (4, 1, "adaptive")])
+def test_greedy_speculation_matches_plain_decoding_on_gpu(eager_reference, options, k, d, policy):
+    _, ref = eager_reference
+    params = SamplingParams(max_tokens=12, temperature=0, exit_threshold=0.6, ignore_eos=True)
+    plain = outputs(LLM("ouro-tiny", device="cuda", max_num_seqs=8, execution_mode="eager"), WORK["prompts"], params,
+                    WORK["arrivals"])
+    llm = LLM("ouro-tiny", device="cuda", max_num_seqs=8,
+              speculative_config={"num_speculative_tokens": k, "draft_loops": d, "draft_policy": policy}, **options)
+    assert outputs(llm, WORK["prompts"], params, WORK["arrivals"]) == plain
+    st = llm.stats()["speculative"]
+    assert st["rounds"] > 0
+    if options["execution_mode"] == "graphs":
+        assert st["graphs"]["fallbacks"] == 0 and st["graphs"]["replays"] > 0
+
+
+def test_one_sync_per_speculative_round():
+    llm = LLM("ouro-tiny", device="cuda", max_num_seqs=8, async_scheduling=False,
+              speculative_config={"num_speculative_tokens": 3, "draft_loops": 2, "draft_policy": "fixed"})
+    eng = llm.engine
+    for i, p in enumerate(PROMPTS):
+        eng.add_request(f"s{i}", p, SamplingParams(max_tokens=60, ignore_eos=True, temperature=0))
+    for _ in range(6):
+        eng.step()
+    syncs = []
+    for _ in range(6):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                eng.step()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs.append(sum("synchroniz" in str(w.message) for w in caught))
+    assert max(syncs) <= 1, syncs

@@ -21,7 +21,7 @@ CHAT = {"model": "ouro-tiny", "messages": [{"role": "user", "content": "hi"}], "
 
 @pytest.fixture(scope="module")
 def guarded(start_server):
-    with start_server(api_key=KEY, max_body_bytes=BODY_LIMIT) as live:
+    with start_server(api_key=KEY, max_body_bytes=BODY_LIMIT, cors_origins=("http://ok.example",)) as live:
         yield live
 
 
@@ -144,7 +144,8 @@ def test_prompt_longer_than_context_names_both_lengths(http, guarded):
 
 def test_api_key(guarded):
     assert _error(httpx.post(guarded.url + "/v1/completions", json=OK), 401)["code"] == "invalid_api_key"
-    assert httpx.post(guarded.url + "/v1/completions", json=OK, headers={"Authorization": "Bearer nope"}).status_code == 401
+    wrong = {"Authorization": "Bearer nope"}
+    assert httpx.post(guarded.url + "/v1/completions", json=OK, headers=wrong).status_code == 401
     assert httpx.post(guarded.url + "/tokenize", json={"prompt": "x"}).status_code == 401
     assert httpx.get(guarded.url + "/v1/models").status_code == 401
     assert httpx.get(guarded.url + "/health").status_code == 200
@@ -182,3 +183,11 @@ def test_server_healthy_after_bad_input(http, guarded):
     assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] >= 1
     guarded.wait_idle()
     assert guarded.kv_full()
+
+
+def test_cors_only_for_configured_origins(guarded):
+    preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}
+    ok = httpx.options(guarded.url + "/v1/completions", headers={"Origin": "http://ok.example", **preflight})
+    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://ok.example"
+    evil = httpx.options(guarded.url + "/v1/completions", headers={"Origin": "http://evil.example", **preflight})
+    assert "access-control-allow-origin" not in evil.headers

@@ -64,6 +64,20 @@ def test_token_prompts_and_n(client):
     Completion.model_validate(resp.model_dump())
     assert [c.index for c in resp.choices] == [0, 1, 2, 3]
     assert resp.usage.prompt_tokens == 5 and resp.usage.completion_tokens == 12
+    chunks = list(client.completions.create(model=MODEL, prompt=[[5, 6, 7], [8, 9]], n=2, max_tokens=3, seed=3,
+                                            stream=True, extra_body={"ignore_eos": True}))
+    texts = {i: "".join(c.choices[0].text for c in chunks if c.choices[0].index == i) for i in range(4)}
+    assert texts == {c.index: c.text for c in resp.choices}  # same seed: same samples, streamed per choice
+    assert sorted(c.choices[0].index for c in chunks if c.choices[0].finish_reason) == [0, 1, 2, 3]
+
+
+def test_echo_prepends_the_prompt(client):
+    kw = dict(model=MODEL, prompt="Echo me", max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    plain = client.completions.create(**kw).choices[0].text
+    echoed = client.completions.create(echo=True, **kw).choices[0].text
+    assert echoed == "Echo me" + plain
+    streamed = "".join(c.choices[0].text for c in client.completions.create(echo=True, stream=True, **kw))
+    assert streamed == echoed
 
 
 def test_seed_reproducible_and_streaming_matches(client):
@@ -132,8 +146,9 @@ def test_chat_completion_and_stream(client):
 
 
 def test_chat_n_and_logprobs(client):
-    resp = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": [{"type": "text", "text": "x"}]}],
-                                          n=2, max_completion_tokens=3, logprobs=True, top_logprobs=2,
+    parts = [{"type": "text", "text": "x"}]
+    resp = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": parts}], n=2,
+                                          max_completion_tokens=3, logprobs=True, top_logprobs=2,
                                           extra_body={"ignore_eos": True})
     ChatCompletion.model_validate(resp.model_dump())
     assert [c.index for c in resp.choices] == [0, 1]
@@ -152,7 +167,8 @@ def test_chat_stops_on_end_of_turn(client, server, monkeypatch):
 
     monkeypatch.setattr(server.worker, "submit", spy)
     msgs = [{"role": "user", "content": "Hi"}]
-    client.chat.completions.create(model=MODEL, messages=msgs, max_completion_tokens=1, extra_body={"stop_token_ids": [7]})
+    client.chat.completions.create(model=MODEL, messages=msgs, max_completion_tokens=1,
+                                   extra_body={"stop_token_ids": [7]})
     client.chat.completions.create(model=MODEL, messages=msgs, max_completion_tokens=1, extra_body={"ignore_eos": True})
     im_end = server.engine.tokenizer.chat_stop_token_ids
     assert im_end and seen[0].stop_token_ids == [7, *im_end]
@@ -237,8 +253,8 @@ def test_rlt_serve_command_end_to_end(tmp_path):
         assert resp.usage.completion_tokens == 3
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).models.list()
-        assert "access-control-allow-origin" not in httpx.options(
-            url + "/v1/models", headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"}).headers
+        preflight = {"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"}
+        assert "access-control-allow-origin" not in httpx.options(url + "/v1/models", headers=preflight).headers
     finally:
         proc.send_signal(signal.SIGINT)
         code = proc.wait(60)

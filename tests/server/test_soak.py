@@ -225,5 +225,6 @@ def test_engine_failure_fails_requests_and_health(start_server, caplog):
         assert resp.status_code == 500 and resp.json()["error"]["code"] == "internal_error"
         assert httpx.get(live.url + "/health").status_code == 503
         assert "injected step failure" in caplog.text
-        retry = httpx.post(live.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=30)
+        retry = httpx.post(live.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2},
+                           timeout=30)
         assert retry.status_code == 503

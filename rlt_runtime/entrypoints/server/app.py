@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -35,8 +34,6 @@ from .protocol import (
     TokenLogprobOut, TopLogprob, Usage, param_from_message, sse, template_messages, validation_error,
 )
 from .worker import EngineWorker, GenerationStream, WorkerUnavailable
-
-logger = logging.getLogger("rlt.server")
 
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 503, 504)}
@@ -193,8 +190,11 @@ class _Serving:
         return entry
 
     # ---- prompts ---------------------------------------------------------------------------------
-    def prompt(self, prompt: Union[str, list[int]]) -> dict:
-        """An engine prompt {"prompt_token_ids", "prompt"} with its length checked against the context."""
+    def prompt(self, prompt: Union[str, list[int]], with_text: bool = False) -> dict:
+        """An engine prompt {"prompt_token_ids", "prompt"} with its length checked against the context.
+
+        Token-id prompts get their text (decoded) only `with_text` (echo needs it).
+        """
         engine = self.engine()
         if isinstance(prompt, str):
             if not prompt:
@@ -209,7 +209,7 @@ class _Serving:
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
                 raise ApiError(400, f"prompt token ids must be in [0, {vocab}); got {bad[:5]}", "prompt", "invalid_value")
-            text = engine.tokenizer.decode(ids) if engine.tokenizer is not None else None
+            text = self.tokenizer("echo").decode(ids) if with_text else None
             item = {"prompt_token_ids": ids, "prompt": text}
         if len(ids) >= engine.max_model_len:
             raise ApiError(400, f"the prompt has {len(ids)} tokens but the model's context is {engine.max_model_len} "
@@ -237,10 +237,10 @@ class _Serving:
         arrival = time.monotonic()
         self.check_model(body.model)
         body.check_neutral()
-        prompts = [self.prompt(p) for p in body.prompts()]
-        self.check_room(prompts, body.max_tokens, "max_tokens")
         if body.echo:
             self.tokenizer("echo")
+        prompts = [self.prompt(p, with_text=body.echo) for p in body.prompts()]
+        self.check_room(prompts, body.max_tokens, "max_tokens")
         params = self.sampling_params(lambda: body.sampling_params(body.max_tokens, body.logprobs))
         return await self.generate(request, prompts, params, arrival, body.stream, _CompletionFormat(self, body, prompts))
 
@@ -252,7 +252,8 @@ class _Serving:
         text = self._render(tok, body.template_messages(), True)
         prompts = [self.prompt(tok.encode(text, add_special_tokens=False))]
         prompts[0]["prompt"] = text
-        self.check_room(prompts, body.output_limit, "max_completion_tokens")
+        limit_field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
+        self.check_room(prompts, body.output_limit, limit_field)
         extra_stops = () if body.ignore_eos else tuple(tok.chat_stop_token_ids)
         params = self.sampling_params(lambda: body.sampling_params(body.output_limit, body.logprobs_count, extra_stops))
         return await self.generate(request, prompts, params, arrival, body.stream, _ChatFormat(self, body, prompts))

@@ -94,7 +94,8 @@ class ServerMetrics:
                 for d in depths:
                     self._loop_counts[d] = self._loop_counts.get(d, 0) + 1
         if out.finished:
-            self.e2e.observe(now - timer.arrival)
+            if any(c.finish_reason != "abort" for c in out.outputs):
+                self.e2e.observe(now - timer.arrival)
             for c in out.outputs:
                 if c.finish_reason in FINISH_REASONS:
                     self.request_finished.labels(c.finish_reason).inc()
@@ -127,7 +128,8 @@ class ServerMetrics:
                                 value=s.get("kv_usage", 0.0))
         yield CounterMetricFamily("vllm:prefix_cache_queries", "Prefix-cache block lookups",
                                   value=s.get("prefix_cache_queries", 0))
-        yield CounterMetricFamily("vllm:prefix_cache_hits", "Prefix-cache block hits", value=s.get("prefix_cache_hits", 0))
+        yield CounterMetricFamily("vllm:prefix_cache_hits", "Prefix-cache block hits",
+                                  value=s.get("prefix_cache_hits", 0))
         yield CounterMetricFamily("vllm:num_preemptions", "Preempted requests", value=s.get("preemptions", 0))
         spec = s.get("speculative")
         if isinstance(spec, dict):

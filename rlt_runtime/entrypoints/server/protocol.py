@@ -74,7 +74,8 @@ class _SamplingFields(_Strict):
     logit_bias: Optional[dict[str, float]] = None
     min_loops: Optional[int] = Field(None, ge=1, description="rlt: fewest loops a generated token runs")
     max_loops: Optional[int] = Field(None, ge=1, description="rlt: most loops a generated token runs")
-    exit_threshold: Optional[float] = Field(None, ge=0.0, le=1.0, description="rlt: exit-gate threshold (1 = fixed depth)")
+    exit_threshold: Optional[float] = Field(None, ge=0.0, le=1.0,
+                                            description="rlt: exit-gate threshold (1 = fixed depth)")
     speculative: bool = Field(True, description="rlt: false opts this request out of speculative decoding")
     priority: int = Field(0, description="rlt/vLLM: lower runs first under the priority scheduling policy")
 

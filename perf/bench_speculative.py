@@ -1,0 +1,180 @@
+"""Self-speculative decoding on one GPU: native fast path vs fixed K = 2, 4 and adaptive K.
+
+    python -m perf.bench_speculative --out out/spec [--quick]
+
+`ouro-1.4b` preset in bf16, prompt 128, output 128, ignore_eos, batch 1, 16, 64, 256. Each
+speculative configuration runs at the acceptance the random-init replica really has, and at
+synthetic acceptance 0.7 and 0.9 (benchmark aid: each draft accepted with that probability, so
+round mechanics are measured at realistic acceptance; those outputs are not the model's).
+Reported: end-to-end tok/s including the tail, committed tokens per round, device time of a
+round vs a native step, and the host syncs per round (counted with CUDA sync debug mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import time
+import warnings
+
+import torch
+
+from perf.roofline import measure
+from rlt_runtime.entrypoints.bench_offline import random_prompts
+from rlt_runtime.sampling_params import SamplingParams
+
+
+def _free():
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def end_to_end(llm, batch: int, prefix: str) -> dict:
+    eng = llm.engine
+    params = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
+    prompts = random_prompts(batch, 128, eng.model_config.vocab_size, seed=batch)
+    eng.timings = []
+    before = dict(eng.stats().get("speculative") or {})
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i, p in enumerate(prompts):
+        eng.add_request(f"{prefix}-{i}", p, params)
+    tokens = 0
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                tokens += len(out.outputs[0].token_ids)
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    after = eng.stats().get("speculative") or {}
+    dev = sorted(d for _, d in eng.timings if d is not None)
+    eng.timings = None
+    rounds = after.get("rounds", 0) - before.get("rounds", 0)
+    committed = after.get("committed", 0) - before.get("committed", 0)
+    return {"tok_per_s": tokens / elapsed, "seconds": elapsed, "rounds": rounds,
+            "committed_per_round": committed / rounds if rounds else None,
+            "median_device_ms_per_step": dev[len(dev) // 2] if dev else None,
+            "chosen_k": after.get("chosen_k")}
+
+
+def syncs_per_round(llm) -> int:
+    eng = llm.engine
+    for i in range(4):
+        eng.add_request(f"sync-{i}", [5 + i] * 32, SamplingParams(max_tokens=48, temperature=0, ignore_eos=True))
+    for _ in range(4):
+        eng.step()
+    counts = []
+    for _ in range(4):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                eng.step()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        counts.append(sum("synchroniz" in str(w.message) for w in caught))
+    while eng.has_unfinished_requests():
+        eng.step()
+    return max(counts)
+
+
+def run(quick: bool) -> dict:
+    from rlt_runtime import LLM
+
+    batches = [1, 64] if quick else [1, 16, 64, 256]
+    configs = {"fixed2": (2, "fixed"), "fixed4": (4, "fixed"), "adaptive": (4, "adaptive")}
+    if quick:
+        configs.pop("fixed2")
+    acceptances = [None, 0.9] if quick else [None, 0.7, 0.9]
+    res = {"roofline": measure(), "date": time.strftime("%Y-%m-%d"), "native": {}, "spec": {}}
+    common = dict(dtype="bfloat16", max_num_seqs=max(batches), cuda_graph_sizes=batches)
+    llm = LLM("ouro-1.4b", **common)
+    llm.engine.runner.record_device_time = True
+    end_to_end(llm, 2, "warm")
+    for b in batches:
+        res["native"][b] = end_to_end(llm, b, f"n{b}")
+        print("native", b, res["native"][b], flush=True)
+    del llm
+    _free()
+    for name, (k, policy) in configs.items():
+        for acc in acceptances:
+            spec = {"num_speculative_tokens": k, "draft_loops": 2, "draft_policy": policy, "synthetic_acceptance": acc}
+            llm = LLM("ouro-1.4b", speculative_config=spec, **common)
+            end_to_end(llm, 2, "warm")
+            key = f"{name}@{'measured' if acc is None else acc}"
+            res["spec"][key] = {}
+            for b in batches:
+                r = end_to_end(llm, b, f"{key}{b}")
+                nat = res["native"][b]
+                r["speedup"] = r["tok_per_s"] / nat["tok_per_s"]
+                if r["median_device_ms_per_step"] and nat["median_device_ms_per_step"]:
+                    r["round_cost_vs_step"] = r["median_device_ms_per_step"] / nat["median_device_ms_per_step"]
+                res["spec"][key][b] = r
+                print(key, b, r, flush=True)
+            if acc is None and name == "fixed4":
+                res["syncs_per_round"] = syncs_per_round(llm)
+            del llm
+            _free()
+    return res
+
+
+def markdown(res: dict) -> str:
+    roof = res["roofline"]
+    batches = list(res["native"])
+    lines = [f"Measured {res['date']} on {roof['gpu']} (torch {roof['torch']}, triton {roof['triton']}); "
+             f"ouro-1.4b bf16, prompt 128, output 128. Host syncs per speculative round: {res.get('syncs_per_round')}.", "",
+             "| config | " + " | ".join(f"batch {b} tok/s (x native) [tokens/round, round/step]" for b in batches) + " |",
+             "|---|" + "---|" * len(batches)]
+    lines.append("| native | " + " | ".join(f"{res['native'][b]['tok_per_s']:.0f}" for b in batches) + " |")
+    for key, per in res["spec"].items():
+        cells = []
+        for b in batches:
+            r = per[b]
+            cpr = r.get("committed_per_round")
+            cost = r.get("round_cost_vs_step")
+            cells.append(f"{r['tok_per_s']:.0f} ({r['speedup']:.2f}x) [{'-' if cpr is None else f'{cpr:.2f}'}, "
+                         f"{'-' if cost is None else f'{cost:.2f}'}]")
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(res: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = list(res["native"])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, per in res["spec"].items():
+        ax.plot(batches, [per[b]["speedup"] for b in batches], "o-", label=key)
+    ax.axhline(1.0, color="k", linestyle="--", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch")
+    ax.set_ylabel("speedup vs native (end to end)")
+    ax.set_title("Self-speculative decoding, Ouro-1.4B, " + res["roofline"]["gpu"])
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="out/spec")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    res = run(args.quick)
+    with open(os.path.join(args.out, "speculative.json"), "w") as f:
+        json.dump(res, f, indent=2, default=str)
+    md = markdown(res)
+    with open(os.path.join(args.out, "speculative.md"), "w") as f:
+        f.write(md)
+    plot(res, os.path.join(args.out, "speculative.png"))
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
