@@ -20,8 +20,13 @@ PY
 for part in $parts; do
   start=$(date +%s)
   case $part in
-    tests)   timeout "$PART_TIMEOUT" python3 -m pytest tests -m gpu -q -p no:cacheprovider -rfE --durations=15 \
-               > "$WORK/gpu_tests.log" 2>&1; tail -n 60 "$WORK/gpu_tests.log" ;;
+    tests)   # One process per test file, so a device fault in one file cannot take the others down.
+             for f in $(grep -l "gpu" tests/*/test_*.py); do
+               name=$(basename "$f" .py)
+               timeout "$PART_TIMEOUT" python3 -m pytest "$f" -m gpu -v -p no:cacheprovider -rfE --tb=short \
+                 > "$WORK/gpu_$name.log" 2>&1
+               echo "$name: $(grep -E '^(=+ .*(passed|failed|error).* =+)$' "$WORK/gpu_$name.log" | tail -n 1) rc=$?"
+             done | tee "$WORK/gpu_tests_summary.txt" ;;
     kernels) timeout "$PART_TIMEOUT" python3 -m pytest perf -q -p no:cacheprovider --benchmark-json="$WORK/kernels.json" \
                -k "not sweep" > "$WORK/kernel_bench.log" 2>&1; tail -n 15 "$WORK/kernel_bench.log"
              python3 -m perf.report_kernels "$WORK/kernels.json" "$WORK" ;;

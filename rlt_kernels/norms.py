@@ -320,7 +320,7 @@ def rms_norm(x, weight, eps, *, out=None, active_rows=None):
     active, has_active = _active_args(active_rows, x)
     _rms_norm_kernel[(m,)](
         x, weight, out, active, width, x.stride(0), out.stride(0), float(eps),
-        HAS_ACTIVE=has_active, BLOCK=block, num_warps=warps,
+        HAS_ACTIVE=has_active, BLOCK=block, num_warps=warps, enable_fp_fusion=False,
     )
     return out
 
@@ -360,7 +360,7 @@ def residual_norm(
         residual_out if normed is None else normed, active, width,
         sub.stride(0), residual.stride(0), residual_out.stride(0), (residual_out if normed is None else normed).stride(0),
         float(eps), HUGINN=mode == "huginn", HAS_NEXT=normed is not None, HAS_ACTIVE=has_active,
-        BLOCK=block, num_warps=warps,
+        BLOCK=block, num_warps=warps, enable_fp_fusion=False,  # rounding exactly as the reference
     )
     return residual_out, normed
 

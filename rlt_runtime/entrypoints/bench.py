@@ -86,7 +86,8 @@ class ServerInfo:
 
     async def detokenize(self, ids: list[int]) -> str:
         resp = await self.client.post("/detokenize", json={"model": self.model, "tokens": ids})
-        resp.raise_for_status()
+        if resp.status_code != 200:
+            raise SystemExit(f"rlt-bench: error: chat prompts need the server's /detokenize: {resp.text[:200]}")
         return resp.json()["prompt"]
 
 
@@ -411,7 +412,13 @@ def serve_main(argv: list[str]) -> int:
     p = build_serve_parser()
     args = p.parse_args(argv)
     _check_args(p, args)
-    report = asyncio.run(run_serve(args))
+    import httpx
+
+    try:
+        report = asyncio.run(run_serve(args))
+    except httpx.HTTPError as exc:
+        print(f"rlt-bench: error: {args.base_url}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     print_report(report)
     if args.result_file:
         with open(args.result_file, "w", encoding="utf-8") as f:

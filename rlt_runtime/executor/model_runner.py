@@ -277,6 +277,9 @@ class ModelRunner:
         )
         res = {"tokens": tokens}
         if want_lp:
+            if active is not None:  # rows past the live count hold unwritten token ids
+                tokens = torch.where(torch.arange(tokens.shape[0], device=tokens.device) < active, tokens,
+                                     torch.zeros_like(tokens))
             chosen, top_ids, top_lp = ops.compute_logprobs(logits, tokens, num_top)
             res.update(logprobs=chosen, top_ids=top_ids, top_logprobs=top_lp)
         return res

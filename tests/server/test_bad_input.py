@@ -129,6 +129,12 @@ def test_malformed_bodies(http, raw):
     assert err["param"] is None
 
 
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded"])
+def test_non_json_content_type(http, content_type):
+    resp = http.post("/v1/completions", content=json.dumps(OK), headers={"Content-Type": content_type})
+    assert _error(resp, 400)["code"] == "invalid_content_type"
+
+
 def test_unknown_model_is_404(http):
     err = _error(http.post("/v1/completions", json=_with(model="gpt-4o")), 404)
     assert err["param"] == "model" and err["code"] == "model_not_found"

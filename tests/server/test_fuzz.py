@@ -8,7 +8,7 @@ import pytest
 schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
-EXAMPLES = {"positive": 30, "negative": 20}
+EXAMPLES = {"positive": 50, "negative": 30}
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import socket
@@ -285,3 +286,54 @@ def test_serve_flags_map_to_engine_options():
                               "--speculative-tokens", "3"]))
     with pytest.raises(ConfigError):
         engine_options(parse(["--model", "m", "--draft-loops", "2"]))
+
+
+def test_explicit_nulls_mean_defaults(server):
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 2, "n": None, "stream": None, "echo": None, "logprobs": None,
+            "temperature": None, "stop": None, "seed": None, "ignore_eos": None, "stream_options": None}
+    resp = httpx.post(server.url + "/v1/completions", json=body, timeout=30)
+    assert resp.status_code == 200, resp.text
+    Completion.model_validate(resp.json())
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 2, "n": None,
+            "logprobs": None, "top_logprobs": None, "tools": None, "tool_choice": None, "response_format": None}
+    resp = httpx.post(server.url + "/v1/chat/completions", json=chat, timeout=30)
+    assert resp.status_code == 200, resp.text
+    ChatCompletion.model_validate(resp.json())
+
+
+def test_vllm_bench_payloads_are_accepted(server):
+    """The request bodies `vllm bench serve` sends (completions and chat) stream with usage."""
+    completions = {"model": MODEL, "prompt": "bench", "temperature": 0.0, "repetition_penalty": 1.0, "best_of": 1,
+                   "max_tokens": 3, "logprobs": None, "stream": True, "stream_options": {"include_usage": True},
+                   "ignore_eos": True}
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "bench"}]}],
+            "temperature": 0.0, "max_completion_tokens": 3, "stream": True, "stream_options": {"include_usage": True},
+            "ignore_eos": True}
+    for path, body in (("/v1/completions", completions), ("/v1/chat/completions", chat)):
+        with httpx.stream("POST", server.url + path, json=body, timeout=30) as resp:
+            assert resp.status_code == 200
+            assert resp.headers["content-type"].startswith("text/event-stream")
+            raw = resp.read().decode()
+        events = raw.split("\n\n")
+        assert events[-1] == "" and events[-2] == "data: [DONE]"
+        usage = json.loads(events[-3][len("data: "):])
+        assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 3
+        assert all(e.startswith("data: ") for e in events[:-1])
+
+
+def test_speculative_server_metrics_and_opt_out(start_server):
+    with start_server(engine_options={"speculative_config": {"num_speculative_tokens": 2}}) as live:
+        cli = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        kw = dict(model=MODEL, prompt="Speculate", max_tokens=10, temperature=0)
+        spec = cli.completions.create(extra_body={"ignore_eos": True}, **kw).choices[0].text
+        plain = cli.completions.create(extra_body={"ignore_eos": True, "speculative": False}, **kw).choices[0].text
+        streamed = "".join(c.choices[0].text for c in cli.completions.create(
+            stream=True, extra_body={"ignore_eos": True}, **kw))
+        assert spec == plain == streamed  # greedy speculation commits exactly the target's tokens
+        live.wait_idle()  # the engine thread refreshed its stats snapshot when it went idle
+        drafts = _metric(live, "vllm:spec_decode_num_drafts_total")
+        drafted = _metric(live, "vllm:spec_decode_num_draft_tokens_total")
+        accepted = _metric(live, "vllm:spec_decode_num_accepted_tokens_total")
+        first = _metric(live, 'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"}')
+        assert drafts > 0 and drafted >= drafts and 0 <= accepted <= drafted and first <= accepted
+        assert _metric(live, 'rlt:spec_decode_num_drafted_tokens_per_pos_total{position="0"}') >= first

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 import random
 import re
@@ -179,7 +180,9 @@ def test_graceful_shutdown_is_bounded(start_server):
         clients = [threading.Thread(target=stream_long) for _ in range(3)]
         for t in clients:
             t.start()
+        deadline = time.monotonic() + 30
         while live.worker.num_active < 3:
+            assert time.monotonic() < deadline, "the streams never started"
             time.sleep(0.01)
         start = time.monotonic()
         live.stop(timeout=15)
@@ -228,3 +231,26 @@ def test_engine_failure_fails_requests_and_health(start_server, caplog):
         retry = httpx.post(live.url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2},
                            timeout=30)
         assert retry.status_code == 503
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("speculative", [None, {"num_speculative_tokens": 4}], ids=["native", "speculative"])
+def test_gpu_soak_and_bench(start_server, tmp_path, speculative):
+    """The CUDA engine (bf16, async scheduling, graphs) behind HTTP: the disconnect storm, then rlt-bench."""
+    from rlt_runtime.entrypoints import bench
+
+    options = {"device": "cuda", "dtype": "auto", "max_num_seqs": 64, "num_blocks": 2048, "max_model_len": 512,
+               "speculative_config": speculative}
+    with start_server(engine_options=options) as live:
+        outcomes = asyncio.run(_storm(live.url, SOAK_REQUESTS, seed=2))
+        assert len(outcomes) == SOAK_REQUESTS
+        live.wait_idle(timeout=60)
+        assert live.kv_full()
+        result = tmp_path / "bench.json"
+        assert bench.main(["serve", "--base-url", live.url, "--num-prompts", "64", "--random-input-len", "128",
+                           "--random-output-len", "32", "--ignore-eos", "--request-rate", "200",
+                           "--result-file", str(result)]) == 0
+        report = json.loads(result.read_text())
+        assert report["completed"] == 64 and report["total_output_tokens"] == 64 * 32
+        live.wait_idle()
+        assert live.kv_full()

@@ -88,7 +88,12 @@ def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLM
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        err = validation_error(list(exc.errors()))
+        content_type = request.headers.get("content-type", "")
+        if request.method == "POST" and "json" not in content_type:  # FastAPI only parses JSON bodies
+            err = ApiError(400, f"send the body as JSON with 'Content-Type: application/json' (got {content_type!r})",
+                           None, "invalid_content_type")
+        else:
+            err = validation_error(list(exc.errors()))
         return JSONResponse(err.body(), status_code=err.status)
 
     @app.exception_handler(StarletteHTTPException)
@@ -437,8 +442,6 @@ class _Format:
 
 
 class _CompletionFormat(_Format):
-    prefix = "cmpl"
-
     def start(self, prompt_index: int) -> _Progress:
         st = _Progress()
         if self.body.echo:

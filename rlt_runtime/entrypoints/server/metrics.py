@@ -6,9 +6,9 @@ Engine-wide values (running/waiting requests, KV usage, prefix-cache and specula
 come from `engine.stats()` snapshots the owner thread takes at most every `stats_interval`
 seconds, and are exported at scrape time.
 
-`engine.stats()["speculative"]`, when present, is read as a dict with cumulative counts:
-`num_drafts`, `num_draft_tokens`, `num_accepted_tokens` and `accepted_per_position` (a list:
-drafts accepted at position 0, 1, ...). Missing keys are simply not exported.
+`engine.stats()["speculative"]` (present with speculative decoding) is read as a dict of
+cumulative counts: `rounds`, `drafted`, `accepted`, and the lists `accepted_per_position` /
+`drafted_per_position` (index = draft position). Missing keys are simply not exported.
 """
 
 from __future__ import annotations
@@ -26,6 +26,14 @@ TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.25, 0.5, 0.75, 1.0, 2.0, 
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 FINISH_REASONS = ("stop", "length", "abort")
+# (exported name, key of engine.stats()["speculative"], help)
+SPEC_COUNTERS = (("vllm:spec_decode_num_drafts", "rounds", "Speculative rounds"),
+                 ("vllm:spec_decode_num_draft_tokens", "drafted", "Drafted tokens"),
+                 ("vllm:spec_decode_num_accepted_tokens", "accepted", "Accepted draft tokens"))
+SPEC_PER_POSITION = (("vllm:spec_decode_num_accepted_tokens_per_pos", "accepted_per_position",
+                      "Accepted draft tokens by draft position"),
+                     ("rlt:spec_decode_num_drafted_tokens_per_pos", "drafted_per_position",
+                      "Drafted tokens by draft position"))
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -133,18 +141,15 @@ class ServerMetrics:
         yield CounterMetricFamily("vllm:num_preemptions", "Preempted requests", value=s.get("preemptions", 0))
         spec = s.get("speculative")
         if isinstance(spec, dict):
-            for key, help_text in (("num_drafts", "Speculative draft rounds"),
-                                   ("num_draft_tokens", "Drafted tokens"),
-                                   ("num_accepted_tokens", "Accepted draft tokens")):
+            for name, key, help_text in SPEC_COUNTERS:
                 if key in spec:
-                    yield CounterMetricFamily(f"vllm:spec_decode_{key}", help_text, value=spec[key])
-            per_pos = spec.get("accepted_per_position")
-            if per_pos is not None:
-                fam = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
-                                          "Accepted draft tokens by draft position", labels=["position"])
-                for pos, count in enumerate(per_pos):
-                    fam.add_metric([str(pos)], count)
-                yield fam
+                    yield CounterMetricFamily(name, help_text, value=spec[key])
+            for name, key, help_text in SPEC_PER_POSITION:
+                if spec.get(key) is not None:
+                    fam = CounterMetricFamily(name, help_text, labels=["position"])
+                    for pos, count in enumerate(spec[key]):
+                        fam.add_metric([str(pos)], count)
+                    yield fam
         buckets, total = self.loop_histogram()
         yield HistogramMetricFamily("rlt:loops_per_token", "Loops run by each generated token (its exit depth)",
                                     buckets=buckets, sum_value=total)

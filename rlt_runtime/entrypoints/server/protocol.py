@@ -11,9 +11,9 @@ the feature is not supported. Extra rlt fields: `min_loops`, `max_loops`, `exit_
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from ...sampling_params import MAX_LOGPROBS, SamplingParams
 
@@ -56,7 +56,7 @@ class _SamplingFields(_Strict):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str
-    n: int = Field(1, ge=1, le=64)
+    n: Optional[int] = Field(1, ge=1, le=64)
     temperature: Optional[float] = Field(None, ge=0.0, le=100.0, description="default 1.0; 0 is greedy")
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
     top_k: Optional[int] = Field(None, ge=-1, description="-1 or 0: off")
@@ -64,8 +64,8 @@ class _SamplingFields(_Strict):
     seed: Optional[int] = Field(None, ge=0, lt=2**63)
     stop: Optional[Union[NonEmptyStr, list[NonEmptyStr]]] = None
     stop_token_ids: Optional[list[TokenId]] = None
-    ignore_eos: bool = False
-    stream: bool = False
+    ignore_eos: Optional[bool] = False
+    stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = None
     presence_penalty: Optional[float] = None
@@ -76,8 +76,18 @@ class _SamplingFields(_Strict):
     max_loops: Optional[int] = Field(None, ge=1, description="rlt: most loops a generated token runs")
     exit_threshold: Optional[float] = Field(None, ge=0.0, le=1.0,
                                             description="rlt: exit-gate threshold (1 = fixed depth)")
-    speculative: bool = Field(True, description="rlt: false opts this request out of speculative decoding")
-    priority: int = Field(0, description="rlt/vLLM: lower runs first under the priority scheduling policy")
+    speculative: Optional[bool] = Field(True, description="rlt: false opts this request out of speculative decoding")
+    priority: Optional[int] = Field(0, description="rlt/vLLM: lower runs first under the priority scheduling policy")
+
+    _NULL_DEFAULTS: ClassVar[dict] = {"n": 1, "ignore_eos": False, "stream": False, "speculative": True, "priority": 0}
+
+    @model_validator(mode="after")
+    def _nulls_mean_defaults(self):
+        """OpenAI marks these fields nullable: an explicit null means the default."""
+        for name, default in self._NULL_DEFAULTS.items():
+            if getattr(self, name) is None:
+                setattr(self, name, default)
+        return self
 
     def check_neutral(self) -> None:
         """Reject OpenAI features the engine does not implement (unless given at their neutral value)."""
@@ -120,9 +130,11 @@ class CompletionRequest(_SamplingFields):
     prompt: PromptInput = Field(description="a string, a list of strings, a token-id list or a list of token-id lists")
     max_tokens: Optional[int] = Field(16, ge=1, description="null: up to the end of the context")
     logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: bool = False
+    echo: Optional[bool] = False
     best_of: Optional[int] = Field(None, ge=1)
     suffix: Optional[str] = None
+
+    _NULL_DEFAULTS: ClassVar[dict] = {**_SamplingFields._NULL_DEFAULTS, "echo": False}
 
     def check_neutral(self) -> None:
         super().check_neutral()
@@ -168,7 +180,7 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1, description="null: up to the end of the context")
     max_tokens: Optional[int] = Field(None, ge=1, description="deprecated alias of max_completion_tokens")
-    logprobs: bool = False
+    logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
@@ -176,6 +188,8 @@ class ChatCompletionRequest(_SamplingFields):
     functions: Optional[list[dict[str, Any]]] = None
     function_call: Optional[Union[str, dict[str, Any]]] = None
     response_format: Optional[dict[str, Any]] = None
+
+    _NULL_DEFAULTS: ClassVar[dict] = {**_SamplingFields._NULL_DEFAULTS, "logprobs": False}
 
     def check_neutral(self) -> None:
         super().check_neutral()

@@ -1,0 +1,105 @@
+"""Serving curve on one GPU: `rlt-bench serve` against `rlt-serve --model ouro-1.4b`.
+
+    python -m perf.bench_serving --out out/serving [--quick]
+
+Random requests (input 512, output 128, ignore_eos) at increasing request rates up to
+saturation, native and with speculation; one JSON per point plus a table and a plot of
+throughput against TTFT / TPOT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(extra: list[str]) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "rlt_runtime.entrypoints.server.cli", "--model", "ouro-1.4b", "--port", str(port),
+           "--dtype", "bfloat16", "--max-num-seqs", "256"] + extra
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError("rlt-serve exited: " + proc.stderr.read()[-2000:])
+        time.sleep(1)
+    raise RuntimeError("rlt-serve did not become healthy")
+
+
+def _bench(url: str, rate: str, num: int, path: str) -> dict:
+    cmd = [sys.executable, "-m", "rlt_runtime.entrypoints.bench", "serve", "--base-url", url, "--num-prompts", str(num),
+           "--random-input-len", "512", "--random-output-len", "128", "--ignore-eos", "--temperature", "0",
+           "--request-rate", rate, "--num-warmups", "4", "--result-file", path]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    with open(path) as f:
+        return json.load(f)
+
+
+def run(out: str, quick: bool) -> dict:
+    rates = ["4", "16", "inf"] if quick else ["2", "8", "16", "32", "64", "inf"]
+    num = 100 if quick else 500
+    res = {"date": time.strftime("%Y-%m-%d"), "num_prompts": num, "points": {}}
+    for name, extra in [("native", []), ("speculative", ["--speculative-tokens", "4", "--draft-policy", "adaptive"])]:
+        proc, url = _serve(extra)
+        try:
+            for rate in rates:
+                r = _bench(url, rate, num, os.path.join(out, f"serve-{name}-{rate}.json"))
+                res["points"].setdefault(name, {})[rate] = r
+                print(name, rate, {k: r.get(k) for k in ("request_throughput", "output_throughput")}, flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    return res
+
+
+def _get(r: dict, key: str):
+    return r.get(key)
+
+
+def markdown(res: dict) -> str:
+    lines = [f"Measured {res['date']}; {res['num_prompts']} random requests (input 512, output 128) per point.", "",
+             "| mode | request rate | req/s | output tok/s | TTFT p50 (ms) | TPOT p50 (ms) | ITL p50 (ms) | E2E p50 (ms) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for mode, pts in res["points"].items():
+        for rate, r in pts.items():
+            cells = [_get(r, "request_throughput"), _get(r, "output_throughput"), _get(r, "median_ttft_ms"),
+                     _get(r, "median_tpot_ms"), _get(r, "median_itl_ms"), _get(r, "median_e2el_ms")]
+            lines.append(f"| {mode} | {rate} | " + " | ".join("n/a" if c is None else f"{c:.1f}" for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="out/serving")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    res = run(args.out, args.quick)
+    with open(os.path.join(args.out, "serving.json"), "w") as f:
+        json.dump(res, f, indent=2)
+    md = markdown(res)
+    with open(os.path.join(args.out, "serving.md"), "w") as f:
+        f.write(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
