@@ -69,7 +69,7 @@ class DecodeGraphs:
     """
 
     program: Callable[..., dict]
-    prepare_inputs: Callable[[], None]  # makes the static inputs inert (no live rows) for warm-up/capture
+    inert_inputs: list  # device tensors zeroed during warm-up/capture (live-row counts), restored after
     sizes: list[int]
     mode: str = "graphs"
     static_tensors: list = field(default_factory=list)
@@ -118,8 +118,10 @@ class DecodeGraphs:
         gc.disable()
         start = time.perf_counter()
         stream = torch.cuda.Stream()
+        saved = [t.clone() for t in self.inert_inputs]  # a lazy capture happens mid-step: keep its inputs
         try:
-            self.prepare_inputs()
+            for t in self.inert_inputs:
+                t.zero_()
             stream.wait_stream(torch.cuda.current_stream())
             if self.mode == "compile":
                 entry = self._compile_entry(size, variant, stream)
@@ -140,6 +142,8 @@ class DecodeGraphs:
             logger.warning("CUDA graph capture of bucket %d failed (%s); it will run eagerly", size, exc)
             return None
         finally:
+            for t, v in zip(self.inert_inputs, saved):
+                t.copy_(v)
             if gc_enabled:
                 gc.enable()
         elapsed = time.perf_counter() - start

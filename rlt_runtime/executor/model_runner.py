@@ -165,7 +165,7 @@ class ModelRunner:
         static = [self.kv.k, self.kv.v, self.kv.block_tables, self.kv.key_depth, self.dec_in.dev, self.cos_sin,
                   self.slot_token, self.slot_key, self.slot_pos, self.slot_temperature, self.slot_top_p, self.slot_min_p,
                   self.slot_top_k, self.slot_threshold, self.slot_min_loops, self.slot_max_loops]
-        self.graphs = DecodeGraphs(self.decode_program, lambda: self.dec_in["num_rows"].zero_(),
+        self.graphs = DecodeGraphs(self.decode_program, [self.dec_in["num_rows"]],
                                    [s for s in sizes if s <= self.max_rows], mode=mode, static_tensors=static)
         self.graphs.capture_all((False, 0))
 

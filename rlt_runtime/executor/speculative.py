@@ -50,11 +50,7 @@ class SpeculativeRunner:
     def enable_graphs(self, mode: str, sizes: list[int]) -> None:
         from .graphs import DecodeGraphs
 
-        def inert():
-            self.inp["num_rows"].zero_()
-            self.inp["num_verify"].zero_()
-            self.inp["counts"].zero_()
-
+        inert = [self.inp["num_rows"], self.inp["num_verify"], self.inp["counts"]]
         self.graphs = DecodeGraphs(self.round_program, inert, [s for s in sizes if s <= self.runner.max_rows], mode=mode)
 
     # ---- host side ---------------------------------------------------------------------------

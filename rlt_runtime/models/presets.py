@@ -4,9 +4,10 @@
 `ouro-1.4b`, `ouro-2.6b` and `huginn-0125` are random-init replicas with the real shapes
 (reference/MODELS.md §1.2, §2.1) and the real initialisation (§7, §2.8).
 
-Every tensor is drawn from its own `torch.Generator`, seeded from (seed, tensor name), on the
-target device, one tensor at a time, so a 3.5B replica never needs more than its own size plus
-one fp32 tensor, and the value of a tensor does not depend on which others are generated.
+Every tensor is drawn from its own CPU `torch.Generator`, seeded from (seed, tensor name), and
+then moved to the target device, one tensor at a time: a preset is the same model on every
+device, a 3.5B replica never needs more than its own size plus one fp32 tensor, and the value of
+a tensor does not depend on which others are generated.
 Values are drawn in fp32 and then cast, so `dtype=bf16` gives exactly the fp32 values rounded.
 
 Huginn GQA configs keep `qk_bias` at [2, 1, n_heads, head_dim]; the k bias uses heads
@@ -100,7 +101,9 @@ def preset_weights(config: ModelConfig, *, seed: int = 0, device="cpu",
     """
     device = torch.device(device)
     init = _init_ouro if config.family == "ouro" else _init_huginn
+    cpu = torch.device("cpu")
     for name, shape in hf_weight_shapes(config).items():
-        t = torch.empty(shape, device=device, dtype=torch.float32)
-        init(name, t, config, lambda: _generator(seed, name, device))
-        yield name, t.to(dtype)
+        # Drawn on the CPU so a preset is the same model on every device, then moved.
+        t = torch.empty(shape, device=cpu, dtype=torch.float32)
+        init(name, t, config, lambda: _generator(seed, name, cpu))
+        yield name, t.to(device=device, dtype=dtype)

@@ -163,8 +163,8 @@ def test_two_engines_and_a_non_default_device(eager_reference):
 
 
 def test_long_context_and_many_requests():
-    llm = LLM("ouro-tiny", device="cuda", max_num_seqs=64, max_model_len=16384)
-    long_prompt = [(i * 7) % 300 + 3 for i in range(12000)]
+    llm = LLM("ouro-tiny", device="cuda", max_num_seqs=64)
+    long_prompt = [(i * 7) % 300 + 3 for i in range(llm.engine.max_model_len - 64)]
     outs = llm.generate([long_prompt], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True), use_tqdm=False)
     assert len(outs[0].outputs[0].token_ids) == 16
     many = [[(i * 13 + j) % 300 + 3 for j in range(1 + i % 40)] for i in range(300)]
