@@ -370,8 +370,9 @@ class ModelRunner:
         st.write("num_rows", np.asarray([b], np.int32))
         st.upload()
         res = self.graphs.run(b, (want_lp, num_top)) if self.graphs is not None else None
-        if res is None:
-            res = self.decode_program(b, want_lp, num_top)
+        if res is None:  # eager, or a fallback: the same program, padded to the bucket when one exists
+            size = (self.graphs.bucket(b) if self.graphs is not None else None) or b
+            res = self.decode_program(size, want_lp, num_top)
         return {k: v[:b] for k, v in res.items()}
 
     def decode_program(self, b: int, want_lp: bool, num_top: int) -> dict:

@@ -168,8 +168,10 @@ class SpeculativeRunner:
         else:
             out_tokens, accepted = ops.accept_draft(drafts[:, 1:], num_drafts, target[:rows], p, q, greedy, keys,
                                                     pos0 + 1, active_rows=active)
+        live_row = torch.arange(rows, device=dev) < active
+        accepted = torch.where(live_row, accepted, torch.zeros_like(accepted))  # padded rows: not written
         last = out_tokens.gather(1, accepted.long()[:, None])[:, 0]
-        live_slot = torch.where(torch.arange(rows, device=dev) < active, idx, torch.full_like(idx, -1))
+        live_slot = torch.where(live_row, idx, torch.full_like(idx, -1))
         ops.scatter_rows(last, live_slot, run.slot_token, active_rows=None)
         ops.scatter_rows(pos0 + accepted.long() + 1, live_slot, run.slot_pos, active_rows=None)
         res = {"tokens": out_tokens, "accepted": accepted, "depths": depths[:rows]}

@@ -145,3 +145,33 @@ def test_abort_and_id_reuse_with_rounds_in_flight(async_mode):
 def test_trace_with_async_speculation_is_rejected():
     with pytest.raises(ConfigError, match="async_scheduling"):
         LLM("ouro-tiny", exit_mode="trace", exit_trace={"a": [4]}, async_scheduling=True, speculative_config=spec())
+
+
+class PaddingOnly:
+    """Stands in for the CUDA-graph manager on CPU: pads every step to a bucket, runs eagerly."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def bucket(self, rows):
+        return self.size
+
+    def run(self, rows, variant):
+        return None
+
+
+@pytest.mark.parametrize("with_spec", [False, True])
+def test_padded_rows_are_inert(with_spec):
+    options = {"speculative_config": spec(3, 1)} if with_spec else {}
+    params = SamplingParams(max_tokens=10, temperature=0.7, seed=9, exit_threshold=0.6, logprobs=2, ignore_eos=True)
+    prompts = [[5, 6, 7], [8, 9], list(range(20, 40))]
+    plain = LLM("ouro-tiny", dtype="float32", max_num_seqs=8, **options)
+    padded = LLM("ouro-tiny", dtype="float32", max_num_seqs=8, **options)
+    padded.engine.runner.graphs = PaddingOnly(8)
+    if with_spec:
+        padded.engine.runner.spec.graphs = PaddingOnly(8)
+    a = plain.generate(prompts, params, use_tqdm=False)
+    b = padded.generate(prompts, params, use_tqdm=False)
+    assert [(o.outputs[0].token_ids, o.outputs[0].exit_depths, [lp.logprob for lp in o.outputs[0].logprobs]) for o in a] == \
+           [(o.outputs[0].token_ids, o.outputs[0].exit_depths, [lp.logprob for lp in o.outputs[0].logprobs]) for o in b]
+    padded.engine.check_invariants()
