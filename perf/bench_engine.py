@@ -71,6 +71,7 @@ def engine(model, **kw):
 
     t0 = time.perf_counter()
     llm = LLM(model, dtype="bfloat16", **kw)
+    llm.engine.runner.record_device_time = True
     st = llm.stats()
     graphs = st.get("graphs") or {}
     return llm, {"init_s": time.perf_counter() - t0, "capture_s": graphs.get("capture_seconds"),

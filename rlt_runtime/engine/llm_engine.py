@@ -334,7 +334,7 @@ class LLMEngine:
         for r in sched.preempted:
             touched[r.group_id] = None
         outs = [self._output(g) for g in touched if g in self._groups]
-        if self.timings is not None and self._last_device_ms is not None:
+        if self.timings is not None and handle is not None:
             self.timings.append(((time.perf_counter() - t0 - self._wait_s) * 1e3, self._last_device_ms))
         for out in outs:
             if out.finished:

@@ -46,6 +46,8 @@ class SchedulerOutput:
     admitted: list[Request] = field(default_factory=list)  # got a slot this step (runner initialises it)
     preempted: list[Request] = field(default_factory=list)
     block_updates: list[tuple[int, int, int, int]] = field(default_factory=list)
+    swap_out: list = field(default_factory=list)  # (request, its per-logical-block plane tuples) to copy to CPU
+    swap_in: list = field(default_factory=list)  # (request, new plane tuples) to copy back from CPU
 
     @property
     def num_tokens(self) -> int:
@@ -115,6 +117,12 @@ class Scheduler:
         if victim in out.admitted:
             out.admitted.remove(victim)
         self.running.remove(victim)
+        if self.cfg.preemption_mode == "swap" and victim.num_computed > 0:
+            # Swap: the runner copies these blocks to CPU before this step's device work (which may
+            # already reuse them); re-admission copies them back instead of recomputing.
+            keep = self.kv.blocks_for(victim.num_computed)
+            out.swap_out.append((victim, list(self.kv.table(victim.request_id))[:keep]))
+            victim.swapped = {"num_computed": victim.num_computed}
         self._release(victim)
         victim.num_computed = 0
         victim.num_inflight = 0
@@ -217,6 +225,12 @@ class Scheduler:
         return min(remaining, self._chunk_limit(), budget)
 
     def _fits(self, r: Request, budget: int) -> bool:
+        if r.swapped is not None:
+            saved = r.swapped["num_computed"]
+            chunk = min(r.prefill_target - saved, self._chunk_limit(), budget) if saved < r.prefill_target else 0
+            need = self.kv.blocks_for(saved + max(chunk, 1)) * self.kv.num_planes
+            reserve = int(self.cfg.watermark * self.kv.pool.num_blocks) if self.running else 0
+            return self.kv.num_free_blocks - need >= reserve
         cached = self.kv.count_cached_prefix(r.all_token_ids()[: r.prefill_target + 1], self._salt(r)) if self.kv.enable_prefix_caching else 0
         cached = min(cached, r.prefill_target - 1) // self.kv.block_size * self.kv.block_size if cached else 0
         chunk = self._first_chunk(r, cached, budget)
@@ -267,12 +281,20 @@ class Scheduler:
         r.bypass_count = 0
         self.running.append(r)
         out.admitted.append(r)
-        tokens = r.all_token_ids()[: r.prefill_target + 1]
-        cached = self.kv.attach_prefix(r.request_id, r.slot, tokens, self._salt(r))
-        r.num_computed = min(cached, r.prefill_target - 1) // self.kv.block_size * self.kv.block_size if cached else 0
+        if r.swapped is not None:
+            saved = r.swapped["num_computed"]
+            self.kv.allocate(r.request_id, r.slot, saved)  # _fits checked the room
+            out.swap_in.append((r, list(self.kv.table(r.request_id))))
+            r.num_computed = saved
+            if not r.is_prefilling:
+                return  # decodes from the next step on
+        else:
+            tokens = r.all_token_ids()[: r.prefill_target + 1]
+            cached = self.kv.attach_prefix(r.request_id, r.slot, tokens, self._salt(r))
+            r.num_computed = min(cached, r.prefill_target - 1) // self.kv.block_size * self.kv.block_size if cached else 0
         if r.metrics is not None and r.metrics.num_cached_tokens == 0:
             r.metrics.num_cached_tokens = r.num_computed
-        if self._schedule_prefill(r, budget, out) == 0 and r in self.running:
+        if self._schedule_prefill(r, budget, out) == 0 and r in self.running and r.swapped is None:
             # Could not even start: put it back (keeps the prefix references released).
             self.running.remove(r)
             self._release(r)

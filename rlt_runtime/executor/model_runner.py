@@ -169,6 +169,29 @@ class ModelRunner:
                                    [s for s in sizes if s <= self.max_rows], mode=mode, static_tensors=static)
         self.graphs.capture_all((False, 0))
 
+    # ---- swap preemption ----------------------------------------------------------------------
+    def _swap(self, sched: SchedulerOutput) -> None:
+        """Copy swapped-out requests' blocks (every plane and layer, and their key depths) to CPU,
+        then swapped-in requests' saved blocks into their new blocks, before the step's work."""
+        pin = self.device.type == "cuda"
+        for req, table in sched.swap_out:
+            idx = torch.tensor([b for planes in table for b in planes], dtype=torch.int64).to(self.device, non_blocking=True)
+            first = torch.tensor([planes[0] for planes in table], dtype=torch.int64).to(self.device, non_blocking=True)
+            saved = []
+            for src in (self.kv.k.index_select(1, idx), self.kv.v.index_select(1, idx), self.kv.key_depth.index_select(0, first)):
+                host = torch.empty(src.shape, dtype=src.dtype, pin_memory=pin)
+                host.copy_(src, non_blocking=True)
+                saved.append(host)
+            req.swapped["kv"] = saved
+        for req, table in sched.swap_in:
+            k, v, depth = req.swapped["kv"]
+            idx = torch.tensor([b for planes in table for b in planes], dtype=torch.int64).to(self.device, non_blocking=True)
+            first = torch.tensor([planes[0] for planes in table], dtype=torch.int64).to(self.device, non_blocking=True)
+            self.kv.k.index_copy_(1, idx, k.to(self.device, non_blocking=True))
+            self.kv.v.index_copy_(1, idx, v.to(self.device, non_blocking=True))
+            self.kv.key_depth.index_copy_(0, first, depth.to(self.device, non_blocking=True))
+            req.swapped = None
+
     # ---- persistent state updates ------------------------------------------------------------
     def _apply_updates(self, sched: SchedulerOutput) -> None:
         arrays = {}
@@ -214,6 +237,7 @@ class ModelRunner:
         if self.record_device_time and self.device.type == "cuda":
             handle.start_event = torch.cuda.Event(enable_timing=True)
             handle.start_event.record()
+        self._swap(sched)
         self._apply_updates(sched)
         num_top = max([r.params.logprobs or 0 for r in sched.decodes]
                       + [c.request.params.logprobs or 0 for c in sched.prefills if c.sample] + [0])

@@ -127,10 +127,12 @@ workloads = st.lists(
     prefix=st.booleans(),
     pool=st.sampled_from([None, 20]),
     async_mode=st.booleans(),
+    swap=st.booleans(),
 )
-def test_random_workloads_match_reference(work, threshold, chunk, prefix, pool, async_mode):
+def test_random_workloads_match_reference(work, threshold, chunk, prefix, pool, async_mode, swap):
     llm = engine(max_num_seqs=4, prefill_chunk_size=chunk, enable_prefix_caching=prefix, num_blocks=pool, block_size=16,
-                 async_scheduling=async_mode, max_num_batched_tokens=16)
+                 async_scheduling=async_mode, max_num_batched_tokens=16,
+                 preemption_mode="swap" if swap else "recompute")
     eng = llm.engine
     params = SamplingParams(max_tokens=6, temperature=0, exit_threshold=threshold, ignore_eos=True)
     pending = sorted(((arr, i, p) for i, (p, arr) in enumerate(work)), key=lambda x: x[0])

@@ -57,13 +57,15 @@ workloads = st.lists(st.tuples(st.lists(st.integers(3, 300), min_size=1, max_siz
     threshold=st.sampled_from([1.0, 0.6]),
     async_mode=st.booleans(),
     pool=st.sampled_from([None, 24]),
+    swap=st.booleans(),
     prefix=st.booleans(),
     chunk=st.sampled_from([2, 64]),
     stop=st.booleans(),
 )
-def test_greedy_speculation_is_bitwise_identical(work, k, d, policy, threshold, async_mode, pool, prefix, chunk, stop):
+def test_greedy_speculation_is_bitwise_identical(work, k, d, policy, threshold, async_mode, pool, swap, prefix, chunk,
+                                                 stop):
     common = dict(num_blocks=pool, block_size=16, enable_prefix_caching=prefix, prefill_chunk_size=chunk,
-                  max_num_batched_tokens=16)
+                  max_num_batched_tokens=16, preemption_mode="swap" if swap else "recompute")
     params = SamplingParams(max_tokens=14, temperature=0, exit_threshold=threshold, ignore_eos=True,
                             stop_token_ids=[133, 219] if stop else None)
     plain = run(engine(**common), work, params)
