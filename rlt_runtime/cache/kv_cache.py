@@ -7,8 +7,6 @@ is incremental (grow as tokens are scheduled); the device copy of the tables is 
 
 from __future__ import annotations
 
-from typing import Optional
-
 from .block_pool import BlockPool
 
 

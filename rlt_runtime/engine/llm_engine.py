@@ -28,7 +28,7 @@ from ..models import load_model
 from ..outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 from ..sampling_params import SamplingParams
 from .exit_policy import load_trace
-from .request import Request, Status
+from .request import Request
 from .scheduler import Scheduler
 from .text import TextTracker
 

@@ -7,7 +7,8 @@ import dataclasses
 import json
 import typing
 
-from ..config import EngineConfig
+from ..config import DRAFT_POLICIES, EngineConfig
+from ..errors import ConfigError
 
 HELP = {
     "dtype": "weights/activation dtype: auto (bf16 on CUDA, fp32 on CPU), float32, float16, bfloat16, float64 (CPU)",
@@ -76,13 +77,30 @@ def add_engine_args(parser: argparse.ArgumentParser, skip=()) -> None:
         else:
             kw["type"] = str
         group.add_argument(_flag(f.name), dest=f"engine_{f.name}", **kw)
+    spec = parser.add_argument_group("speculative decoding (shorthand for --speculative-config)")
+    spec.add_argument("--speculative-tokens", dest="spec_num_speculative_tokens", type=int, default=None,
+                      help="draft tokens per round (K)")
+    spec.add_argument("--draft-loops", dest="spec_draft_loops", type=int, default=None, help="loops the draft runs (d)")
+    spec.add_argument("--draft-policy", dest="spec_draft_policy", choices=DRAFT_POLICIES, default=None,
+                      help="adaptive (choose k per round) or fixed (always K)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    """The engine options the user set on the command line."""
+    """The engine options the user set on the command line (speculative shorthand folded in)."""
     out = {}
+    shorthand = {}
     for key, value in vars(args).items():
-        if key.startswith("engine_") and value is not None:
+        if value is None:
+            continue
+        if key.startswith("engine_"):
             name = key[len("engine_"):]
             out[name] = tuple(value) if name == "profile_steps" else value
+        elif key.startswith("spec_"):
+            shorthand[key[len("spec_"):]] = value
+    if shorthand:
+        if "speculative_config" in out:
+            raise ConfigError("give either --speculative-config or --speculative-tokens/--draft-loops/--draft-policy")
+        if "num_speculative_tokens" not in shorthand:
+            raise ConfigError("--draft-loops/--draft-policy need --speculative-tokens")
+        out["speculative_config"] = shorthand
     return out

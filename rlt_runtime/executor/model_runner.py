@@ -20,7 +20,7 @@ from rlt_kernels.norms import rope_cos_sin
 
 from ..cache.layout import KVLayout
 from ..engine.exit_policy import (
-    GATE_MODES, LOGIT_CRITERIA, STATE_CRITERIA, ExitState, huginn_exit, init_huginn_state, lookahead_head,
+    GATE_MODES, LOGIT_CRITERIA, ExitState, huginn_exit, init_huginn_state, lookahead_head,
     new_exit_state, ouro_exit,
 )
 from ..engine.scheduler import SchedulerOutput

@@ -271,7 +271,8 @@ def test_rlt_serve_exits_when_the_model_fails_to_load(tmp_path):
 
 
 def test_serve_flags_map_to_engine_options():
-    from rlt_runtime.entrypoints.server.cli import build_parser, engine_options
+    from rlt_runtime.entrypoints.engine_args import engine_kwargs as engine_options
+    from rlt_runtime.entrypoints.server.cli import build_parser
     from rlt_runtime.errors import ConfigError
 
     parse = build_parser().parse_args

@@ -18,7 +18,6 @@ import threading
 from ...errors import ConfigError
 from ..engine_args import add_engine_args, engine_kwargs
 
-DRAFT_POLICIES = ("adaptive", "fixed")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,26 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=False,
                    help="log every HTTP request (default off)")
-    spec = p.add_argument_group("speculative decoding (shorthand for --speculative-config)")
-    spec.add_argument("--speculative-tokens", type=int, default=None, help="draft tokens per round (K)")
-    spec.add_argument("--draft-loops", type=int, default=None, help="loops the draft runs (d)")
-    spec.add_argument("--draft-policy", choices=DRAFT_POLICIES, default=None)
     add_engine_args(p)
     return p
-
-
-def engine_options(args: argparse.Namespace) -> dict:
-    """Engine kwargs from the flags, with the speculative shorthand folded into speculative_config."""
-    options = engine_kwargs(args)
-    shorthand = {k: v for k, v in (("num_speculative_tokens", args.speculative_tokens), ("draft_loops", args.draft_loops),
-                                   ("draft_policy", args.draft_policy)) if v is not None}
-    if shorthand:
-        if "speculative_config" in options:
-            raise ConfigError("give either --speculative-config or --speculative-tokens/--draft-loops/--draft-policy")
-        if "num_speculative_tokens" not in shorthand:
-            raise ConfigError("--draft-loops/--draft-policy need --speculative-tokens")
-        options["speculative_config"] = shorthand
-    return options
 
 
 def main(argv=None) -> int:
@@ -71,7 +52,7 @@ def main(argv=None) -> int:
     from .worker import EngineWorker
 
     try:
-        options = engine_options(args)
+        options = engine_kwargs(args)
         config = ServerConfig(
             served_model_name=args.served_model_name or args.model, api_key=args.api_key,
             max_concurrent_requests=args.max_concurrent_requests, max_body_bytes=args.max_body_bytes,
