@@ -82,6 +82,7 @@ class EngineConfig:
     # KV cache.
     block_size: int = 16
     kv_layout: str = "last_exited"
+    last_exited_reads: Optional[str] = None  # "indirect" (key-depth table) | "copy" (finalize copies); auto
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9
     num_blocks: Optional[int] = None
@@ -146,6 +147,11 @@ class EngineConfig:
         if not isinstance(self.watermark, (int, float)) or not 0.0 <= self.watermark < 1.0:
             raise _fail("watermark", "a number in [0, 1)", self.watermark)
         _choice(self.attention_backend, "attention_backend", ATTENTION_BACKENDS)
+        if self.last_exited_reads is not None:
+            _choice(self.last_exited_reads, "last_exited_reads", ("indirect", "copy"))
+            if self.attention_backend == "flash" and self.last_exited_reads == "indirect":
+                raise ConfigError("attention_backend='flash' cannot read planes through the key-depth table; "
+                                  "use last_exited_reads='copy' (the default with flash)")
         if self.execution_mode is not None:
             _choice(self.execution_mode, "execution_mode", EXECUTION_MODES)
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):

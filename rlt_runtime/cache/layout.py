@@ -6,6 +6,7 @@ plane-selection rule its attention uses (``plane_offset + min(t, key_depth) % mo
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ class KVLayout:
     core_planes: int
     core_offset: int
     num_cache_layers: int
+    copy_reads: bool = False  # exited tokens' K/V is copied into deeper planes; reads use the query's plane
 
     @property
     def num_planes(self) -> int:
@@ -54,7 +56,7 @@ class KVLayout:
             query_depth=t,
             plane_offset=self.core_offset,
             plane_modulus=self.core_planes,
-            use_key_depth=self.core_planes > 1,
+            use_key_depth=self.core_planes > 1 and not self.copy_reads,
         )
 
     def boundary(self) -> PlaneSpec:
@@ -62,8 +64,20 @@ class KVLayout:
         return PlaneSpec(write_plane=0, query_depth=0, plane_offset=0, plane_modulus=1, use_key_depth=False)
 
 
-def make_layout(model_config, kv_layout: str, depth: int) -> KVLayout:
-    """Build the layout for a model family and a `kv_layout` option value."""
+def make_layout(model_config, kv_layout: str, depth: int, copy_reads: bool = False) -> KVLayout:
+    """Build the layout for a model family and a `kv_layout` option value.
+
+    copy_reads selects the copy-based LAST_EXITED finalize instead of the attention kernel's
+    key-depth indirection (only for layouts with one plane per loop)."""
+    layout = _make_layout(model_config, kv_layout, depth)
+    if copy_reads:
+        if layout.core_planes != depth:
+            raise ConfigError(f"last_exited_reads='copy' needs one plane per loop (kv_layout 'last_exited'), got {kv_layout!r}")
+        layout = dataclasses.replace(layout, copy_reads=True)
+    return layout
+
+
+def _make_layout(model_config, kv_layout: str, depth: int) -> KVLayout:
     if model_config.family == "ouro":
         planes = {"last_exited": depth, "shared": 1}.get(kv_layout)
         if planes is None:

@@ -100,7 +100,9 @@ class LLMEngine:
         criterion = cfg.exit_criterion_threshold
         if criterion is None:
             criterion = HUGINN_CRITERION_DEFAULTS.get(self.exit_mode)
-        self.layout = make_layout(mc, cfg.kv_layout, depth)
+        reads = cfg.last_exited_reads or ("copy" if cfg.attention_backend == "flash" and self.layout_has_planes(mc, cfg, depth)
+                                          else "indirect")
+        self.layout = make_layout(mc, cfg.kv_layout, depth, copy_reads=reads == "copy")
         if cfg.max_model_len is not None and cfg.max_model_len > mc.max_model_len:
             raise ConfigError(f"max_model_len ({cfg.max_model_len}) exceeds the model's context ({mc.max_model_len})")
         self.max_model_len = cfg.max_model_len or mc.max_model_len
@@ -128,6 +130,7 @@ class LLMEngine:
             self.model, mc, self.layout, ops=self.ops, device=self.device, dtype=self.dtype, num_slots=self.max_num_seqs,
             num_blocks=1, block_size=cfg.block_size, max_model_len=self.max_model_len, max_rows=self.max_num_seqs,
             exit_mode=self.exit_mode, criterion_threshold=criterion, lookahead_seed=cfg.lookahead_seed,
+            copy_finalize=self.layout.copy_reads,
         )
         per_block = block_bytes(self.layout.num_cache_layers, cfg.block_size, mc.kv_heads, mc.head_dim, self.dtype)
         blocks_per_seq = -(-self.max_model_len // cfg.block_size)
@@ -160,6 +163,11 @@ class LLMEngine:
         self.num_steps = 0
         self._profiler = None
         self.timings: Optional[list] = None  # set to [] to record (host_ms, device_ms) per processed step
+
+    @staticmethod
+    def layout_has_planes(mc, cfg, depth) -> bool:
+        """Whether the layout keeps one plane per loop (where LAST_EXITED reads matter)."""
+        return make_layout(mc, cfg.kv_layout, depth).core_planes == depth > 1
 
     def _init_speculation(self, spec) -> None:
         from ..executor.speculative import SpeculativeRunner

@@ -88,10 +88,14 @@ def decode_benchmark(llm, batch: int, input_len: int, output_len: int, *, prefix
 
 
 def prefill_benchmark(llm, num: int, input_len: int, seed: int = 1) -> dict:
-    """Time `num` prompts of `input_len` tokens to their first token (max_tokens=1)."""
+    """Time `num` prompts of `input_len` tokens to their first token (max_tokens=1), after one
+    untimed prompt of the same length (kernel compilation for new shapes stays out)."""
     eng = llm.engine
-    prompts = random_prompts(num, input_len, eng.model_config.vocab_size, seed)
+    prompts = random_prompts(num + 1, input_len, eng.model_config.vocab_size, seed)
     params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    eng.add_request(f"prefill-warm-{seed}", prompts.pop(), params)
+    while eng.has_unfinished_requests():
+        eng.step()
     _sync(llm)
     t0 = time.perf_counter()
     for i, p in enumerate(prompts):

@@ -349,6 +349,7 @@ class ModelRunner:
             h = self.model.embed(dev["tokens"])
             for t in range(self.depth):
                 h = self.model.loop(h, batch, t)
+                self._finalize_limited(batch, dev["limits"], t, limited)
             final = h
         else:
             e = self.model.embed(dev["tokens"], batch)
@@ -356,6 +357,7 @@ class ModelRunner:
             for t in range(self.depth):
                 s_new = self.model.loop(s, e, batch, t)
                 s = torch.where((dev["limits"] > t)[:, None], s_new, s) if limited else s_new
+                self._finalize_limited(batch, dev["limits"], t, limited)
             final = self.model.coda(s, batch)
         self.loops_executed += self.depth * len(tokens)
         if not sample_rows:
@@ -368,6 +370,11 @@ class ModelRunner:
         self.slot_token.index_copy_(0, slots.long(), res["tokens"])
         res["depths"] = torch.full((len(sample_rows),), self.depth, dtype=torch.int32, device=self.device)
         return res
+
+    def _finalize_limited(self, batch: ForwardBatch, limits: torch.Tensor, t: int, limited: bool) -> None:
+        """Copy reads: recomputed outputs whose recorded depth ends at loop t copy their K/V deeper."""
+        if limited and self.copy_finalize and t < self.depth - 1:
+            self._record_exit(batch, limits - 1 == t, t)
 
     def _set_key_depth(self, batch: ForwardBatch, last_loop: torch.Tensor) -> None:
         """Record each token's last loop in the key-depth table (through its plane-0 slot)."""

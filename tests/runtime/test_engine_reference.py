@@ -152,3 +152,15 @@ def test_random_workloads_match_reference(work, threshold, chunk, prefix, pool, 
         ref = reference("ouro-tiny", prompt, 6, mode=mode, threshold=threshold)
         got = results[f"w{i}"].outputs[0]
         assert (got.token_ids, got.exit_depths) == (ref.tokens, ref.exit_depths)
+
+
+@pytest.mark.parametrize("preset,options,mode,threshold,ref_layout", [
+    ("ouro-tiny", {"exit_mode": "ouro"}, "ouro", 0.55, None),
+    ("huginn-tiny", {"exit_mode": "latent-diff", "exit_criterion_threshold": 1.2}, "latent-diff", 1.2, "full"),
+])
+def test_copy_based_finalize_matches_reference(preset, options, mode, threshold, ref_layout):
+    """LAST_EXITED through finalize copies (the reference path) equals the dense reference too."""
+    llm = engine(preset, last_exited_reads="copy", max_num_seqs=4, num_blocks=30, block_size=16, **options)
+    params = SamplingParams(max_tokens=8, temperature=0, exit_threshold=threshold if preset == "ouro-tiny" else 1.0,
+                            ignore_eos=True, seed=SEED)
+    check(llm, preset, PROMPTS, params, mode=mode, threshold=threshold, layout=ref_layout)
