@@ -39,7 +39,7 @@ setup(
             "uvicorn>=0.29",
             "pydantic>=2.6",
             "prometheus-client>=0.20",
-            "aiohttp>=3.9",
+            "httpx>=0.27",
         ],
         "flash": ["flash-attn>=2.6"],
         "plot": ["matplotlib>=3.8"],

@@ -18,6 +18,9 @@ import importlib
 
 _EXPORTS = {
     "paged_attention": "attention",
+    "attention_workspace_size": "attention",
+    "new_attention_workspace": "attention",
+    "linear_config": "gemm",
     "kv_scatter": "kv_cache",
     "rope_kv_scatter": "kv_cache",
     "gather_rows": "routing",

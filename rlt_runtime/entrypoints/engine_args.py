@@ -39,6 +39,8 @@ HELP = {
     "lookahead_seed": "seed of random_lookahead's frozen head",
     "exit_criterion_threshold": "threshold of Huginn's zero-shot exit criterion",
     "attention_backend": "auto, triton, flash or torch (an explicit choice never falls back)",
+    "last_exited_reads": "indirect (key-depth table in the attention kernel) or copy (finalize copies); default "
+                         "indirect, copy with the flash backend",
     "execution_mode": "eager, graphs (CUDA graphs) or compile (torch.compile reduce-overhead)",
     "async_scheduling": "overlap host scheduling of step N+1 with device step N",
     "batch_invariant": "results independent of batch composition (fixed kernel tiles)",
