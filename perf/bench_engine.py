@@ -13,14 +13,13 @@ reported beside the floor implied by the measured roofline and beside the baseli
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import os
 import time
 
 import torch
 
+from perf.report import bench_main
 from perf.roofline import measure
 from rlt_runtime.entrypoints.bench_offline import decode_benchmark, prefill_benchmark, uniform_trace
 
@@ -79,7 +78,6 @@ def engine(model, **kw):
 
 
 def run(out_dir: str, quick: bool) -> dict:
-    os.makedirs(out_dir, exist_ok=True)
     roof = measure()
     res: dict = {"roofline": roof, "date": time.strftime("%Y-%m-%d"), "baseline": {}, "rlt": {}, "early_exit": {},
                  "cublas": {}, "prefill": None, "other_models": {}}
@@ -218,20 +216,5 @@ def plot(res: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="out/engine")
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
-    res = run(args.out, args.quick)
-    with open(os.path.join(args.out, "engine.json"), "w") as f:
-        json.dump(res, f, indent=2, default=str)
-    md = markdown(res)
-    with open(os.path.join(args.out, "engine.md"), "w") as f:
-        f.write(md)
-    plot(res, os.path.join(args.out, "engine.png"))
-    print(md)
-
-
 if __name__ == "__main__":
-    main()
+    bench_main("engine", run, markdown, plot)

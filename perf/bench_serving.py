@@ -9,7 +9,6 @@ throughput against TTFT / TPOT.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -18,6 +17,8 @@ import sys
 import time
 
 import httpx
+
+from perf.report import bench_main
 
 
 def _free_port() -> int:
@@ -86,20 +87,5 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="out/serving")
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    res = run(args.out, args.quick)
-    with open(os.path.join(args.out, "serving.json"), "w") as f:
-        json.dump(res, f, indent=2)
-    md = markdown(res)
-    with open(os.path.join(args.out, "serving.md"), "w") as f:
-        f.write(md)
-    print(md)
-
-
 if __name__ == "__main__":
-    main()
+    bench_main("serving", run, markdown)

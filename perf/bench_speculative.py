@@ -12,17 +12,15 @@ round vs a native step, and the host syncs per round (counted with CUDA sync deb
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
-import os
 import time
-import warnings
 
 import torch
 
+from perf.report import bench_main
 from perf.roofline import measure
 from rlt_runtime.entrypoints.bench_offline import random_prompts
+from rlt_runtime.executor.profiling import count_host_syncs
 from rlt_runtime.sampling_params import SamplingParams
 
 
@@ -65,22 +63,13 @@ def syncs_per_round(llm) -> int:
         eng.add_request(f"sync-{i}", [5 + i] * 32, SamplingParams(max_tokens=48, temperature=0, ignore_eos=True))
     for _ in range(4):
         eng.step()
-    counts = []
-    for _ in range(4):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                eng.step()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        counts.append(sum("synchroniz" in str(w.message) for w in caught))
+    counts = [count_host_syncs(eng.step) for _ in range(4)]
     while eng.has_unfinished_requests():
         eng.step()
     return max(counts)
 
 
-def run(quick: bool) -> dict:
+def run(out: str, quick: bool) -> dict:
     from rlt_runtime import LLM
 
     batches = [1, 64] if quick else [1, 16, 64, 256]
@@ -160,21 +149,5 @@ def plot(res: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="out/spec")
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    res = run(args.quick)
-    with open(os.path.join(args.out, "speculative.json"), "w") as f:
-        json.dump(res, f, indent=2, default=str)
-    md = markdown(res)
-    with open(os.path.join(args.out, "speculative.md"), "w") as f:
-        f.write(md)
-    plot(res, os.path.join(args.out, "speculative.png"))
-    print(md)
-
-
 if __name__ == "__main__":
-    main()
+    bench_main("speculative", run, markdown, plot)

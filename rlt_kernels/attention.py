@@ -225,6 +225,22 @@ def _store_output(out_ptr, token, head, stride_ot, stride_oh, offs_d, io_mask, l
     tl.store(ptrs, o.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
+@triton.jit
+def _tile_rows(kvh, first, q_begin, q_len, seq_len, GP: tl.constexpr, GROUP: tl.constexpr, QPT: tl.constexpr,
+               BLOCK_M: tl.constexpr):
+    """The BLOCK_M (query, head) rows of one (query tile, KV head) program: row index, query index
+    within the sequence, validity, query head, token index, keys each row sees, and the tile's
+    last visible key + 1."""
+    rows = tl.arange(0, BLOCK_M)
+    local = first + rows // GP
+    row_ok = (local < q_len) & (rows % GP < GROUP)
+    head = kvh * GROUP + rows % GP
+    token = (q_begin + local).to(tl.int64)
+    limit = tl.where(row_ok, seq_len - q_len + local + 1, 0)
+    kv_end = tl.maximum(seq_len - q_len + tl.minimum(q_len, first + QPT), 0)
+    return rows, local, row_ok, head, token, limit, kv_end
+
+
 @triton.jit(do_not_specialize=["partial"])
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, ws_ptr,
@@ -247,13 +263,7 @@ def _paged_attention_kernel(
     if idle:
         return
     kvh = tl.program_id(1)
-    rows = tl.arange(0, BLOCK_M)
-    local = first + rows // GP
-    row_ok = (local < q_len) & (rows % GP < GROUP)
-    head = kvh * GROUP + rows % GP
-    token = (q_begin + local).to(tl.int64)
-    limit = tl.where(row_ok, seq_len - q_len + local + 1, 0)  # keys each row sees
-    kv_end = tl.maximum(seq_len - q_len + tl.minimum(q_len, first + QPT), 0)
+    rows, local, row_ok, head, token, limit, kv_end = _tile_rows(kvh, first, q_begin, q_len, seq_len, GP, GROUP, QPT, BLOCK_M)
     n_ranges = (kv_end + split_size - 1) // split_size
     c_lo = tl.program_id(2)  # 0 when not splitting (grid dimension 2 is 1)
     c_hi = tl.where(partial != 0, tl.minimum(c_lo + 1, n_ranges), n_ranges)
@@ -353,13 +363,7 @@ def _combine_kernel(
     if idle:
         return
     kvh = tl.program_id(1)
-    rows = tl.arange(0, BLOCK_M)
-    local = first + rows // GP
-    row_ok = (local < q_len) & (rows % GP < GROUP)
-    head = kvh * GROUP + rows % GP
-    token = (q_begin + local).to(tl.int64)
-    limit = tl.where(row_ok, seq_len - q_len + local + 1, 0)
-    kv_end = tl.maximum(seq_len - q_len + tl.minimum(q_len, first + QPT), 0)
+    rows, local, row_ok, head, token, limit, kv_end = _tile_rows(kvh, first, q_begin, q_len, seq_len, GP, GROUP, QPT, BLOCK_M)
     n_ranges = (kv_end + split_size - 1) // split_size
     offs_d = tl.arange(0, DP)
     if HEAD_DIM == DP:

@@ -67,6 +67,20 @@ def profile_step_peak(engine, graphs: bool) -> int:
     return int(max(prefill_peak, decode_peak) + (decode_peak if graphs else 0))
 
 
+def count_host_syncs(fn) -> int:
+    """Run fn() under CUDA sync debug mode and count the host synchronisations it reports."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
 def start_profiler():
     """Start a torch.profiler session recording shapes and stacks (CPU + CUDA when present)."""
     acts = [torch.profiler.ProfilerActivity.CPU]

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
-from ..errors import ConfigError
+from ..errors import CheckpointError, ConfigError
 
 
 @dataclass(frozen=True)
@@ -304,6 +304,20 @@ def hf_weight_shapes(cfg: ModelConfig) -> dict[str, tuple]:
         block(f"transformer.coda.{i}.")
     shapes["transformer.ln_f.weight"] = (h,)
     return shapes
+
+
+def check_weight_names(names, expected: dict, family: str) -> None:
+    """Raise CheckpointError naming unexpected tensors (names not in `expected`)."""
+    unexpected = sorted(set(names) - set(expected))
+    if unexpected:
+        raise CheckpointError(f"unexpected tensor(s) for a {family} model: {unexpected[:5]}")
+
+
+def check_weights_complete(seen, expected: dict, family: str) -> None:
+    """Raise CheckpointError naming the tensors of `expected` that were not loaded."""
+    missing = sorted(set(expected) - set(seen))
+    if missing:
+        raise CheckpointError(f"missing tensors for the {family} model: {missing[:5]}{'...' if len(missing) > 5 else ''}")
 
 
 # Tensors a checkpoint may carry beyond hf_weight_shapes; the loader drops them.

@@ -19,9 +19,8 @@ import torch
 from rlt_kernels.sampling import STREAM_STATE
 
 from ..cache.layout import KVLayout, PlaneSpec
-from ..errors import CheckpointError
 from ..executor.philox import philox_uniform_torch
-from .configs import HuginnConfig, hf_weight_shapes
+from .configs import HuginnConfig, check_weight_names, check_weights_complete, hf_weight_shapes
 
 
 @dataclass
@@ -82,12 +81,9 @@ class HuginnModel:
         expected = hf_weight_shapes(cfg)
         seen: dict[str, torch.Tensor] = {}
         for name, tensor in weights:
-            if name not in expected:
-                raise CheckpointError(f"unexpected tensor {name!r} for a Huginn model")
+            check_weight_names([name], expected, "Huginn")
             seen[name] = tensor.to(self.device, self.dtype)
-        missing = sorted(set(expected) - set(seen))
-        if missing:
-            raise CheckpointError(f"missing tensors for the Huginn model: {missing[:5]}{'...' if len(missing) > 5 else ''}")
+        check_weights_complete(seen, expected, "Huginn")
         self.wte = seen["transformer.wte.weight"]
         self.adapter = seen["transformer.adapter.weight"]
         self.ln_f = seen["transformer.ln_f.weight"]

@@ -16,8 +16,7 @@ from typing import Iterable
 import torch
 
 from ..cache.layout import KVLayout
-from ..errors import CheckpointError
-from .configs import OuroConfig, hf_weight_shapes
+from .configs import OuroConfig, check_weight_names, check_weights_complete, hf_weight_shapes
 
 
 @dataclass
@@ -51,8 +50,7 @@ class OuroModel:
         seen: dict[str, torch.Tensor] = {}
         pending: dict[int, dict[str, torch.Tensor]] = {}
         for name, tensor in weights:
-            if name not in expected:
-                raise CheckpointError(f"unexpected tensor {name!r} for an Ouro model")
+            check_weight_names([name], expected, "Ouro")
             t = tensor.to(self.device, self.dtype)
             seen[name] = t
             if name.startswith("model.layers."):
@@ -60,9 +58,7 @@ class OuroModel:
                 pending.setdefault(idx, {})[name.split(".", 3)[3]] = t
                 if len(pending[idx]) == 11:
                     self._set_layer(idx, pending.pop(idx))
-        missing = sorted(set(expected) - set(seen))
-        if missing:
-            raise CheckpointError(f"missing tensors for the Ouro model: {missing[:5]}{'...' if len(missing) > 5 else ''}")
+        check_weights_complete(seen, expected, "Ouro")
         self.embed_tokens = seen["model.embed_tokens.weight"]
         self.norm = seen["model.norm.weight"]
         self.gate_w = seen["model.early_exit_gate.weight"]

@@ -18,6 +18,7 @@ from rlt_runtime.engine.exit_policy import lookahead_head
 from rlt_runtime.models.dense_reference import RefExit, reference_generate
 from rlt_runtime.models.huginn import huginn_initial_state
 from rlt_runtime.models.presets import preset_config, preset_weights
+from workload import run_workload
 
 _MASK63 = (1 << 63) - 1
 SEED = 11
@@ -133,24 +134,12 @@ def test_random_workloads_match_reference(work, threshold, chunk, prefix, pool, 
     llm = engine(max_num_seqs=4, prefill_chunk_size=chunk, enable_prefix_caching=prefix, num_blocks=pool, block_size=16,
                  async_scheduling=async_mode, max_num_batched_tokens=16,
                  preemption_mode="swap" if swap else "recompute")
-    eng = llm.engine
     params = SamplingParams(max_tokens=6, temperature=0, exit_threshold=threshold, ignore_eos=True)
-    pending = sorted(((arr, i, p) for i, (p, arr) in enumerate(work)), key=lambda x: x[0])
-    results, step = {}, 0
-    while pending or eng.has_unfinished_requests():
-        while pending and pending[0][0] <= step:
-            _, i, p = pending.pop(0)
-            eng.add_request(f"w{i}", p, params)
-        for out in eng.step():
-            if out.finished:
-                results[out.request_id] = out
-        eng.check_invariants()
-        step += 1
-    assert eng.kv.pool.num_free == eng.kv.pool.num_blocks
+    results = run_workload(llm, work, params)
     mode = "ouro" if threshold < 1 else "fixed"
     for i, (prompt, _) in enumerate(work):
         ref = reference("ouro-tiny", prompt, 6, mode=mode, threshold=threshold)
-        got = results[f"w{i}"].outputs[0]
+        got = results[i]
         assert (got.token_ids, got.exit_depths) == (ref.tokens, ref.exit_depths)
 
 

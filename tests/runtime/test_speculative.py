@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlt_runtime import LLM, ConfigError, SamplingParams
+from workload import run_workload
 
 
 @functools.lru_cache(maxsize=None)
@@ -26,22 +27,8 @@ def spec(k=3, d=1, policy="fixed"):
 
 
 def run(llm: LLM, work, params: SamplingParams):
-    """work: [(prompt, arrival step)]; returns {index: (token ids, exit depths, finish reason)}."""
-    eng = llm.engine
-    pending = sorted(((arr, i, p) for i, (p, arr) in enumerate(work)), key=lambda x: x[0])
-    done, step = {}, 0
-    while pending or eng.has_unfinished_requests():
-        while pending and pending[0][0] <= step:
-            _, i, p = pending.pop(0)
-            eng.add_request(f"q{i}-{id(work)}", p, params)
-        for out in eng.step():
-            if out.finished:
-                c = out.outputs[0]
-                done[int(out.request_id[1:].split("-")[0])] = (c.token_ids, c.exit_depths, c.finish_reason)
-        eng.check_invariants()
-        step += 1
-    assert eng.kv.pool.num_free == eng.kv.pool.num_blocks
-    return done
+    """{index: (token ids, exit depths, finish reason)} of a staggered-arrival workload."""
+    return {i: (c.token_ids, c.exit_depths, c.finish_reason) for i, c in run_workload(llm, work, params).items()}
 
 
 workloads = st.lists(st.tuples(st.lists(st.integers(3, 300), min_size=1, max_size=24), st.integers(0, 3)),
