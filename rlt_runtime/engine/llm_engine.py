@@ -129,6 +129,7 @@ class LLMEngine:
         self.runner = ModelRunner(
             self.model, mc, self.layout, ops=self.ops, device=self.device, dtype=self.dtype, num_slots=self.max_num_seqs,
             num_blocks=1, block_size=cfg.block_size, max_model_len=self.max_model_len, max_rows=self.max_num_seqs,
+            max_tokens=self.max_num_batched_tokens,
             exit_mode=self.exit_mode, criterion_threshold=criterion, lookahead_seed=cfg.lookahead_seed,
             copy_finalize=self.layout.copy_reads,
         )
@@ -145,9 +146,10 @@ class LLMEngine:
                                  enable_prefix_caching=cfg.enable_prefix_caching, cache_salt=hash((model, depth, cfg.kv_layout)))
         self.scheduler = Scheduler(cfg, self.kv, depth=depth, shares_planes=self.layout.shares_planes, num_slots=self.max_num_seqs)
         if self.execution_mode != "eager":
-            from ..executor.graphs import default_ladder
+            from ..executor.graphs import default_ladder, token_ladder
 
-            self.runner.enable_graphs(self.execution_mode, cfg.cuda_graph_sizes or default_ladder(self.max_num_seqs))
+            self.runner.enable_graphs(self.execution_mode, cfg.cuda_graph_sizes or default_ladder(self.max_num_seqs),
+                                      token_ladder(self.max_num_batched_tokens))
         self.policy = None
         self.spec_stats = None
         if cfg.speculative_config is not None:
@@ -497,6 +499,7 @@ class LLMEngine:
             "execution_mode": self.execution_mode,
             "async_scheduling": self.async_scheduling,
             "graphs": self.runner.graphs.stats.as_dict() if self.runner.graphs is not None else None,
+            "prefill_graphs": self.runner.prefill_graphs.stats.as_dict() if self.runner.prefill_graphs is not None else None,
             "speculative": self._spec_stats(),
         }
 

@@ -41,8 +41,9 @@ class ForwardBatch:
 
     positions [M] int64, token_slots [M] int32 (request slot of each token), depth_limit [M]
     int32 or None (a token writes K/V at loop t only while t < limit), seq_slots [S] int32,
-    seq_lens [S] int32, query_start_loc [S+1] int32, active [1] int32 or None (live rows/seqs;
-    decode passes have one query per sequence so rows and sequences coincide).
+    seq_lens [S] int32, query_start_loc [S+1] int32, active [1] int32 or None (live rows),
+    active_seqs [1] int32 or None (live sequences; default `active`: decode passes have one query
+    per sequence, so rows and sequences coincide).
     """
 
     ops: Any
@@ -56,6 +57,7 @@ class ForwardBatch:
     rope_style: str
     depth_limit: Optional[torch.Tensor] = None
     active: Optional[torch.Tensor] = None
+    active_seqs: Optional[torch.Tensor] = None  # live sequences when they differ from live rows (prefill)
     workspace: Optional[torch.Tensor] = None
     _slots: dict = field(default_factory=dict, repr=False)
 
@@ -92,6 +94,6 @@ class ForwardBatch:
             seq_slots=self.seq_slots, query_depth=spec.query_depth,
             key_depth=self.kv.key_depth if spec.use_key_depth else None,
             plane_offset=spec.plane_offset, plane_modulus=spec.plane_modulus,
-            active_seqs=self.active, workspace=self.workspace,
+            active_seqs=self.active if self.active_seqs is None else self.active_seqs, workspace=self.workspace,
         )
         return out.view(out.shape[0], -1)

@@ -35,6 +35,15 @@ def default_ladder(max_rows: int) -> list[int]:
     return sorted(set(ladder))
 
 
+def token_ladder(max_tokens: int) -> list[int]:
+    """Prefill token buckets: powers of two from 16, capped at max_tokens (which is always one)."""
+    sizes, s = [], 16
+    while s < max_tokens:
+        sizes.append(s)
+        s *= 2
+    return sizes + [max_tokens]
+
+
 @dataclass
 class GraphStats:
     captures: int = 0

@@ -114,7 +114,7 @@ class StepHandle:
 
 class ModelRunner:
     def __init__(self, model, model_config, layout: KVLayout, *, ops, device, dtype, num_slots: int, num_blocks: int,
-                 block_size: int, max_model_len: int, max_rows: int, exit_mode: str, criterion_threshold,
+                 block_size: int, max_model_len: int, max_rows: int, max_tokens: int, exit_mode: str, criterion_threshold,
                  lookahead_seed: int, copy_finalize: bool = False):
         self.model, self.cfg, self.layout, self.ops = model, model_config, layout, ops
         self.device, self.dtype = torch.device(device), dtype
@@ -139,12 +139,19 @@ class ModelRunner:
         )
         self.max_rows = max_rows
         self.graphs = None
+        self.prefill_graphs = None
         self.spec = None  # SpeculativeRunner when speculative decoding is on
         self.record_device_time = False
         self.dec_in = StaticStaging(
             {"slots": (torch.int32, max_rows), "trace": (torch.int32, max_rows), "num_rows": (torch.int32, 1)}, d,
         )
-        self.loops_executed = 0
+        t_max, s_max = max_tokens, max_rows
+        self.pre_in = StaticStaging({
+            "tokens": (torch.int64, t_max), "positions": (torch.int64, t_max), "token_slots": (torch.int32, t_max),
+            "limits": (torch.int32, t_max), "keys": (torch.int64, t_max), "seq_slots": (torch.int32, s_max),
+            "seq_lens": (torch.int32, s_max), "qsl": (torch.int32, s_max + 1), "sample_rows": (torch.int64, s_max),
+            "sample_pos": (torch.int64, s_max), "sample_slots": (torch.int32, s_max), "counts": (torch.int32, 3),
+        }, d)
 
     def allocate_kv(self, num_blocks: int) -> None:
         """(Re)allocate the paged pool and clear the tables (before any request runs)."""
@@ -158,8 +165,9 @@ class ModelRunner:
             key_depth=torch.zeros((num_blocks, self.block_size), dtype=torch.int32, device=d),
         )
 
-    def enable_graphs(self, mode: str, sizes: list[int]) -> None:
-        """Bucketed capture of the decode program (mode "graphs" or "compile"), largest bucket first."""
+    def enable_graphs(self, mode: str, sizes: list[int], token_sizes: list[int]) -> None:
+        """Bucketed capture (mode "graphs" or "compile") of the decode program at row buckets and of
+        the prefill program at token buckets, largest first."""
         from .graphs import DecodeGraphs
 
         static = [self.kv.k, self.kv.v, self.kv.block_tables, self.kv.key_depth, self.dec_in.dev, self.cos_sin,
@@ -168,6 +176,9 @@ class ModelRunner:
         self.graphs = DecodeGraphs(self.decode_program, [self.dec_in["num_rows"]],
                                    [s for s in sizes if s <= self.max_rows], mode=mode, static_tensors=static)
         self.graphs.capture_all((False, 0))
+        self.prefill_graphs = DecodeGraphs(self.prefill_program, [self.pre_in["counts"]], token_sizes, mode=mode,
+                                           static_tensors=static + [self.pre_in.dev])
+        self.prefill_graphs.capture_all((False, 0))
 
     # ---- swap preemption ----------------------------------------------------------------------
     def _swap(self, sched: SchedulerOutput) -> None:
@@ -310,70 +321,91 @@ class ModelRunner:
 
     # ---- prefill -----------------------------------------------------------------------------
     def _run_prefill(self, sched: SchedulerOutput, want_lp: bool, num_top: int):
+        """Stage the step's prefill chunks (padded to a token bucket when graphs exist) and run them."""
         chunks = sched.prefills
-        tokens, positions, token_slots, limits = [], [], [], []
+        tokens, positions, token_slots, limits, keys = [], [], [], [], []
         seq_slots, seq_lens, qsl = [], [], [0]
-        sample_rows = []
-        keys, sample_pos = [], []
+        sample_rows, sample_pos, sample_slots = [], [], []
         for c in chunks:
             n = len(c.token_ids)
             tokens += c.token_ids
             positions += range(c.start, c.start + n)
             token_slots += [c.request.slot] * n
             limits += c.depths
+            keys += [c.request.row_key] * n
             seq_slots.append(c.request.slot)
             seq_lens.append(c.start + n)
             qsl.append(qsl[-1] + n)
             if c.sample:
                 sample_rows.append(qsl[-1] - 1)
                 sample_pos.append(c.start + n)
-            keys += [c.request.row_key] * n
-        limited = any(d < self.depth for d in limits)
-        arrays = {
-            "tokens": np.asarray(tokens, np.int64), "positions": np.asarray(positions, np.int64),
-            "token_slots": np.asarray(token_slots, np.int32), "limits": np.asarray(limits, np.int32),
-            "seq_slots": np.asarray(seq_slots, np.int32), "seq_lens": np.asarray(seq_lens, np.int32),
-            "qsl": np.asarray(qsl, np.int32), "sample_rows": np.asarray(sample_rows, np.int64),
-            "sample_pos": np.asarray(sample_pos, np.int64),
-            "sample_slots": np.asarray([c.request.slot for c in chunks if c.sample], np.int32),
-            "keys": np.asarray(keys, np.int64),
-        }
-        dev = upload_arrays(arrays, self.device)
-        batch = ForwardBatch(
-            ops=self.ops, kv=self.kv, positions=dev["positions"], token_slots=dev["token_slots"],
-            seq_slots=dev["seq_slots"], seq_lens=dev["seq_lens"], query_start_loc=dev["qsl"],
-            cos_sin=self.cos_sin, rope_style=self.model.rope_style, depth_limit=dev["limits"] if limited else None,
-        )
-        self._set_key_depth(batch, dev["limits"] - 1)
-        if self.family == "ouro":
-            h = self.model.embed(dev["tokens"])
-            for t in range(self.depth):
-                h = self.model.loop(h, batch, t)
-                self._finalize_limited(batch, dev["limits"], t, limited)
-            final = h
-        else:
-            e = self.model.embed(dev["tokens"], batch)
-            s = self.model.initial_state(dev["keys"], dev["positions"])
-            for t in range(self.depth):
-                s_new = self.model.loop(s, e, batch, t)
-                s = torch.where((dev["limits"] > t)[:, None], s_new, s) if limited else s_new
-                self._finalize_limited(batch, dev["limits"], t, limited)
-            final = self.model.coda(s, batch)
-        self.loops_executed += self.depth * len(tokens)
+                sample_slots.append(c.request.slot)
+        n_tok, n_seq = len(tokens), len(chunks)
+        size = (self.prefill_graphs.bucket(n_tok) if self.prefill_graphs is not None else None) or n_tok
+        pad_t, pad_s = size - n_tok, self.max_rows - n_seq
+        st = self.pre_in
+        # Padding tokens: depth limit 0 (no K/V writes, past the live count); padding sequences own
+        # no tokens and have seq_len 0; padding sample rows are past the live count.
+        st.write("tokens", np.asarray(tokens + [0] * pad_t, np.int64))
+        st.write("positions", np.asarray(positions + [0] * pad_t, np.int64))
+        st.write("token_slots", np.asarray(token_slots + [0] * pad_t, np.int32))
+        st.write("limits", np.asarray(limits + [0] * pad_t, np.int32))
+        st.write("keys", np.asarray(keys + [0] * pad_t, np.int64))
+        st.write("seq_slots", np.asarray(seq_slots + [0] * pad_s, np.int32))
+        st.write("seq_lens", np.asarray(seq_lens + [0] * pad_s, np.int32))
+        st.write("qsl", np.asarray(qsl + [n_tok] * pad_s, np.int32))
+        pad_r = self.max_rows - len(sample_rows)
+        st.write("sample_rows", np.asarray(sample_rows + [0] * pad_r, np.int64))
+        st.write("sample_pos", np.asarray(sample_pos + [0] * pad_r, np.int64))
+        st.write("sample_slots", np.asarray(sample_slots + [0] * pad_r, np.int32))
+        st.write("counts", np.asarray([n_tok, n_seq, len(sample_rows)], np.int32))
+        st.upload()
+        res = self.prefill_graphs.run(n_tok, (want_lp, num_top)) if self.prefill_graphs is not None else None
+        if res is None:
+            res = self.prefill_program(size, want_lp, num_top)
         if not sample_rows:
             return None
-        rows = dev["sample_rows"]
-        h_s = final.index_select(0, rows)
-        logits = self.model.logits(h_s, self.ops)
-        slots = dev["sample_slots"]
-        res = self._sample(logits, slots, dev["sample_pos"], want_lp, num_top)
-        self.slot_token.index_copy_(0, slots.long(), res["tokens"])
-        res["depths"] = torch.full((len(sample_rows),), self.depth, dtype=torch.int32, device=self.device)
+        return {k: v[: len(sample_rows)] for k, v in res.items()}
+
+    def prefill_program(self, size: int, want_lp: bool, num_top: int) -> dict:
+        """All loops of `size` staged prefill tokens (full depth, or a recomputed output's recorded
+        depth), then the LM head and sampling for chunks that complete a prompt (inputs in `pre_in`)."""
+        st = self.pre_in
+        counts = st["counts"]
+        n_tok, n_seq, n_samples = counts[0:1], counts[1:2], counts[2:3]
+        positions, limits = st["positions"][:size], st["limits"][:size]
+        batch = ForwardBatch(
+            ops=self.ops, kv=self.kv, positions=positions, token_slots=st["token_slots"][:size],
+            seq_slots=st["seq_slots"], seq_lens=st["seq_lens"], query_start_loc=st["qsl"],
+            cos_sin=self.cos_sin, rope_style=self.model.rope_style, depth_limit=limits, active=n_tok,
+            active_seqs=n_seq,
+        )
+        self._set_key_depth(batch, limits - 1)
+        if self.family == "ouro":
+            h = self.model.embed(st["tokens"][:size])
+            for t in range(self.depth):
+                h = self.model.loop(h, batch, t)
+                self._finalize_limited(batch, limits, t)
+            final = h
+        else:
+            e = self.model.embed(st["tokens"][:size], batch)
+            s = self.model.initial_state(st["keys"][:size], positions)
+            for t in range(self.depth):
+                s = torch.where((limits > t)[:, None], self.model.loop(s, e, batch, t), s)
+                self._finalize_limited(batch, limits, t)
+            final = self.model.coda(s, batch)
+        slots = st["sample_slots"]
+        logits = self.model.logits(final.index_select(0, st["sample_rows"]), self.ops, n_samples)
+        res = self._sample(logits, slots, st["sample_pos"], want_lp, num_top, n_samples)
+        live = torch.where(torch.arange(slots.shape[0], device=self.device) < n_samples, slots.long(),
+                           torch.full_like(slots.long(), -1))
+        self.ops.scatter_rows(res["tokens"], live, self.slot_token, active_rows=None)
+        res["depths"] = torch.full((slots.shape[0],), self.depth, dtype=torch.int32, device=self.device)
         return res
 
-    def _finalize_limited(self, batch: ForwardBatch, limits: torch.Tensor, t: int, limited: bool) -> None:
+    def _finalize_limited(self, batch: ForwardBatch, limits: torch.Tensor, t: int) -> None:
         """Copy reads: recomputed outputs whose recorded depth ends at loop t copy their K/V deeper."""
-        if limited and self.copy_finalize and t < self.depth - 1:
+        if self.copy_finalize and t < self.depth - 1:
             self._record_exit(batch, limits - 1 == t, t)
 
     def _set_key_depth(self, batch: ForwardBatch, last_loop: torch.Tensor) -> None:

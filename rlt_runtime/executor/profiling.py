@@ -13,8 +13,8 @@ def profile_step_peak(engine, graphs: bool) -> int:
 
     Runs (a) one loop of a prefill at the full token budget and (b) the whole decode program at
     `max_num_seqs` rows with logprobs, on the runner's one-block probe cache (every table entry
-    points at block 0, so the writes are harmless). With CUDA graphs the decode peak is counted
-    twice: once for eager prefill activations' worst case and once for the graphs' shared pool.
+    points at block 0, so the writes are harmless). With CUDA graphs the two graph pools (prefill
+    and decode buckets) hold their peaks on top of the largest eager step.
     """
     runner, dev, mc = engine.runner, engine.device, engine.model_config
     n = engine.max_num_batched_tokens
@@ -64,7 +64,7 @@ def profile_step_peak(engine, graphs: bool) -> int:
     runner.kv.block_tables.fill_(-1)
     runner.slot_token.zero_()
     torch.cuda.empty_cache()
-    return int(max(prefill_peak, decode_peak) + (decode_peak if graphs else 0))
+    return int(max(prefill_peak, decode_peak) + (prefill_peak + decode_peak if graphs else 0))
 
 
 def count_host_syncs(fn) -> int:

@@ -157,6 +157,7 @@ def test_padded_rows_are_inert(with_spec):
     plain = LLM("ouro-tiny", dtype="float32", max_num_seqs=8, **options)
     padded = LLM("ouro-tiny", dtype="float32", max_num_seqs=8, **options)
     padded.engine.runner.graphs = PaddingOnly(8)
+    padded.engine.runner.prefill_graphs = PaddingOnly(padded.engine.max_num_batched_tokens)
     if with_spec:
         padded.engine.runner.spec.graphs = PaddingOnly(8)
     a = plain.generate(prompts, params, use_tqdm=False)
