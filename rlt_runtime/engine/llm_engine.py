@@ -131,7 +131,6 @@ class LLMEngine:
             num_blocks=1, block_size=cfg.block_size, max_model_len=self.max_model_len, max_rows=self.max_num_seqs,
             max_tokens=self.max_num_batched_tokens,
             exit_mode=self.exit_mode, criterion_threshold=criterion, lookahead_seed=cfg.lookahead_seed,
-            copy_finalize=self.layout.copy_reads,
         )
         per_block = block_bytes(self.layout.num_cache_layers, cfg.block_size, mc.kv_heads, mc.head_dim, self.dtype)
         blocks_per_seq = -(-self.max_model_len // cfg.block_size)

@@ -27,7 +27,6 @@ from ..engine.scheduler import SchedulerOutput
 from .forward_batch import ForwardBatch, KVCacheTensors
 from .staging import StaticStaging, upload_arrays
 
-MAX_TOP_LOGPROBS = 20
 
 
 @dataclass
@@ -90,7 +89,6 @@ class StepHandle:
     host: Optional[dict] = None
     event: Optional[torch.cuda.Event] = None
     start_event: Optional[torch.cuda.Event] = None  # set when the runner records device time
-    num_top: int = 0
 
     def device_ms(self) -> Optional[float]:
         """Device time of the step (after result()), when recorded."""
@@ -115,14 +113,13 @@ class StepHandle:
 class ModelRunner:
     def __init__(self, model, model_config, layout: KVLayout, *, ops, device, dtype, num_slots: int, num_blocks: int,
                  block_size: int, max_model_len: int, max_rows: int, max_tokens: int, exit_mode: str, criterion_threshold,
-                 lookahead_seed: int, copy_finalize: bool = False):
+                 lookahead_seed: int):
         self.model, self.cfg, self.layout, self.ops = model, model_config, layout, ops
         self.device, self.dtype = torch.device(device), dtype
         self.family = model_config.family
         self.depth = layout.depth
         self.exit_mode = exit_mode
         self.criterion_threshold = criterion_threshold
-        self.copy_finalize = copy_finalize
         self.num_slots, self.block_size, self.max_model_len = num_slots, block_size, max_model_len
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         d = self.device
@@ -254,7 +251,6 @@ class ModelRunner:
                       + [c.request.params.logprobs or 0 for c in sched.prefills if c.sample] + [0])
         want_lp = any(r.params.logprobs is not None for r in sched.decodes) or any(
             c.sample and c.request.params.logprobs is not None for c in sched.prefills)
-        handle.num_top = num_top
         parts = []
         handle.round_k = sched.round_k
         if sched.decodes and sched.round_k > 0:
@@ -405,7 +401,7 @@ class ModelRunner:
 
     def _finalize_limited(self, batch: ForwardBatch, limits: torch.Tensor, t: int) -> None:
         """Copy reads: recomputed outputs whose recorded depth ends at loop t copy their K/V deeper."""
-        if self.copy_finalize and t < self.depth - 1:
+        if self.layout.copy_reads and t < self.depth - 1:
             self._record_exit(batch, limits - 1 == t, t)
 
     def _set_key_depth(self, batch: ForwardBatch, last_loop: torch.Tensor) -> None:
@@ -546,7 +542,7 @@ class ModelRunner:
         """LAST_EXITED bookkeeping for rows exiting after loop t < D-1."""
         if self.layout.core_planes == 1:
             return
-        if self.copy_finalize:
+        if self.layout.copy_reads:
             planes = torch.where(exit_now, torch.full_like(batch.positions, t + self.layout.core_offset),
                                  torch.full_like(batch.positions, -1))
             self.ops.finalize_last_exited(self.kv.k, self.kv.v, self.kv.block_tables, batch.token_slots, batch.positions,

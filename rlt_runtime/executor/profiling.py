@@ -30,6 +30,7 @@ def profile_step_peak(engine, graphs: bool) -> int:
         torch.cuda.synchronize(dev)
         return torch.cuda.max_memory_allocated(dev) - base
 
+    from ..sampling_params import MAX_LOGPROBS
     from .forward_batch import ForwardBatch, KVCacheTensors
 
     probe_tables = torch.zeros((engine.layout.num_planes, 1, -(-n // bs)), dtype=torch.int32, device=dev)
@@ -60,7 +61,7 @@ def profile_step_peak(engine, graphs: bool) -> int:
     runner.dec_in.write("num_rows", [rows])
     runner.dec_in.upload()
     prefill_peak = measure(prefill)
-    decode_peak = measure(lambda: runner.decode_program(rows, True, 20))
+    decode_peak = measure(lambda: runner.decode_program(rows, True, MAX_LOGPROBS))
     runner.kv.block_tables.fill_(-1)
     runner.slot_token.zero_()
     torch.cuda.empty_cache()
