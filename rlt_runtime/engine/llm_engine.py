@@ -321,8 +321,9 @@ class LLMEngine:
 
     # ---- the step ------------------------------------------------------------------------------
     @_on_device
-    def step(self) -> list[RequestOutput]:
-        """Run one step; returns outputs of the requests that advanced or finished."""
+    def step(self, final_only: bool = False) -> list[RequestOutput]:
+        """Run one step; returns outputs of the requests that advanced or finished (cumulative), or
+        with final_only=True only of those that finished (cheaper for offline generation)."""
         t0 = time.perf_counter()
         self._wait_s = 0.0
         self._profile_tick()
@@ -342,7 +343,8 @@ class LLMEngine:
             self._process(handle, touched)
         for r in sched.preempted:
             touched[r.group_id] = None
-        outs = [self._output(g) for g in touched if g in self._groups]
+        outs = [self._output(g) for g in touched
+                if g in self._groups and (not final_only or all(r.finished for r in self._groups[g]))]
         if self.timings is not None and handle is not None:
             self.timings.append(((time.perf_counter() - t0 - self._wait_s) * 1e3, self._last_device_ms))
         for out in outs:
@@ -366,8 +368,10 @@ class LLMEngine:
         if res is None:
             return
         accepted, drafted = [], []
+        counts = (res.tokens >= 0).sum(axis=1).tolist()
+        tokens, depths = res.tokens.tolist(), res.depths.tolist()
         for i, (req, gen, kind, k) in enumerate(handle.rows):
-            committed = int((res.tokens[i] >= 0).sum())
+            committed = counts[i]
             if kind == "decode" and handle.round_k:
                 accepted.append(committed - 1)
                 drafted.append(k)
@@ -383,7 +387,7 @@ class LLMEngine:
                     n = req.params.logprobs
                     top = {int(t): float(v) for t, v in zip(res.top_ids[i, j][:n], res.top_logprobs[i, j][:n])}
                     lp = TokenLogprob(float(res.logprobs[i, j]), top)
-                self._append(req, int(res.tokens[i, j]), int(res.depths[i, j]), lp)
+                self._append(req, tokens[i][j], depths[i][j], lp)
                 if req.finished:
                     break
             touched[req.group_id] = None

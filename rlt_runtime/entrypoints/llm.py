@@ -62,7 +62,7 @@ class LLM:
 
             bar = tqdm(total=len(prompts), desc="Generating", unit="prompt")
         while len(results) < len(ids):
-            for out in self.engine.step():
+            for out in self.engine.step(final_only=True):
                 if out.finished and out.request_id not in results:
                     results[out.request_id] = out
                     if bar is not None:
