@@ -159,3 +159,10 @@ def test_cli_json_and_errors(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "rlt_runtime.entrypoints.cli", "--prompt", "x", "--top-p", "7"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "top_p" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_profile_option_writes_a_trace(tmp_path):
+    m = LLM("ouro-tiny", dtype="float32", max_num_seqs=2, profile_dir=str(tmp_path), profile_steps=(1, 2))
+    m.generate(["profile me"], SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)
+    traces = list(tmp_path.glob("rlt-trace-*.json"))
+    assert len(traces) == 1 and json.loads(traces[0].read_text())["traceEvents"]
