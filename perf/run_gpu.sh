@@ -2,7 +2,8 @@
 # The GPU suite and every benchmark in one call.
 #   OUT=out bash perf/run_gpu.sh [tests|kernels|engine|spec|serving ...]   (default: all)
 # Each part gets a time limit (PART_TIMEOUT seconds, default 900); every log, JSON, table and plot
-# is collected in $OUT/results.tgz (and left unpacked in $WORK).
+# is collected in $OUT/results.tgz (and left unpacked in $WORK). On a bare GPU image, install the
+# wheels perf/fetch_gpu_wheels.sh downloads first.
 set -u
 OUT=${OUT:-out}
 WORK=${WORK:-/tmp/rlt-gpu-results}
