@@ -33,10 +33,6 @@ class BlockPool:
         """Blocks available without touching live data (free list + evictable cached blocks)."""
         return len(self._free) + sum(len(self._cached[h]) for h in self._idle)
 
-    @property
-    def num_used(self) -> int:
-        return sum(1 for r in self._refs if r > 0)
-
     def check_invariant(self) -> None:
         """Raise AssertionError if the block accounting is inconsistent."""
         idle_blocks = {b for h in self._idle for b in self._cached[h]}

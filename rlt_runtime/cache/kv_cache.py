@@ -128,11 +128,6 @@ class KVCacheManager:
         updates, self.pending_updates = self.pending_updates, []
         return updates
 
-    def rebind_slot(self, request_id: str, slot: int) -> None:
-        """Re-emit a request's table for a new slot (after a swap-in)."""
-        for i, planes in enumerate(self._tables.get(request_id, [])):
-            self._record(slot, i, planes)
-
     def check_invariant(self) -> None:
         self.pool.check_invariant()
         owned: dict[int, int] = {}

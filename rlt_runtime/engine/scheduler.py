@@ -39,7 +39,6 @@ class PrefillChunk:
 @dataclass
 class SchedulerOutput:
     decodes: list[Request] = field(default_factory=list)
-    decode_positions: list[int] = field(default_factory=list)
     num_drafts: list[int] = field(default_factory=list)  # per decode row (speculative rounds)
     round_k: int = 0  # drafts of this step's speculative round (0: plain decode)
     prefills: list[PrefillChunk] = field(default_factory=list)
@@ -112,7 +111,7 @@ class Scheduler:
     def _preempt(self, victim: Request, out: SchedulerOutput) -> None:
         if victim in out.decodes:
             i = out.decodes.index(victim)
-            del out.decodes[i], out.decode_positions[i], out.num_drafts[i]
+            del out.decodes[i], out.num_drafts[i]
         out.prefills = [c for c in out.prefills if c.request is not victim]
         if victim in out.admitted:
             out.admitted.remove(victim)
@@ -179,7 +178,6 @@ class Scheduler:
                         self._preempt(r, out)
                         continue
                 out.decodes.append(r)
-                out.decode_positions.append(pos)
                 out.num_drafts.append(k)
                 budget -= 1 + k
         prefilling = [r for r in self.running if r.is_prefilling]

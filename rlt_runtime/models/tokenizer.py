@@ -81,6 +81,10 @@ class Tokenizer:
         """Token ids of `text`; with add_special_tokens the tokenizer's own additions (e.g. BOS)."""
         if not isinstance(text, str):
             raise RequestError(f"prompt text must be a string, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise RequestError(f"prompt text is not valid Unicode (character {exc.start}: lone surrogate)") from exc
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:

@@ -129,6 +129,17 @@ def test_malformed_bodies(http, raw):
     assert err["param"] is None
 
 
+@pytest.mark.parametrize("route,raw,param", [
+    ("/v1/completions", '{"model": "ouro-tiny", "prompt": "a\\ud800b", "max_tokens": 2}', "prompt"),
+    ("/v1/chat/completions", '{"model": "ouro-tiny", "messages": [{"role": "user", "content": "\\udc00"}]}', "messages"),
+    ("/tokenize", '{"prompt": "\\ud83d"}', "prompt"),
+])
+def test_lone_surrogate_escapes_are_400(http, route, raw, param):
+    """JSON may spell a lone surrogate ("\\ud800"); it is not text and must not reach the tokenizer."""
+    resp = http.post(route, content=raw.encode(), headers={"Content-Type": "application/json"})
+    assert _error(resp, 400)["param"] == param
+
+
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded"])
 def test_non_json_content_type(http, content_type):
     resp = http.post("/v1/completions", content=json.dumps(OK), headers={"Content-Type": content_type})

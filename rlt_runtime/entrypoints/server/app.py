@@ -204,7 +204,7 @@ class _Serving:
         if isinstance(prompt, str):
             if not prompt:
                 raise ApiError(400, "prompt must not be empty", "prompt")
-            ids = self.tokenizer("a text prompt").encode(prompt)
+            ids = self._encode(self.tokenizer("a text prompt"), prompt, "prompt")
             item = {"prompt_token_ids": ids, "prompt": prompt}
         else:
             ids = list(prompt)
@@ -255,7 +255,7 @@ class _Serving:
         body.check_neutral()
         tok = self.tokenizer("chat")
         text = self._render(tok, body.template_messages(), True)
-        prompts = [self.prompt(tok.encode(text, add_special_tokens=False))]
+        prompts = [self.prompt(self._encode(tok, text, "messages", add_special_tokens=False))]
         prompts[0]["prompt"] = text
         limit_field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
         self.check_room(prompts, body.output_limit, limit_field)
@@ -270,10 +270,10 @@ class _Serving:
         if (body.prompt is None) == (body.messages is None):
             raise ApiError(400, "give exactly one of prompt and messages", "prompt")
         if body.prompt is not None:
-            ids = tok.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            ids = self._encode(tok, body.prompt, "prompt", add_special_tokens=body.add_special_tokens)
         else:
             text = self._render(tok, template_messages(body.messages), body.add_generation_prompt)
-            ids = tok.encode(text, add_special_tokens=False)
+            ids = self._encode(tok, text, "messages", add_special_tokens=False)
         return TokenizeResponse(count=len(ids), max_model_len=self.engine().max_model_len, tokens=ids)
 
     def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
@@ -285,6 +285,13 @@ class _Serving:
         if bad:
             raise ApiError(400, f"tokens must be in [0, {vocab}); got {bad[:5]}", "tokens", "invalid_value")
         return DetokenizeResponse(prompt=tok.decode(body.tokens, skip_special_tokens=False))
+
+    @staticmethod
+    def _encode(tok, text: str, field: str, add_special_tokens: bool = True) -> list[int]:
+        try:
+            return tok.encode(text, add_special_tokens=add_special_tokens)
+        except RequestError as exc:  # e.g. a lone surrogate from a JSON "\ud800" escape
+            raise ApiError(400, str(exc), field) from None
 
     @staticmethod
     def _render(tok, messages: list[dict], add_generation_prompt: bool) -> str:
