@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
 from ._rows import active_count
@@ -35,50 +34,36 @@ STREAM_ACCEPT = 2
 STREAM_RECOVER = 3
 STREAM_STATE = 4
 
-_PHILOX_KEY_A = np.uint32(0x9E3779B9)
-_PHILOX_KEY_B = np.uint32(0xBB67AE85)
-_PHILOX_ROUND_A = np.uint64(0xD2511F53)
-_PHILOX_ROUND_B = np.uint64(0xCD9E8D57)
-_MASK32 = np.uint64(0xFFFFFFFF)
+_M32 = 0xFFFFFFFF
+_PHILOX_ROUND_A, _PHILOX_ROUND_B = 0xD2511F53, 0xCD9E8D57
+_PHILOX_KEY_A, _PHILOX_KEY_B = 0x9E3779B9, 0xBB67AE85
 
 
-def philox_words(seeds, positions, stream: int, indices) -> np.ndarray:
-    """First Philox4x32-10 output word for every (row, index).
+def philox_words(seeds, positions, stream: int, n: int, device=None) -> torch.Tensor:
+    """First Philox4x32-10 output word for indices 0..n-1 of every row: int64 [M, n] in [0, 2**32).
 
-    seeds, positions: [M] ints; indices: [N] ints. Returns uint32 [M, N] (numpy).
+    seeds, positions: [M] int64 tensors or int sequences; computed on `device` (default: the
+    seeds' device) in plain torch, without host synchronisation, so it is CUDA-graph safe.
+    32-bit words live in int64; products wrap modulo 2**64 and masking recovers both halves.
     """
-    seeds = np.asarray(seeds, dtype=np.int64).astype(np.uint64)
-    positions = np.asarray(positions, dtype=np.int64).astype(np.uint64)
-    idx = np.asarray(indices, dtype=np.int64).astype(np.uint64)
-    m, n = seeds.shape[0], idx.shape[0]
-    c0 = np.broadcast_to(idx[None, :], (m, n)).astype(np.uint64) & _MASK32
-    c1 = np.broadcast_to((positions & _MASK32)[:, None], (m, n)).astype(np.uint64)
-    c2 = np.full((m, n), np.uint64(stream) & _MASK32, dtype=np.uint64)
-    c3 = np.zeros((m, n), dtype=np.uint64)
-    k0 = np.broadcast_to((seeds & _MASK32)[:, None], (m, n)).astype(np.uint64)
-    k1 = np.broadcast_to((seeds >> np.uint64(32))[:, None], (m, n)).astype(np.uint64)
+    keys = torch.as_tensor(seeds, dtype=torch.int64, device=device)
+    positions = torch.as_tensor(positions, dtype=torch.int64, device=keys.device)
+    m = keys.shape[0]
+    c0 = torch.arange(n, dtype=torch.int64, device=keys.device).expand(m, n)
+    c1 = (positions & _M32)[:, None].expand(m, n)
+    c2 = torch.full((m, n), stream & _M32, dtype=torch.int64, device=keys.device)
+    c3 = torch.zeros((m, n), dtype=torch.int64, device=keys.device)
+    k0, k1 = (keys & _M32)[:, None], ((keys >> 32) & _M32)[:, None]
     for _ in range(10):
-        prod_b = _PHILOX_ROUND_B * c2
-        prod_a = _PHILOX_ROUND_A * c0
-        new_c0 = ((prod_b >> np.uint64(32)) ^ c1 ^ k0) & _MASK32
-        new_c2 = ((prod_a >> np.uint64(32)) ^ c3 ^ k1) & _MASK32
-        c1 = prod_b & _MASK32
-        c3 = prod_a & _MASK32
-        c0, c2 = new_c0, new_c2
-        k0 = (k0 + np.uint64(_PHILOX_KEY_A)) & _MASK32
-        k1 = (k1 + np.uint64(_PHILOX_KEY_B)) & _MASK32
-    return c0.astype(np.uint32)
+        pb, pa = c2 * _PHILOX_ROUND_B, c0 * _PHILOX_ROUND_A
+        c0, c1, c2, c3 = ((pb >> 32) & _M32) ^ c1 ^ k0, pb & _M32, ((pa >> 32) & _M32) ^ c3 ^ k1, pa & _M32
+        k0, k1 = (k0 + _PHILOX_KEY_A) & _M32, (k1 + _PHILOX_KEY_B) & _M32
+    return c0
 
 
 def philox_uniform(seeds, positions, stream: int, n: int, device=None) -> torch.Tensor:
-    """Uniforms in (0, 1): fp32 [M, n] for indices 0..n-1 (see module docstring)."""
-    words = philox_words(seeds, positions, stream, np.arange(n))
-    u = ((words >> np.uint32(9)).astype(np.float32) + np.float32(0.5)) * np.float32(2.0**-23)
-    return torch.from_numpy(u).to(device)
-
-
-def _to_numpy_ints(t):
-    return t.detach().to("cpu", torch.int64).numpy() if isinstance(t, torch.Tensor) else np.asarray(t, np.int64)
+    """Uniforms in (0, 1): fp32 [M, n] for indices 0..n-1 (see module docstring and `philox_words`)."""
+    return ((philox_words(seeds, positions, stream, n, device) >> 9).to(torch.float32) + 0.5) * 2.0**-23
 
 
 def keep_mask_reference(logits, temperature, top_k, top_p, min_p):
@@ -134,7 +119,7 @@ def sample_reference(
     if not m:
         return out
     z, keep = keep_mask_reference(logits[:m], temperature[:m], top_k[:m], top_p[:m], min_p[:m])
-    u = philox_uniform(_to_numpy_ints(seeds[:m]), _to_numpy_ints(positions[:m]), stream, logits.shape[1], logits.device)
+    u = philox_uniform(seeds[:m], positions[:m], stream, logits.shape[1], logits.device)
     score = torch.where(keep, z - torch.log(-torch.log(u)), torch.full_like(z, -math.inf))
     sampled = score.argmax(1)
     greedy = logits[:m].float().argmax(1)

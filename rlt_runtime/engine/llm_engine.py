@@ -89,6 +89,7 @@ class LLMEngine:
         self.model_name = model
         self.model_config, weights, self.tokenizer = load_model(model, seed=cfg.seed, device=self.device, dtype=self.dtype)
         mc = self.model_config
+        self._eos = tuple(self.tokenizer.eos_token_ids if self.tokenizer is not None else mc.eos_token_ids)
         self.family = mc.family
         depth = cfg.num_loops or mc.num_loops
         if depth > mc.max_supported_loops:
@@ -145,10 +146,10 @@ class LLMEngine:
                                  enable_prefix_caching=cfg.enable_prefix_caching, cache_salt=hash((model, depth, cfg.kv_layout)))
         self.scheduler = Scheduler(cfg, self.kv, depth=depth, shares_planes=self.layout.shares_planes, num_slots=self.max_num_seqs)
         if self.execution_mode != "eager":
-            from ..executor.graphs import default_ladder, token_ladder
+            from ..executor.graphs import default_ladder, doubling_ladder
 
             self.runner.enable_graphs(self.execution_mode, cfg.cuda_graph_sizes or default_ladder(self.max_num_seqs),
-                                      token_ladder(self.max_num_batched_tokens))
+                                      doubling_ladder(self.max_num_batched_tokens, first=16))
         self.policy = None
         self.spec_stats = None
         if cfg.speculative_config is not None:
@@ -183,24 +184,25 @@ class LLMEngine:
         self.draft_loops = d
         self.runner.spec = SpeculativeRunner(self.runner, spec.num_speculative_tokens, d, spec.synthetic_acceptance)
         if self.execution_mode != "eager":
-            sizes = sorted({1 << i for i in range(12) if (1 << i) < self.max_num_seqs} | {self.max_num_seqs})
-            self.runner.spec.enable_graphs(self.execution_mode, self.cfg.cuda_graph_sizes or sizes)
+            from ..executor.graphs import doubling_ladder
+
+            self.runner.spec.enable_graphs(self.execution_mode, self.cfg.cuda_graph_sizes or doubling_ladder(self.max_num_seqs))
         self.policy = DraftPolicy(spec.num_speculative_tokens, d, self.depth, adaptive=spec.draft_policy == "adaptive")
         self.runner.record_device_time = self.device.type == "cuda"
         self.spec_stats = {"rounds": 0, "drafted": 0, "accepted": 0, "committed": 0, "verify_rows": 0,
                            "accepted_per_position": [0] * spec.num_speculative_tokens,
                            "drafted_per_position": [0] * spec.num_speculative_tokens}
 
-    def _round_k(self) -> int:
+    def _round_k(self) -> tuple[int, int]:
+        """Drafts per row for this step's round, and the graph bucket of its decode rows (0, 0: no round)."""
         if self.policy is None:
-            return 0
+            return 0, 0
         n = self.scheduler.decode_ready()
         if n == 0:
-            return 0
+            return 0, 0
         graphs = self.runner.spec.graphs
         bucket = (graphs.bucket(n) if graphs is not None else None) or n
-        self._bucket = bucket
-        return self.policy.choose(bucket)
+        return self.policy.choose(bucket), bucket
 
     # ---- capacity ------------------------------------------------------------------------------
     def _profile_peak(self) -> int:
@@ -327,12 +329,15 @@ class LLMEngine:
         t0 = time.perf_counter()
         self._wait_s = 0.0
         self._profile_tick()
-        sched = self.scheduler.schedule(self._round_k())
+        round_k, bucket = self._round_k()
+        sched = self.scheduler.schedule(round_k)
         now = time.monotonic()
         for r in sched.admitted:
             if r.metrics.first_scheduled_time is None:
                 r.metrics.first_scheduled_time = now
         handle = self.runner.execute(sched) if not sched.is_empty else None
+        if handle is not None:
+            handle.bucket = bucket
         self.num_steps += 1
         touched: dict[str, None] = {}
         if self.async_scheduling:
@@ -396,7 +401,7 @@ class LLMEngine:
 
     def _observe_round(self, handle: StepHandle, accepted: list[int], drafted: list[int]) -> None:
         k = handle.round_k
-        self.policy.observe_round(getattr(self, "_bucket", len(accepted)), k, accepted, drafted, handle.device_ms())
+        self.policy.observe_round(handle.bucket or len(accepted), k, accepted, drafted, handle.device_ms())
         if k == 0:
             return
         st = self.spec_stats
@@ -421,7 +426,7 @@ class LLMEngine:
             m.first_token_time = time.monotonic()
         tracker = self._trackers[id(req)]
         p = req.params
-        eos = () if p.ignore_eos else self._eos_ids()
+        eos = () if p.ignore_eos else self._eos
         if token in (p.stop_token_ids or ()) or token in eos:
             self._finish(req, "stop", token)
             return
@@ -430,11 +435,6 @@ class LLMEngine:
             self._finish(req, "stop", hit)
         elif len(req.output_token_ids) >= req.max_tokens:
             self._finish(req, "length", None)
-
-    def _eos_ids(self) -> tuple:
-        if self.tokenizer is not None:
-            return tuple(self.tokenizer.eos_token_ids)
-        return tuple(self.model_config.eos_token_ids)
 
     def _finish(self, req: Request, reason: str, stop_reason) -> None:
         self.scheduler.finish(req)

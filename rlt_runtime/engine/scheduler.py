@@ -18,6 +18,7 @@ output changes): the victim is the lowest-priority, latest-arriving running requ
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -78,8 +79,7 @@ class Scheduler:
 
     def add(self, request: Request) -> None:
         request.status = Status.WAITING
-        self.waiting.append(request)
-        self.waiting.sort(key=self._order_key)
+        bisect.insort(self.waiting, request, key=self._order_key)
 
     def finish(self, request: Request) -> None:
         """Release a finished or aborted request's slot and blocks."""
@@ -225,10 +225,8 @@ class Scheduler:
     def _fits(self, r: Request, budget: int) -> bool:
         if r.swapped is not None:
             saved = r.swapped["num_computed"]
-            chunk = min(r.prefill_target - saved, self._chunk_limit(), budget) if saved < r.prefill_target else 0
-            need = self.kv.blocks_for(saved + max(chunk, 1)) * self.kv.num_planes
-            reserve = int(self.cfg.watermark * self.kv.pool.num_blocks) if self.running else 0
-            return self.kv.num_free_blocks - need >= reserve
+            chunk = self._first_chunk(r, saved, budget) if saved < r.prefill_target else 0
+            return self._room_for(self.kv.blocks_for(saved + max(chunk, 1)) * self.kv.num_planes)
         cached = self.kv.count_cached_prefix(r.all_token_ids()[: r.prefill_target + 1], self._salt(r)) if self.kv.enable_prefix_caching else 0
         cached = min(cached, r.prefill_target - 1) // self.kv.block_size * self.kv.block_size if cached else 0
         chunk = self._first_chunk(r, cached, budget)
@@ -236,7 +234,10 @@ class Scheduler:
             return False
         if not self.cfg.enable_chunked_prefill and not self.shares_planes and cached + chunk < r.prefill_target:
             return False
-        need = self.kv.blocks_for(cached + chunk) * self.kv.num_planes - (cached // self.kv.block_size) * self.kv.num_planes
+        return self._room_for((self.kv.blocks_for(cached + chunk) - cached // self.kv.block_size) * self.kv.num_planes)
+
+    def _room_for(self, need: int) -> bool:
+        """`need` new blocks leave the watermark reserve free (no reserve while nothing runs)."""
         reserve = int(self.cfg.watermark * self.kv.pool.num_blocks) if self.running else 0
         return self.kv.num_free_blocks - need >= reserve
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Optional
 
+import numpy as np
+
 SUBCOMMANDS = ("serve", "throughput", "latency")
 # Ordinary text whose token ids make up random prompts (any tokenizer splits it into common tokens).
 VOCAB_TEXT = ("the quick brown fox jumps over the lazy dog while five wizards quietly mix gin and vodka; "
@@ -254,29 +256,21 @@ async def run_serve(args) -> dict:
 
 
 def _stats(values: list[float], name: str, percentiles: list[float]) -> dict:
-    ms = [v * 1000.0 for v in values]
+    """Mean, median, std and percentiles (linear interpolation) in ms; zeros when there are no values."""
+    ms = np.asarray(values, dtype=np.float64) * 1000.0
     out = {f"mean_{name}_ms": 0.0, f"median_{name}_ms": 0.0, f"std_{name}_ms": 0.0}
     out.update({f"p{_pct_name(p)}_{name}_ms": 0.0 for p in percentiles})
-    if ms:
-        mean = sum(ms) / len(ms)
-        out[f"mean_{name}_ms"] = mean
-        out[f"median_{name}_ms"] = _percentile(ms, 50)
-        out[f"std_{name}_ms"] = math.sqrt(sum((v - mean) ** 2 for v in ms) / len(ms))
+    if ms.size:
+        out[f"mean_{name}_ms"] = float(ms.mean())
+        out[f"median_{name}_ms"] = float(np.median(ms))
+        out[f"std_{name}_ms"] = float(ms.std())
         for p in percentiles:
-            out[f"p{_pct_name(p)}_{name}_ms"] = _percentile(ms, p)
+            out[f"p{_pct_name(p)}_{name}_ms"] = float(np.percentile(ms, p))
     return out
 
 
 def _pct_name(p: float) -> str:
     return str(int(p)) if float(p).is_integer() else str(p)
-
-
-def _percentile(values: list[float], p: float) -> float:
-    """Linear-interpolated percentile (numpy's default method)."""
-    s = sorted(values)
-    k = (len(s) - 1) * p / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def summarize(results: list[RequestResult], duration: float, percentiles: list[float], slos: dict) -> dict:

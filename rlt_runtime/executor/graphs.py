@@ -35,13 +35,14 @@ def default_ladder(max_rows: int) -> list[int]:
     return sorted(set(ladder))
 
 
-def token_ladder(max_tokens: int) -> list[int]:
-    """Prefill token buckets: powers of two from 16, capped at max_tokens (which is always one)."""
-    sizes, s = [], 16
-    while s < max_tokens:
+def doubling_ladder(limit: int, first: int = 1) -> list[int]:
+    """Powers of two from `first` below `limit`, then `limit` itself (prefill token buckets from
+    16; speculative-round row buckets from 1)."""
+    sizes, s = [], first
+    while s < limit:
         sizes.append(s)
         s *= 2
-    return sizes + [max_tokens]
+    return sizes + [limit]
 
 
 @dataclass
@@ -63,12 +64,6 @@ class GraphStats:
 
 
 @dataclass
-class _Entry:
-    run: Callable[[], dict]
-    outputs: Optional[dict] = None
-
-
-@dataclass
 class DecodeGraphs:
     """Captured step programs keyed by (bucket rows, variant).
 
@@ -86,7 +81,7 @@ class DecodeGraphs:
 
     def __post_init__(self):
         self.sizes = sorted(set(self.sizes))
-        self._entries: dict[tuple, _Entry] = {}
+        self._entries: dict[tuple, Callable[[], dict]] = {}  # (bucket, variant) -> replay
         self._failed: set = set()
         self._pool = torch.cuda.graph_pool_handle() if self.mode == "graphs" else None
         if self.mode == "compile":
@@ -112,17 +107,17 @@ class DecodeGraphs:
         if size is None or key in self._failed:
             self.stats.fallbacks += 1
             return None
-        entry = self._entries.get(key) or self._capture(*key)
-        if entry is None:
+        replay = self._entries.get(key) or self._capture(*key)
+        if replay is None:
             self.stats.fallbacks += 1
             return None
-        outputs = entry.run()
+        outputs = replay()
         self.stats.replays += 1
         self.stats.real_rows += rows
         self.stats.padded_rows += size - rows
         return outputs
 
-    def _capture(self, size: int, variant: tuple) -> Optional[_Entry]:
+    def _capture(self, size: int, variant: tuple) -> Optional[Callable[[], dict]]:
         gc_enabled = gc.isenabled()
         gc.disable()
         start = time.perf_counter()
@@ -133,7 +128,7 @@ class DecodeGraphs:
                 t.zero_()
             stream.wait_stream(torch.cuda.current_stream())
             if self.mode == "compile":
-                entry = self._compile_entry(size, variant, stream)
+                replay = self._compile_entry(size, variant, stream)
             else:
                 with torch.cuda.stream(stream):
                     self.program(size, *variant)  # warm-up: Triton compiles outside the capture
@@ -141,7 +136,7 @@ class DecodeGraphs:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._pool, stream=stream):
                     outputs = self.program(size, *variant)
-                entry = _Entry(run=lambda g=graph, o=outputs: (g.replay(), o)[1], outputs=outputs)
+                replay = lambda g=graph, o=outputs: (g.replay(), o)[1]  # noqa: E731
             torch.cuda.current_stream().wait_stream(stream)
         except Exception as exc:  # capture failure: drain, count, fall back to eager for this bucket
             stream.synchronize()
@@ -161,13 +156,13 @@ class DecodeGraphs:
         else:
             self.stats.capture_seconds += elapsed
         self.stats.captures += 1
-        self._entries[(size, variant)] = entry
-        return entry
+        self._entries[(size, variant)] = replay
+        return replay
 
-    def _compile_entry(self, size: int, variant: tuple, stream) -> _Entry:
+    def _compile_entry(self, size: int, variant: tuple, stream) -> Callable[[], dict]:
         compiled = self._compiled
         with torch.cuda.stream(stream):
             for _ in range(3):  # compile, then let cudagraph trees warm up and record
                 compiled(size, *variant)
         stream.synchronize()
-        return _Entry(run=lambda: compiled(size, *variant))
+        return lambda: compiled(size, *variant)

@@ -28,7 +28,6 @@ from .forward_batch import ForwardBatch, KVCacheTensors
 from .staging import StaticStaging, upload_arrays
 
 
-
 @dataclass
 class RowState:
     """Decode rows in their current (compacted) order; rows at or past `active` are done."""
@@ -85,6 +84,7 @@ class StepHandle:
 
     rows: list = field(default_factory=list)  # (request, generation, kind, drafts) per result row
     round_k: int = 0
+    bucket: int = 0  # graph bucket of a speculative round's decode rows (the draft policy's cost key)
     prefills: list = field(default_factory=list)  # (request, generation, chunk) per prefill chunk
     host: Optional[dict] = None
     event: Optional[torch.cuda.Event] = None
@@ -182,9 +182,14 @@ class ModelRunner:
         """Copy swapped-out requests' blocks (every plane and layer, and their key depths) to CPU,
         then swapped-in requests' saved blocks into their new blocks, before the step's work."""
         pin = self.device.type == "cuda"
+
+        def block_indices(table):  # every block of every plane; the plane-0 blocks (key depths live there)
+            idx = torch.tensor([b for planes in table for b in planes], dtype=torch.int64)
+            first = torch.tensor([planes[0] for planes in table], dtype=torch.int64)
+            return idx.to(self.device, non_blocking=True), first.to(self.device, non_blocking=True)
+
         for req, table in sched.swap_out:
-            idx = torch.tensor([b for planes in table for b in planes], dtype=torch.int64).to(self.device, non_blocking=True)
-            first = torch.tensor([planes[0] for planes in table], dtype=torch.int64).to(self.device, non_blocking=True)
+            idx, first = block_indices(table)
             saved = []
             for src in (self.kv.k.index_select(1, idx), self.kv.v.index_select(1, idx), self.kv.key_depth.index_select(0, first)):
                 host = torch.empty(src.shape, dtype=src.dtype, pin_memory=pin)
@@ -193,8 +198,7 @@ class ModelRunner:
             req.swapped["kv"] = saved
         for req, table in sched.swap_in:
             k, v, depth = req.swapped["kv"]
-            idx = torch.tensor([b for planes in table for b in planes], dtype=torch.int64).to(self.device, non_blocking=True)
-            first = torch.tensor([planes[0] for planes in table], dtype=torch.int64).to(self.device, non_blocking=True)
+            idx, first = block_indices(table)
             self.kv.k.index_copy_(1, idx, k.to(self.device, non_blocking=True))
             self.kv.v.index_copy_(1, idx, v.to(self.device, non_blocking=True))
             self.kv.key_depth.index_copy_(0, first, depth.to(self.device, non_blocking=True))
@@ -393,9 +397,7 @@ class ModelRunner:
         slots = st["sample_slots"]
         logits = self.model.logits(final.index_select(0, st["sample_rows"]), self.ops, n_samples)
         res = self._sample(logits, slots, st["sample_pos"], want_lp, num_top, n_samples)
-        live = torch.where(torch.arange(slots.shape[0], device=self.device) < n_samples, slots.long(),
-                           torch.full_like(slots.long(), -1))
-        self.ops.scatter_rows(res["tokens"], live, self.slot_token, active_rows=None)
+        self.store_next(slots.long(), n_samples, res["tokens"])
         res["depths"] = torch.full((slots.shape[0],), self.depth, dtype=torch.int32, device=self.device)
         return res
 
@@ -406,9 +408,9 @@ class ModelRunner:
 
     def _set_key_depth(self, batch: ForwardBatch, last_loop: torch.Tensor) -> None:
         """Record each token's last loop in the key-depth table (through its plane-0 slot)."""
-        slots0 = batch.slot_mapping(self.layout.boundary() if self.family == "huginn" else self.layout.core(0))
         if self.family == "ouro" and self.layout.core_planes == 1:
             return
+        slots0 = batch.slot_mapping(self.layout.boundary() if self.family == "huginn" else self.layout.core(0))
         self.ops.scatter_rows(last_loop.to(torch.int32), slots0, self.kv.key_depth.view(-1), active_rows=batch.active)
 
     # ---- decode ------------------------------------------------------------------------------
@@ -449,11 +451,17 @@ class ModelRunner:
         self.run_loops(rs, 0, self.depth, out)
         logits = self.head_logits(out, slots, pos, active)
         res = self._sample(logits, slots, pos + 1, want_lp, num_top, active)
-        live = torch.where(torch.arange(b, device=self.device) < active, idx, torch.full_like(idx, -1))
-        self.ops.scatter_rows(res["tokens"], live, self.slot_token, active_rows=None)
-        self.ops.scatter_rows(pos + 1, live, self.slot_pos, active_rows=None)
+        self.store_next(idx, active, res["tokens"], pos + 1)
         res["depths"] = out.depth
         return res
+
+    def store_next(self, idx, active, tokens, positions=None) -> None:
+        """Write rows' next input token (and its position) into the slot pools of slots `idx`
+        (int64 [B]); rows at or past the live count `active` ([1] int32) write nothing."""
+        live = torch.where(torch.arange(idx.shape[0], device=self.device) < active, idx, torch.full_like(idx, -1))
+        self.ops.scatter_rows(tokens, live, self.slot_token, active_rows=None)
+        if positions is not None:
+            self.ops.scatter_rows(positions, live, self.slot_pos, active_rows=None)
 
     def start_rows(self, tokens, slots, pos, trace, active) -> "RowState":
         """Embed the rows' tokens (Huginn: prelude and initial state) and mark them running."""

@@ -26,10 +26,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rlt_kernels.sampling import STREAM_ACCEPT, STREAM_DRAFT
+from rlt_kernels.sampling import STREAM_ACCEPT, STREAM_DRAFT, philox_uniform
 
 from .model_runner import RowResults, RowState
-from .philox import philox_uniform_torch
 from .staging import StaticStaging
 
 
@@ -171,9 +170,7 @@ class SpeculativeRunner:
         live_row = torch.arange(rows, device=dev) < active
         accepted = torch.where(live_row, accepted, torch.zeros_like(accepted))  # padded rows: not written
         last = out_tokens.gather(1, accepted.long()[:, None])[:, 0]
-        live_slot = torch.where(live_row, idx, torch.full_like(idx, -1))
-        ops.scatter_rows(last, live_slot, run.slot_token, active_rows=None)
-        ops.scatter_rows(pos0 + accepted.long() + 1, live_slot, run.slot_pos, active_rows=None)
+        run.store_next(idx, active, last, pos0 + accepted.long() + 1)
         res = {"tokens": out_tokens, "accepted": accepted, "depths": depths[:rows]}
         if want_lp:
             committed = out_tokens[vr, vj].clamp(min=0)
@@ -196,7 +193,7 @@ class SpeculativeRunner:
         rows = drafts.shape[0]
         if k == 0:
             return target[:, :1].clone(), torch.zeros(rows, dtype=torch.int32, device=drafts.device)
-        u = torch.stack([philox_uniform_torch(keys, pos0 + 1 + j, STREAM_ACCEPT, 1)[:, 0] for j in range(k)], dim=1)
+        u = torch.stack([philox_uniform(keys, pos0 + 1 + j, STREAM_ACCEPT, 1)[:, 0] for j in range(k)], dim=1)
         ok = (u < self.synthetic) & (torch.arange(k, device=drafts.device)[None, :] < num_drafts[:, None])
         accepted = ok.to(torch.int32).cumprod(dim=1).sum(dim=1).to(torch.int32)
         steps = torch.arange(k + 1, device=drafts.device)[None, :]

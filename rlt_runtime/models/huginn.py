@@ -16,10 +16,9 @@ from typing import Iterable, Optional
 
 import torch
 
-from rlt_kernels.sampling import STREAM_STATE
+from rlt_kernels.sampling import STREAM_STATE, philox_uniform
 
 from ..cache.layout import KVLayout, PlaneSpec
-from ..executor.philox import philox_uniform_torch
 from .configs import HuginnConfig, check_weight_names, check_weights_complete, hf_weight_shapes
 
 
@@ -53,7 +52,7 @@ def huginn_initial_state(keys, positions, hidden: int, std: float, device, dtype
     m = keys.shape[0]
     if std == 0.0 or m == 0:
         return torch.zeros((m, hidden), dtype=dtype, device=device)
-    u = philox_uniform_torch(keys, positions, STREAM_STATE, hidden).double()
+    u = philox_uniform(keys, positions, STREAM_STATE, hidden).double()
     lo, hi = 0.5 * math.erfc(3.0 / math.sqrt(2.0)), 0.5 * math.erfc(-3.0 / math.sqrt(2.0))
     z = math.sqrt(2.0) * torch.erfinv(2.0 * (lo + u * (hi - lo)) - 1.0)
     return (z * std * math.sqrt(hidden)).to(dtype)

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from rlt_kernels import acceptance, sampling
 
+from checks import chi_square_pvalue
+
 
 def _probs(shape, rng, device, sparsity=0.3):
     """Random distributions over the last dim, some entries exactly zero."""
@@ -167,15 +169,6 @@ def test_rows_are_batch_invariant(device):
 # ------------------------------------------------------------------- distribution preserved
 
 
-def _chi_square_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
-    """Upper-tail p-value of Pearson's statistic (Wilson-Hilferty normal approximation)."""
-    expected = counts.sum() * probs
-    stat = float(((counts - expected) ** 2 / expected).sum())
-    dof = len(probs) - 1
-    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
 # Target and proposal disagree everywhere: token 3 has p = 0 (never committed), token 4 has
 # q = 0 (committed only through the residual).
 P0 = np.array([0.4, 0.3, 0.2, 0.0, 0.1])
@@ -204,7 +197,7 @@ def test_rejection_sampling_commits_target_distributed_tokens(device, impl):
     first = np.bincount(out[:, 0].cpu().numpy(), minlength=5).astype(np.float64)
     assert first[3] == 0
     kept = P0 > 0
-    assert _chi_square_pvalue(first[kept], P0[kept]) > 1e-3
+    assert chi_square_pvalue(first[kept], P0[kept]) > 1e-3
     # The first draft passes with probability sum(min(p, q)) = 0.6.
     overlap = np.minimum(P0, Q0).sum()
     passed = float((acc >= 1).float().mean())

@@ -12,16 +12,10 @@ from hypothesis import strategies as st
 
 from rlt_kernels import gemm, norms
 
+from checks import randn, seeded
+
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 EPS = {torch.float32: 2.0**-23, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
-
-
-def _gen(seed, device):
-    return torch.Generator(device=device).manual_seed(seed)
-
-
-def _randn(shape, dtype, device, gen, scale=1.0):
-    return (torch.randn(shape, generator=gen, device=device) * scale).to(dtype)
 
 
 def _poison(shape, dtype, device):
@@ -67,9 +61,9 @@ def _assert_rows_written(out, live):
 @pytest.mark.parametrize("activation", [None, "swiglu"])
 @pytest.mark.parametrize("m,n,k", [(1, 40, 72), (3, 96, 200), (17, 130, 64)])
 def test_linear_matches_reference_and_fp64(device, dtype, activation, m, n, k):
-    gen = _gen(m * n + k, device)
-    x = _randn((m, k), dtype, device, gen)
-    w = _randn((n, k), dtype, device, gen, scale=k**-0.5)
+    gen = seeded(m * n + k, device)
+    x = randn((m, k), dtype, device, gen)
+    w = randn((n, k), dtype, device, gen, scale=k**-0.5)
     n_out = n // 2 if activation == "swiglu" else n
     out = gemm.linear(x, w, activation=activation, out=_poison((m, n_out), dtype, device))
     assert out.shape == (m, n_out) and out.dtype == dtype
@@ -82,9 +76,9 @@ def test_linear_matches_reference_and_fp64(device, dtype, activation, m, n, k):
 @pytest.mark.parametrize("activation", [None, "swiglu"])
 def test_linear_fp32_output_from_bf16(device, activation):
     """An fp32 `out` keeps the fp32 accumulator (logits, exit-gate scores)."""
-    gen = _gen(1, device)
-    x = _randn((5, 96), torch.bfloat16, device, gen)
-    w = _randn((66, 96), torch.bfloat16, device, gen)
+    gen = seeded(1, device)
+    x = randn((5, 96), torch.bfloat16, device, gen)
+    w = randn((66, 96), torch.bfloat16, device, gen)
     out = gemm.linear(x, w, activation=activation, out=_poison((5, 33 if activation else 66), torch.float32, device))
     expected = _exact(x, w, activation)
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-4)
@@ -99,17 +93,17 @@ def test_linear_wide_weight_config(device, activation):
     n = 2 * n_out if activation == "swiglu" else n_out
     cfg = gemm.linear_config(n, 48, torch.bfloat16, activation)
     assert cfg.block_n == 128
-    gen = _gen(2, device)
-    x = _randn((3, 48), torch.bfloat16, device, gen)
-    w = _randn((n, 48), torch.bfloat16, device, gen, scale=0.2)
+    gen = seeded(2, device)
+    x = randn((3, 48), torch.bfloat16, device, gen)
+    w = randn((n, 48), torch.bfloat16, device, gen, scale=0.2)
     out = gemm.linear(x, w, activation=activation)
     _assert_close_to(out, _exact(x, w, activation), x, w, activation)
 
 
 def test_linear_fused_swiglu_equals_unfused(device):
-    gen = _gen(3, device)
-    x = _randn((9, 80), torch.float16, device, gen)
-    w = _randn((2 * 48, 80), torch.float16, device, gen, scale=0.3)
+    gen = seeded(3, device)
+    x = randn((9, 80), torch.float16, device, gen)
+    w = randn((2 * 48, 80), torch.float16, device, gen, scale=0.3)
     # With an fp32 intermediate the two paths do the same arithmetic: bitwise equal.
     fused32 = gemm.linear(x, w, activation="swiglu", out=torch.empty((9, 48), dtype=torch.float32, device=device))
     unfused32 = norms.swiglu(gemm.linear(x, w, out=torch.empty((9, 96), dtype=torch.float32, device=device)))
@@ -129,9 +123,9 @@ def test_linear_active_rows_and_poison(device, live, activation):
     """Rows past the device-side count are never written; live rows match the full launch,
     including live rows inside a partially dead row tile."""
     m, n, k = 70, 40, 24
-    gen = _gen(live, device)
-    x = _randn((m, k), torch.bfloat16, device, gen)
-    w = _randn((n, k), torch.bfloat16, device, gen)
+    gen = seeded(live, device)
+    x = randn((m, k), torch.bfloat16, device, gen)
+    w = randn((n, k), torch.bfloat16, device, gen)
     n_out = n // 2 if activation else n
     full = gemm.linear(x, w, activation=activation)
     out = gemm.linear(x, w, activation=activation, out=_poison((m, n_out), torch.bfloat16, device),
@@ -143,10 +137,10 @@ def test_linear_active_rows_and_poison(device, live, activation):
 
 def test_linear_strided_rows(device):
     """x and out may be row slices of wider buffers (row stride != K); the bits do not change."""
-    gen = _gen(4, device)
-    x_wide = _randn((6, 100), torch.bfloat16, device, gen)
+    gen = seeded(4, device)
+    x_wide = randn((6, 100), torch.bfloat16, device, gen)
     x = x_wide[:, 10:10 + 72]
-    w = _randn((36, 72), torch.bfloat16, device, gen)
+    w = randn((36, 72), torch.bfloat16, device, gen)
     out_wide = _poison((6, 50), torch.bfloat16, device)
     gemm.linear(x, w, out=out_wide[:, 5:41])
     assert torch.equal(out_wide[:, 5:41], gemm.linear(x.contiguous(), w))
@@ -206,15 +200,15 @@ def test_linear_config_fits_and_spreads(n, k, activation, dtype):
 def test_linear_is_batch_invariant(device, m, seed, pad, activation, dtype, k):
     """A row's output bits are the same alone, in the batch, permuted and next to padding rows
     (garbage rows past the active count)."""
-    gen = _gen(seed, device)
-    x = _randn((m, k), dtype, device, gen)
-    w = _randn((72, k), dtype, device, gen, scale=k**-0.5)
+    gen = seeded(seed, device)
+    x = randn((m, k), dtype, device, gen)
+    w = randn((72, k), dtype, device, gen, scale=k**-0.5)
     full = gemm.linear(x, w, activation=activation)
     perm = torch.randperm(m, generator=torch.Generator().manual_seed(seed)).to(device)
     assert torch.equal(gemm.linear(x[perm], w, activation=activation), full[perm])
     row = int(perm[0])
     assert torch.equal(gemm.linear(x[row:row + 1], w, activation=activation)[0], full[row])
-    padded = torch.cat([x, _randn((pad, k), dtype, device, gen, scale=1e3)])
+    padded = torch.cat([x, randn((pad, k), dtype, device, gen, scale=1e3)])
     out = gemm.linear(padded, w, activation=activation, active_rows=torch.tensor([m], dtype=torch.int32, device=device))
     assert torch.equal(out[:m], full)
 
@@ -225,9 +219,9 @@ def test_linear_is_batch_invariant(device, m, seed, pad, activation, dtype, k):
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,k,activation", MODEL_WEIGHTS)
 def test_gpu_model_shapes_bf16(device, n, k, activation):
-    gen = _gen(n + k, device)
-    w = _randn((n, k), torch.bfloat16, device, gen, scale=k**-0.5)
-    x = _randn((300, k), torch.bfloat16, device, gen)
+    gen = seeded(n + k, device)
+    w = randn((n, k), torch.bfloat16, device, gen, scale=k**-0.5)
+    x = randn((300, k), torch.bfloat16, device, gen)
     full = gemm.linear(x, w, activation=activation)
     ref = gemm.linear_reference(x, w, activation=activation)
     torch.testing.assert_close(full.float(), ref.float(), rtol=2 * EPS[torch.bfloat16], atol=2e-2)
@@ -241,9 +235,9 @@ def test_gpu_model_shapes_bf16(device, n, k, activation):
 @pytest.mark.gpu
 def test_gpu_graph_replay_follows_active_rows(device):
     """Captured once at a 256-row bucket; each replay writes only the rows below the count."""
-    gen = _gen(0, device)
-    w = _randn((11264, 2048), torch.bfloat16, device, gen, scale=2048**-0.5)
-    x = _randn((256, 2048), torch.bfloat16, device, gen)
+    gen = seeded(0, device)
+    w = randn((11264, 2048), torch.bfloat16, device, gen, scale=2048**-0.5)
+    x = randn((256, 2048), torch.bfloat16, device, gen)
     expected = gemm.linear(x, w, activation="swiglu")
     active = torch.tensor([256], dtype=torch.int32, device=device)
     out = torch.empty((256, 5632), dtype=torch.bfloat16, device=device)

@@ -21,26 +21,9 @@ from rlt_kernels import kv_cache
 from rlt_kernels._triton import tl, triton
 from rlt_kernels.norms import apply_rope_reference, rope_cos_sin
 
+from checks import assert_same_bits, randn, seeded
+
 THETA = 10000.0
-
-
-def _gen(seed, device):
-    return torch.Generator(device=device).manual_seed(seed)
-
-
-def _randn(shape, dtype, device, gen):
-    return torch.randn(shape, generator=gen, device=device).to(dtype)
-
-
-def _bits(t):
-    """Integer view of a tensor's bits (NaN poison compares exactly)."""
-    return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
-
-
-def _assert_same_bits(actual, expected):
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    mismatch = (_bits(actual) != _bits(expected)).nonzero()
-    assert mismatch.numel() == 0, f"{mismatch.shape[0]} elements differ, first at {mismatch[0].tolist()}"
 
 
 def _poisoned(shape, dtype, device):
@@ -124,10 +107,10 @@ def _garbage_past(slots, live, num_slots):
 )
 @pytest.mark.parametrize("active", [None, 6])
 def test_kv_scatter_matches_reference_and_indexing(device, block_size, head_dim, kv_heads, dtype, cache_dtype, active):
-    gen = _gen(block_size + head_dim + kv_heads, device)
+    gen = seeded(block_size + head_dim + kv_heads, device)
     t, num_blocks = 11, 3
-    k = _randn((t, kv_heads, head_dim), dtype, device, gen)
-    v = _randn((t, kv_heads, head_dim), dtype, device, gen)
+    k = randn((t, kv_heads, head_dim), dtype, device, gen)
+    v = randn((t, kv_heads, head_dim), dtype, device, gen)
     slots = _slots(num_blocks * block_size, t, gen, device, negatives=(1, 4, 9))
     live = t if active is None else active
     slots = _garbage_past(slots, live, num_blocks * block_size)
@@ -137,19 +120,19 @@ def test_kv_scatter_matches_reference_and_indexing(device, block_size, head_dim,
 
     kv_cache.kv_scatter(k, v, k_cache, v_cache, slots, active_rows=_active(active, device))
     kv_cache.kv_scatter_reference(k, v, k_ref, v_ref, slots, active_rows=_active(active, device))
-    _assert_same_bits(k_cache, k_ref)
-    _assert_same_bits(v_cache, v_ref)
-    _assert_same_bits(k_cache, _plain_scatter(_poisoned(k_cache.shape, cache_dtype, device), k, slots, live))
-    _assert_same_bits(v_cache, _plain_scatter(_poisoned(v_cache.shape, cache_dtype, device), v, slots, live))
+    assert_same_bits(k_cache, k_ref)
+    assert_same_bits(v_cache, v_ref)
+    assert_same_bits(k_cache, _plain_scatter(_poisoned(k_cache.shape, cache_dtype, device), k, slots, live))
+    assert_same_bits(v_cache, _plain_scatter(_poisoned(v_cache.shape, cache_dtype, device), v, slots, live))
 
 
 @pytest.mark.parametrize("active", [0, 1, 3])
 def test_kv_scatter_active_rows_with_garbage_metadata(device, active):
     """Rows at or past the count are inert even when their slots point anywhere in the cache."""
-    gen = _gen(active, device)
+    gen = seeded(active, device)
     t, bs = 5, 16
-    k = _randn((t, 2, 64), torch.bfloat16, device, gen)
-    v = _randn((t, 2, 64), torch.bfloat16, device, gen)
+    k = randn((t, 2, 64), torch.bfloat16, device, gen)
+    v = randn((t, 2, 64), torch.bfloat16, device, gen)
     slots = _garbage_past(_slots(2 * bs, t, gen, device), active, 2 * bs)
     k_cache = _poisoned((2, bs, 2, 64), torch.bfloat16, device)
     v_cache = _poisoned((2, bs, 2, 64), torch.bfloat16, device)
@@ -162,9 +145,9 @@ def test_kv_scatter_active_rows_with_garbage_metadata(device, active):
 
 def test_kv_scatter_strided_views(device):
     """k/v as column slices of a fused qkv buffer; caches as one layer of a multi-layer pool."""
-    gen = _gen(7, device)
+    gen = seeded(7, device)
     t, h, kvh, d, bs, layers, blocks = 6, 4, 2, 96, 16, 3, 2
-    qkv = _randn((t, (h + 2 * kvh) * d), torch.bfloat16, device, gen)
+    qkv = randn((t, (h + 2 * kvh) * d), torch.bfloat16, device, gen)
     k = qkv[:, h * d:(h + kvh) * d].view(t, kvh, d)
     v = qkv[:, (h + kvh) * d:].view(t, kvh, d)
     pool_k = _poisoned((layers, blocks, bs, kvh, d), torch.bfloat16, device)
@@ -173,10 +156,10 @@ def test_kv_scatter_strided_views(device):
     kv_cache.kv_scatter(k, v, pool_k[1], pool_v[1], slots)
     empty = _poisoned((blocks, bs, kvh, d), torch.bfloat16, device)
     for layer in (0, 2):
-        _assert_same_bits(pool_k[layer], empty)
-        _assert_same_bits(pool_v[layer], empty)
-    _assert_same_bits(pool_k[1], _plain_scatter(empty, k, slots, t))
-    _assert_same_bits(pool_v[1], _plain_scatter(empty, v, slots, t))
+        assert_same_bits(pool_k[layer], empty)
+        assert_same_bits(pool_v[layer], empty)
+    assert_same_bits(pool_k[1], _plain_scatter(empty, k, slots, t))
+    assert_same_bits(pool_v[1], _plain_scatter(empty, v, slots, t))
 
 
 def test_kv_scatter_empty_batch(device):
@@ -208,18 +191,18 @@ def test_kv_scatter_rejects_bad_shapes(device):
     seed=st.integers(0, 2**16),
 )
 def test_kv_scatter_property(device, t, block_size, negative_every, active, slot_dtype, seed):
-    gen = _gen(seed, device)
+    gen = seeded(seed, device)
     num_slots = 3 * block_size
-    k = _randn((t, 2, 64), torch.float32, device, gen)
-    v = _randn((t, 2, 64), torch.float32, device, gen)
+    k = randn((t, 2, 64), torch.float32, device, gen)
+    v = randn((t, 2, 64), torch.float32, device, gen)
     slots = _slots(num_slots, t, gen, device, negatives=range(0, t, negative_every))
     live = t if active is None else max(0, min(active, t))
     slots = _garbage_past(slots, live, num_slots).to(slot_dtype)
     k_cache = _poisoned((3, block_size, 2, 64), torch.float32, device)
     v_cache = _poisoned((3, block_size, 2, 64), torch.float32, device)
     kv_cache.kv_scatter(k, v, k_cache, v_cache, slots, active_rows=_active(active, device))
-    _assert_same_bits(k_cache, _plain_scatter(_poisoned(k_cache.shape, torch.float32, device), k, slots, live))
-    _assert_same_bits(v_cache, _plain_scatter(_poisoned(v_cache.shape, torch.float32, device), v, slots, live))
+    assert_same_bits(k_cache, _plain_scatter(_poisoned(k_cache.shape, torch.float32, device), k, slots, live))
+    assert_same_bits(v_cache, _plain_scatter(_poisoned(v_cache.shape, torch.float32, device), v, slots, live))
 
 
 @triton.jit
@@ -250,17 +233,17 @@ def test_kv_scatter_cache_past_2_pow_31_elements(device):
     num_blocks = 2**31 // (bs * kvh * d) + 64
     k_cache = torch.full((num_blocks, bs, kvh, d), float("nan"), dtype=torch.bfloat16, device=device)
     v_cache = torch.full_like(k_cache, float("nan"))
-    gen = _gen(1, device)
-    k = _randn((4, kvh, d), torch.bfloat16, device, gen)
-    v = _randn((4, kvh, d), torch.bfloat16, device, gen)
+    gen = seeded(1, device)
+    k = randn((4, kvh, d), torch.bfloat16, device, gen)
+    v = randn((4, kvh, d), torch.bfloat16, device, gen)
     last = num_blocks * bs - 1
     slots = torch.tensor([last, last - 17, -1, 2**31 // (kvh * d) + 3], dtype=torch.int64, device=device)
     kv_cache.kv_scatter(k, v, k_cache, v_cache, slots)
     flat_k, flat_v = k_cache.view(-1, kvh, d), v_cache.view(-1, kvh, d)
     for i in (0, 1, 3):
         s = int(slots[i])
-        _assert_same_bits(flat_k[s], k[i])
-        _assert_same_bits(flat_v[s], v[i])
+        assert_same_bits(flat_k[s], k[i])
+        assert_same_bits(flat_v[s], v[i])
     assert (~torch.isnan(flat_k[:, 0, 0])).sum().item() == 3
     assert (~torch.isnan(flat_v[:, 0, 0])).sum().item() == 3
 
@@ -269,10 +252,10 @@ def test_kv_scatter_cache_past_2_pow_31_elements(device):
 @pytest.mark.parametrize("t", [1, 64, 4096])
 @pytest.mark.parametrize("kvh,d,bs", [(16, 128, 16), (55, 96, 128)])
 def test_kv_scatter_model_shapes_bf16(device, t, kvh, d, bs):
-    gen = _gen(t + kvh, device)
+    gen = seeded(t + kvh, device)
     num_blocks = 2 * t // bs + 4
-    k = _randn((t, kvh, d), torch.bfloat16, device, gen)
-    v = _randn((t, kvh, d), torch.bfloat16, device, gen)
+    k = randn((t, kvh, d), torch.bfloat16, device, gen)
+    v = randn((t, kvh, d), torch.bfloat16, device, gen)
     slots = torch.randperm(num_blocks * bs, device=device)[:t]
     slots[::7] = -1
     active = _active(t - t // 5, device)
@@ -281,8 +264,8 @@ def test_kv_scatter_model_shapes_bf16(device, t, kvh, d, bs):
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
     kv_cache.kv_scatter(k, v, k_cache, v_cache, slots, active_rows=active)
     kv_cache.kv_scatter_reference(k, v, k_ref, v_ref, slots, active_rows=active)
-    _assert_same_bits(k_cache, k_ref)
-    _assert_same_bits(v_cache, v_ref)
+    assert_same_bits(k_cache, k_ref)
+    assert_same_bits(v_cache, v_ref)
 
 
 # ----------------------------------------------------------------------------- rope_kv_scatter
@@ -303,13 +286,13 @@ def _rope_complex(x, positions, style, bias=None):
 
 
 def _rope_case(device, seed, t, h, kvh, d, dtype, bias):
-    gen = _gen(seed, device)
-    q = _randn((t, h, d), dtype, device, gen)
-    k = _randn((t, kvh, d), dtype, device, gen)
-    v = _randn((t, kvh, d), dtype, device, gen)
+    gen = seeded(seed, device)
+    q = randn((t, h, d), dtype, device, gen)
+    k = randn((t, kvh, d), dtype, device, gen)
+    v = randn((t, kvh, d), dtype, device, gen)
     positions = torch.randint(0, 200, (t,), generator=gen, device=device)
-    q_bias = _randn((h, d), dtype, device, gen) if bias else None
-    k_bias = _randn((kvh, d), dtype, device, gen) if bias else None
+    q_bias = randn((h, d), dtype, device, gen) if bias else None
+    k_bias = randn((kvh, d), dtype, device, gen) if bias else None
     return q, k, v, positions, q_bias, k_bias
 
 
@@ -337,7 +320,7 @@ def test_rope_kv_scatter_matches_reference(device, style, bias, h, kvh, d, bs, d
     t, num_blocks, live = 7, 2, 5
     q, k, v, positions, q_bias, k_bias = _rope_case(device, h * d + bs, t, h, kvh, d, dtype, bias)
     cos_sin = rope_cos_sin(256, d, THETA, device=device)
-    slots = _garbage_past(_slots(num_blocks * bs, t, _gen(d, device), device, negatives=(3,)), live, num_blocks * bs)
+    slots = _garbage_past(_slots(num_blocks * bs, t, seeded(d, device), device, negatives=(3,)), live, num_blocks * bs)
     k_cache = _poisoned((num_blocks, bs, kvh, d), dtype, device)
     v_cache = _poisoned((num_blocks, bs, kvh, d), dtype, device)
     q_out = _poisoned(q.shape, dtype, device)
@@ -350,18 +333,18 @@ def test_rope_kv_scatter_matches_reference(device, style, bias, h, kvh, d, bs, d
         style=style, q_bias=q_bias, k_bias=k_bias, q_out=q_out, active_rows=active,
     )
     assert result is q_out
-    _assert_same_bits(q_out[:live], q_exp)
+    assert_same_bits(q_out[:live], q_exp)
     assert torch.isnan(q_out[live:]).all(), "rows past the active count were written"
-    _assert_same_bits(k_cache, k_exp)
-    _assert_same_bits(v_cache, v_exp)
+    assert_same_bits(k_cache, k_exp)
+    assert_same_bits(v_cache, v_exp)
     if dtype != torch.bfloat16 or not _backend_truncates_bf16(device.type):
         k_ref, v_ref = _poisoned(k_cache.shape, dtype, device), _poisoned(v_cache.shape, dtype, device)
         q_ref = kv_cache.rope_kv_scatter_reference(
             q, k, v, positions, cos_sin, k_ref, v_ref, slots,
             style=style, q_bias=q_bias, k_bias=k_bias, q_out=_poisoned(q.shape, dtype, device), active_rows=active,
         )
-        _assert_same_bits(q_out, q_ref)
-        _assert_same_bits(k_cache, k_ref)
+        assert_same_bits(q_out, q_ref)
+        assert_same_bits(k_cache, k_ref)
     tol = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]
     q_complex = _rope_complex(q[:live], positions[:live], style, q_bias)
     torch.testing.assert_close(q_out[:live].double(), q_complex, rtol=tol, atol=tol)
@@ -375,8 +358,8 @@ def test_rope_kv_scatter_matches_reference(device, style, bias, h, kvh, d, bs, d
 def test_rope_kv_scatter_in_place_fused_qkv(device, style):
     """q rotated in place (q_out is q), q/k/v views of one qkv buffer, strided layer-slice caches."""
     t, h, kvh, d, bs = 5, 4, 2, 64, 16
-    gen = _gen(11, device)
-    qkv = _randn((t, (h + 2 * kvh) * d), torch.float32, device, gen)
+    gen = seeded(11, device)
+    qkv = randn((t, (h + 2 * kvh) * d), torch.float32, device, gen)
     q = qkv[:, : h * d].view(t, h, d)
     k = qkv[:, h * d:(h + kvh) * d].view(t, kvh, d)
     v = qkv[:, (h + kvh) * d:].view(t, kvh, d)
@@ -388,9 +371,9 @@ def test_rope_kv_scatter_in_place_fused_qkv(device, style):
     q_ref = kv_cache.rope_kv_scatter_reference(q.clone(), k, v, positions, cos_sin, k_ref, v_ref, slots, style=style)
     out = kv_cache.rope_kv_scatter(q, k, v, positions, cos_sin, pool[0, 1], pool[1, 1], slots, style=style, q_out=q)
     assert out is q
-    _assert_same_bits(q, q_ref)
-    _assert_same_bits(pool[0, 1], k_ref)
-    _assert_same_bits(pool[1, 1], v_ref)
+    assert_same_bits(q, q_ref)
+    assert_same_bits(pool[0, 1], k_ref)
+    assert_same_bits(pool[1, 1], v_ref)
     assert torch.isnan(pool[:, 0]).all()
 
 
@@ -405,9 +388,9 @@ def test_rope_kv_scatter_huginn_heads(device):
                                      style="gptj", q_bias=q_bias, k_bias=k_bias)
     q_ref = kv_cache.rope_kv_scatter_reference(q, k, v, positions, cos_sin, caches[2], caches[3], slots,
                                                style="gptj", q_bias=q_bias, k_bias=k_bias)
-    _assert_same_bits(q_out, q_ref)
-    _assert_same_bits(caches[0], caches[2])
-    _assert_same_bits(caches[1], caches[3])
+    assert_same_bits(q_out, q_ref)
+    assert_same_bits(caches[0], caches[2])
+    assert_same_bits(caches[1], caches[3])
 
 
 @settings(max_examples=20)
@@ -424,7 +407,7 @@ def test_rope_kv_scatter_property(device, t, group, style, active, seed):
     q, k, v, positions, _, _ = _rope_case(device, seed, t, h, kvh, d, torch.float32, False)
     cos_sin = rope_cos_sin(256, d, THETA, device=device)
     live = t if active is None else min(active, t)
-    slots = _garbage_past(_slots(2 * bs, t, _gen(seed, device), device, negatives=range(1, t, 3)), live, 2 * bs)
+    slots = _garbage_past(_slots(2 * bs, t, seeded(seed, device), device, negatives=range(1, t, 3)), live, 2 * bs)
     caches = [_poisoned((2, bs, kvh, d), torch.float32, device) for _ in range(4)]
     q_out = _poisoned(q.shape, torch.float32, device)
     kv_cache.rope_kv_scatter(q, k, v, positions, cos_sin, caches[0], caches[1], slots, style=style,
@@ -432,9 +415,9 @@ def test_rope_kv_scatter_property(device, t, group, style, active, seed):
     q_ref = kv_cache.rope_kv_scatter_reference(q, k, v, positions, cos_sin, caches[2], caches[3], slots, style=style,
                                                q_out=_poisoned(q.shape, torch.float32, device),
                                                active_rows=_active(active, device))
-    _assert_same_bits(q_out, q_ref)
-    _assert_same_bits(caches[0], caches[2])
-    _assert_same_bits(caches[1], caches[3])
+    assert_same_bits(q_out, q_ref)
+    assert_same_bits(caches[0], caches[2])
+    assert_same_bits(caches[1], caches[3])
 
 
 def test_rope_kv_scatter_rejects_bad_arguments(device):
@@ -474,9 +457,9 @@ def test_rope_kv_scatter_model_shapes_bf16_bitwise(device, t, h, kvh, d, bs, sty
         q, k, v, positions, cos_sin, caches[2], caches[3], slots, style=style,
         q_bias=q_bias, k_bias=k_bias, q_out=_poisoned(q.shape, torch.bfloat16, device), active_rows=active,
     )
-    _assert_same_bits(q_out, q_ref)
-    _assert_same_bits(caches[0], caches[2])
-    _assert_same_bits(caches[1], caches[3])
+    assert_same_bits(q_out, q_ref)
+    assert_same_bits(caches[0], caches[2])
+    assert_same_bits(caches[1], caches[3])
 
 
 @pytest.mark.gpu
@@ -491,9 +474,9 @@ def test_rope_kv_scatter_cache_past_2_pow_31_elements(device):
     q_out = kv_cache.rope_kv_scatter(q, k, v, positions, cos_sin, k_cache, v_cache, slots)
     q_ref = apply_rope_reference(q, positions, cos_sin)
     k_ref = apply_rope_reference(k, positions, cos_sin)
-    _assert_same_bits(q_out, q_ref)
+    assert_same_bits(q_out, q_ref)
     flat_k, flat_v = k_cache.view(-1, kvh, d), v_cache.view(-1, kvh, d)
     for i in range(2):
-        _assert_same_bits(flat_k[int(slots[i])], k_ref[i])
-        _assert_same_bits(flat_v[int(slots[i])], v[i])
+        assert_same_bits(flat_k[int(slots[i])], k_ref[i])
+        assert_same_bits(flat_v[int(slots[i])], v[i])
     assert (~torch.isnan(flat_k[:, 0, 0])).sum().item() == 2

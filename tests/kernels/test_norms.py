@@ -11,16 +11,10 @@ from hypothesis import strategies as st
 
 from rlt_kernels import norms
 
+from checks import randn, seeded
+
 EPS = 1e-6
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-def _gen(seed: int, device) -> torch.Generator:
-    return torch.Generator(device=device).manual_seed(seed)
-
-
-def _randn(shape, dtype, device, gen, scale=1.0):
-    return (torch.randn(shape, generator=gen, device=device) * scale).to(dtype)
 
 
 def _tol(dtype: torch.dtype) -> float:
@@ -67,9 +61,9 @@ def _rms64(x, w):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,width", [(1, 7), (3, 100), (17, 64), (2, 5280)])
 def test_rms_norm_matches_reference_and_fp64(device, dtype, m, width):
-    gen = _gen(m * 1000 + width, device)
-    x = _randn((m, width), dtype, device, gen, scale=3.0)
-    w = _randn((width,), dtype, device, gen).abs() + 0.5
+    gen = seeded(m * 1000 + width, device)
+    x = randn((m, width), dtype, device, gen, scale=3.0)
+    w = randn((width,), dtype, device, gen).abs() + 0.5
     out = norms.rms_norm(x, w, EPS, out=_poison((m, width), dtype, device))
     assert out.dtype == dtype
     ref = norms.rms_norm_reference(x, w, EPS)
@@ -82,9 +76,9 @@ def test_rms_norm_matches_reference_and_fp64(device, dtype, m, width):
 
 @pytest.mark.parametrize("live", [0, 1, 5, 9])
 def test_rms_norm_active_rows_and_poison(device, live):
-    gen = _gen(live, device)
-    x = _randn((6, 40), torch.bfloat16, device, gen)
-    w = _randn((40,), torch.bfloat16, device, gen)
+    gen = seeded(live, device)
+    x = randn((6, 40), torch.bfloat16, device, gen)
+    w = randn((40,), torch.bfloat16, device, gen)
     out = norms.rms_norm(x, w, EPS, out=_poison((6, 40), torch.bfloat16, device),
                          active_rows=torch.tensor([live], dtype=torch.int32, device=device))
     n = min(live, 6)
@@ -93,10 +87,10 @@ def test_rms_norm_active_rows_and_poison(device, live):
 
 
 def test_rms_norm_strided_rows(device):
-    gen = _gen(7, device)
-    wide = _randn((5, 96), torch.bfloat16, device, gen)
+    gen = seeded(7, device)
+    wide = randn((5, 96), torch.bfloat16, device, gen)
     x = wide[:, 16:16 + 72]
-    w = _randn((72,), torch.bfloat16, device, gen)
+    w = randn((72,), torch.bfloat16, device, gen)
     out_wide = _poison((5, 80), torch.bfloat16, device)
     norms.rms_norm(x, w, EPS, out=out_wide[:, :72])
     assert torch.equal(out_wide[:, :72], norms.rms_norm(x.contiguous(), w, EPS))
@@ -105,9 +99,9 @@ def test_rms_norm_strided_rows(device):
 
 def test_rms_norm_fp32_weight_on_bf16_rows(device):
     """The weight is rounded to x.dtype before the multiply, as in the reference."""
-    gen = _gen(3, device)
-    x = _randn((3, 48), torch.bfloat16, device, gen)
-    w = _randn((48,), torch.float32, device, gen)
+    gen = seeded(3, device)
+    x = randn((3, 48), torch.bfloat16, device, gen)
+    w = randn((48,), torch.float32, device, gen)
     _assert_near(norms.rms_norm(x, w, EPS), norms.rms_norm_reference(x, w, EPS), torch.bfloat16)
 
 
@@ -128,11 +122,11 @@ def _residual64(sub, res, post_w, next_w, mode):
 @pytest.mark.parametrize("with_next", [False, True])
 def test_residual_norm_matches_reference_and_fp64(device, dtype, mode, with_next):
     m, width = 5, 136
-    gen = _gen(11, device)
-    sub = _randn((m, width), dtype, device, gen, scale=4.0)
-    res = _randn((m, width), dtype, device, gen)
-    post_w = _randn((width,), dtype, device, gen).abs() + 0.5
-    next_w = (_randn((width,), dtype, device, gen).abs() + 0.5) if with_next else None
+    gen = seeded(11, device)
+    sub = randn((m, width), dtype, device, gen, scale=4.0)
+    res = randn((m, width), dtype, device, gen)
+    post_w = randn((width,), dtype, device, gen).abs() + 0.5
+    next_w = (randn((width,), dtype, device, gen).abs() + 0.5) if with_next else None
     r, n = norms.residual_norm(
         sub, res, post_w, next_w, EPS, mode=mode, residual_out=_poison((m, width), dtype, device),
         normed_out=_poison((m, width), dtype, device) if with_next else None,
@@ -153,11 +147,11 @@ def test_residual_norm_matches_reference_and_fp64(device, dtype, mode, with_next
 @pytest.mark.parametrize("mode", ["ouro", "huginn"])
 def test_residual_norm_in_place_and_active_rows(device, mode):
     m, width, live = 7, 80, 4
-    gen = _gen(5, device)
-    sub = _randn((m, width), torch.bfloat16, device, gen)
-    res = _randn((m, width), torch.bfloat16, device, gen)
-    post_w = _randn((width,), torch.bfloat16, device, gen)
-    next_w = _randn((width,), torch.bfloat16, device, gen)
+    gen = seeded(5, device)
+    sub = randn((m, width), torch.bfloat16, device, gen)
+    res = randn((m, width), torch.bfloat16, device, gen)
+    post_w = randn((width,), torch.bfloat16, device, gen)
+    next_w = randn((width,), torch.bfloat16, device, gen)
     r_full, n_full = norms.residual_norm(sub, res, post_w, next_w, EPS, mode=mode)
 
     in_place = res.clone()
@@ -184,8 +178,8 @@ def test_residual_norm_rejects_unknown_mode(device):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,f", [(1, 7), (3, 1100), (17, 32)])
 def test_swiglu_matches_reference_and_fp64(device, dtype, m, f):
-    gen = _gen(m + f, device)
-    gate_up = _randn((m, 2 * f), dtype, device, gen, scale=3.0)
+    gen = seeded(m + f, device)
+    gate_up = randn((m, 2 * f), dtype, device, gen, scale=3.0)
     out = norms.swiglu(gate_up, out=_poison((m, f), dtype, device))
     ref = norms.swiglu_reference(gate_up)
     _assert_near(out, ref, dtype)
@@ -195,8 +189,8 @@ def test_swiglu_matches_reference_and_fp64(device, dtype, m, f):
 
 
 def test_swiglu_active_rows_and_strided_input(device):
-    gen = _gen(2, device)
-    wide = _randn((6, 70), torch.float16, device, gen)
+    gen = seeded(2, device)
+    wide = randn((6, 70), torch.float16, device, gen)
     gate_up = wide[:, 2:66]
     out = norms.swiglu(gate_up, out=_poison((6, 32), torch.float16, device),
                        active_rows=torch.tensor([2], dtype=torch.int32, device=device))
@@ -226,11 +220,11 @@ def _rope64(x, positions, cos_sin, style, bias):
 @pytest.mark.parametrize("head_dim,with_bias", [(64, False), (96, True), (128, False)])
 def test_apply_rope_matches_reference_and_fp64(device, dtype, style, head_dim, with_bias):
     t, heads = 5, 3
-    gen = _gen(head_dim, device)
+    gen = seeded(head_dim, device)
     cos_sin = norms.rope_cos_sin(4096, head_dim, 50000.0 if style == "gptj" else 1e6, device=device)
-    x = _randn((t, heads, head_dim), dtype, device, gen)
+    x = randn((t, heads, head_dim), dtype, device, gen)
     positions = torch.tensor([0, 1, 4095, 17, 1000], dtype=torch.int32, device=device)
-    bias = _randn((heads, head_dim), dtype, device, gen) if with_bias else None
+    bias = randn((heads, head_dim), dtype, device, gen) if with_bias else None
     out = norms.apply_rope(x, positions, cos_sin, style=style, bias=bias, out=_poison(x.shape, dtype, device))
     ref = norms.apply_rope_reference(x, positions, cos_sin, style=style, bias=bias)
     _assert_near(out, ref, dtype)
@@ -241,8 +235,8 @@ def test_apply_rope_matches_reference_and_fp64(device, dtype, style, head_dim, w
 def test_apply_rope_strided_in_place_and_active_rows(device):
     """q as a view into a fused qkv buffer, rotated in place; rows past the count untouched."""
     t, heads, d, live = 6, 2, 96, 4
-    gen = _gen(9, device)
-    qkv = _randn((t, 3 * heads * d), torch.bfloat16, device, gen)
+    gen = seeded(9, device)
+    qkv = randn((t, 3 * heads * d), torch.bfloat16, device, gen)
     cos_sin = norms.rope_cos_sin(64, d, 50000.0, device=device)
     positions = torch.arange(10, 10 + t, dtype=torch.int64, device=device)
     expected = norms.apply_rope(qkv[:, : heads * d].reshape(t, heads, d).contiguous(), positions, cos_sin, style="gptj")
@@ -266,8 +260,8 @@ def test_rope_cos_sin_layout(device):
 
 
 def _row_views(seed, m, width, dtype, device):
-    gen = _gen(seed, device)
-    return _randn((m, width), dtype, device, gen, scale=2.0), gen
+    gen = seeded(seed, device)
+    return randn((m, width), dtype, device, gen, scale=2.0), gen
 
 
 @settings(max_examples=15)
@@ -277,11 +271,11 @@ def test_norms_are_batch_invariant(device, m, width, pad, seed, dtype):
     """Each row's bits are identical alone, in the batch, permuted, and next to padding rows
     (garbage past the active count), for every norm kernel."""
     x, gen = _row_views(seed, m, width, dtype, device)
-    sub = _randn((m, width), dtype, device, gen)
-    w1 = _randn((width,), dtype, device, gen)
-    w2 = _randn((width,), dtype, device, gen)
+    sub = randn((m, width), dtype, device, gen)
+    w1 = randn((width,), dtype, device, gen)
+    w2 = randn((width,), dtype, device, gen)
     perm = torch.randperm(m, generator=torch.Generator().manual_seed(seed)).to(device)
-    garbage = _randn((pad, width), dtype, device, gen, scale=1e4)
+    garbage = randn((pad, width), dtype, device, gen, scale=1e4)
     active = torch.tensor([m], dtype=torch.int32, device=device)
 
     def run(xs, subs, active_rows=None):
@@ -304,9 +298,9 @@ def test_norms_are_batch_invariant(device, m, width, pad, seed, dtype):
 @settings(max_examples=10)
 @given(t=st.integers(2, 9), seed=st.integers(0, 2**16), style=st.sampled_from(["neox", "gptj"]))
 def test_apply_rope_is_batch_invariant(device, t, seed, style):
-    gen = _gen(seed, device)
-    x = _randn((t, 3, 96), torch.bfloat16, device, gen)
-    bias = _randn((3, 96), torch.bfloat16, device, gen)
+    gen = seeded(seed, device)
+    x = randn((t, 3, 96), torch.bfloat16, device, gen)
+    bias = randn((3, 96), torch.bfloat16, device, gen)
     positions = torch.randint(0, 512, (t,), generator=torch.Generator().manual_seed(seed)).to(device)
     cos_sin = norms.rope_cos_sin(512, 96, 50000.0, device=device)
     full = norms.apply_rope(x, positions, cos_sin, style=style, bias=bias)
@@ -343,11 +337,11 @@ def test_kernels_reject_fp64_and_bad_shapes(device):
 @pytest.mark.parametrize("mode", ["ouro", "huginn"])
 def test_gpu_model_widths_bf16(device, width, mode):
     m = 4096
-    gen = _gen(width, device)
-    x = _randn((m, width), torch.bfloat16, device, gen, scale=5.0)
-    sub = _randn((m, width), torch.bfloat16, device, gen, scale=20.0)
-    w1 = _randn((width,), torch.bfloat16, device, gen).abs() + 0.5
-    w2 = _randn((width,), torch.bfloat16, device, gen).abs() + 0.5
+    gen = seeded(width, device)
+    x = randn((m, width), torch.bfloat16, device, gen, scale=5.0)
+    sub = randn((m, width), torch.bfloat16, device, gen, scale=20.0)
+    w1 = randn((width,), torch.bfloat16, device, gen).abs() + 0.5
+    w2 = randn((width,), torch.bfloat16, device, gen).abs() + 0.5
     _assert_near(norms.rms_norm(x, w1, EPS), norms.rms_norm_reference(x, w1, EPS), torch.bfloat16)
     r, n = norms.residual_norm(sub, x, w1, w2, EPS, mode=mode)
     r_ref, n_ref = norms.residual_norm_reference(sub, x, w1, w2, EPS, mode=mode)
@@ -364,9 +358,9 @@ def test_gpu_model_widths_bf16(device, width, mode):
 @pytest.mark.parametrize("style,heads,head_dim,theta", [("neox", 16, 128, 1e6), ("gptj", 55, 96, 50000.0)])
 def test_gpu_rope_model_shapes(device, style, heads, head_dim, theta):
     t = 2048
-    gen = _gen(heads, device)
-    x = _randn((t, heads, head_dim), torch.bfloat16, device, gen)
-    bias = _randn((heads, head_dim), torch.bfloat16, device, gen) if style == "gptj" else None
+    gen = seeded(heads, device)
+    x = randn((t, heads, head_dim), torch.bfloat16, device, gen)
+    bias = randn((heads, head_dim), torch.bfloat16, device, gen) if style == "gptj" else None
     positions = torch.randint(0, 4096, (t,), device=device, generator=gen)
     cos_sin = norms.rope_cos_sin(4096, head_dim, theta, device=device)
     out = norms.apply_rope(x, positions, cos_sin, style=style, bias=bias)

@@ -14,19 +14,7 @@ from hypothesis import strategies as st
 
 from rlt_kernels import routing
 
-
-def _gen(seed, device):
-    return torch.Generator(device=device).manual_seed(seed)
-
-
-def _bits(t):
-    return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
-
-
-def _assert_same_bits(actual, expected):
-    assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    mismatch = (_bits(actual) != _bits(expected)).nonzero()
-    assert mismatch.numel() == 0, f"{mismatch.shape[0]} elements differ, first at {mismatch[0].tolist()}"
+from checks import assert_same_bits, seeded
 
 
 def _rows(shape, dtype, device, gen):
@@ -87,31 +75,31 @@ def _plain_gather(src, index, live, out_dtype):
 @pytest.mark.parametrize("row_shape,dtype", ROW_CASES)
 @pytest.mark.parametrize("active", [None, 5])
 def test_gather_rows_matches_reference_and_indexing(device, row_shape, dtype, active):
-    gen = _gen(len(row_shape) * 100 + dtype.itemsize + (active or 0), device)
+    gen = seeded(len(row_shape) * 100 + dtype.itemsize + (active or 0), device)
     num_src, m = 12, 9
     src = _rows((num_src,) + row_shape, dtype, device, gen)
     live = m if active is None else active
     index = _garbage_past(_distinct(num_src, m, gen, negatives=(2, 7)), live, num_src).to(device)
     out = _poisoned((m,) + row_shape, dtype, device)
     assert routing.gather_rows(src, index, out=out, active_rows=_active(active, device)) is out
-    _assert_same_bits(out, routing.gather_rows_reference(src, index, active_rows=_active(active, device)))
-    _assert_same_bits(out, _plain_gather(src, index, live, dtype))
+    assert_same_bits(out, routing.gather_rows_reference(src, index, active_rows=_active(active, device)))
+    assert_same_bits(out, _plain_gather(src, index, live, dtype))
 
 
 def test_gather_rows_allocates_and_casts(device):
-    gen = _gen(3, device)
+    gen = seeded(3, device)
     src = _rows((6, 10), torch.bfloat16, device, gen)
     index = torch.tensor([5, 0, -1, 3], dtype=torch.int32, device=device)
     out = routing.gather_rows(src, index)
     assert out.dtype == torch.bfloat16 and out.shape == (4, 10)
-    _assert_same_bits(out, _plain_gather(src, index, 4, torch.bfloat16))
+    assert_same_bits(out, _plain_gather(src, index, 4, torch.bfloat16))
     wide = routing.gather_rows(src, index, out=_poisoned((4, 10), torch.float32, device))
-    _assert_same_bits(wide, _plain_gather(src, index, 4, torch.float32))
+    assert_same_bits(wide, _plain_gather(src, index, 4, torch.float32))
 
 
 def test_gather_rows_strided_rows(device):
     """src rows are a column slice of a wider pool; out is a slice of a bigger buffer."""
-    gen = _gen(4, device)
+    gen = seeded(4, device)
     pool = _rows((10, 64), torch.float32, device, gen)
     src = pool[:, 8:40]
     index = torch.tensor([9, -1, 0, 4, 4], device=device)
@@ -119,13 +107,13 @@ def test_gather_rows_strided_rows(device):
     routing.gather_rows(src, index, out=buffer[1:6, 10:42])
     expected = _poisoned((7, 50), torch.float32, device)
     expected[1:6, 10:42] = _plain_gather(src, index, 5, torch.float32)
-    _assert_same_bits(buffer, expected)
+    assert_same_bits(buffer, expected)
 
 
 @pytest.mark.parametrize("row_shape,dtype", ROW_CASES)
 @pytest.mark.parametrize("active", [None, 4])
 def test_scatter_rows_matches_reference_and_indexing(device, row_shape, dtype, active):
-    gen = _gen(len(row_shape) * 10 + dtype.itemsize + (active or 0), device)
+    gen = seeded(len(row_shape) * 10 + dtype.itemsize + (active or 0), device)
     num_dst, m = 13, 8
     src = _rows((m,) + row_shape, dtype, device, gen)
     live = m if active is None else active
@@ -138,12 +126,12 @@ def test_scatter_rows_matches_reference_and_indexing(device, row_shape, dtype, a
     ref = routing.scatter_rows_reference(src, index, dst.clone(), active_rows=_active(active, device))
     result = routing.scatter_rows(src, index, dst, active_rows=_active(active, device))
     assert result is dst
-    _assert_same_bits(dst, ref)
-    _assert_same_bits(dst, expected)
+    assert_same_bits(dst, ref)
+    assert_same_bits(dst, expected)
 
 
 def test_scatter_rows_strided_and_cast(device):
-    gen = _gen(5, device)
+    gen = seeded(5, device)
     src = _rows((4, 20), torch.bfloat16, device, gen)
     pool = _poisoned((6, 30), torch.float32, device)
     index = torch.tensor([5, 0, -1, 2], device=device)
@@ -152,7 +140,7 @@ def test_scatter_rows_strided_and_cast(device):
     for i, j in enumerate(index.tolist()):
         if j >= 0:
             expected[j, 5:25] = src[i].float()
-    _assert_same_bits(pool, expected)
+    assert_same_bits(pool, expected)
 
 
 def test_rows_reject_bad_layouts(device):
@@ -179,20 +167,20 @@ def test_rows_reject_bad_layouts(device):
 )
 def test_gather_scatter_property(device, num_src, m, width, active, negative_every, seed):
     """Gather then scatter back through the same index: live rows round-trip exactly."""
-    gen = _gen(seed, device)
+    gen = seeded(seed, device)
     m = min(m, num_src)
     src = _rows((num_src, width), torch.float32, device, gen)
     live = m if active is None else max(0, min(active, m))
     index = _garbage_past(_distinct(num_src, m, gen, negatives=range(0, m, negative_every)), live, num_src).to(device)
     gathered = routing.gather_rows(src, index, out=_poisoned((m, width), torch.float32, device),
                                    active_rows=_active(active, device))
-    _assert_same_bits(gathered, _plain_gather(src, index, live, torch.float32))
+    assert_same_bits(gathered, _plain_gather(src, index, live, torch.float32))
     dst = _poisoned((num_src, width), torch.float32, device)
     routing.scatter_rows(gathered, index, dst, active_rows=_active(active, device))
     live_index = index[:live][index[:live] >= 0]
     untouched = torch.ones(num_src, dtype=torch.bool, device=device)
     untouched[live_index] = False
-    _assert_same_bits(dst[live_index], src[live_index])
+    assert_same_bits(dst[live_index], src[live_index])
     assert torch.isnan(dst[untouched]).all()
 
 
@@ -206,17 +194,17 @@ def test_gather_scatter_rows_past_2_pow_31_elements(device):
     rows = torch.randn((4, width), device=device).to(torch.bfloat16)
     routing.scatter_rows(rows, index, pool)
     for i in (0, 1, 3):
-        _assert_same_bits(pool[index[i]], rows[i])
+        assert_same_bits(pool[index[i]], rows[i])
     assert torch.count_nonzero(pool[: 2**31 // width]).item() == 0
     gathered = routing.gather_rows(pool, index)
-    _assert_same_bits(gathered, _plain_gather(pool, index, 4, torch.bfloat16))
+    assert_same_bits(gathered, _plain_gather(pool, index, 4, torch.bfloat16))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,width,dtype", [(64, 2048, torch.bfloat16), (256, 5280, torch.bfloat16),
                                            (256, 5280, torch.float32), (4096, 1, torch.int64)])
 def test_gather_scatter_model_shapes(device, m, width, dtype):
-    gen = _gen(m + width, device)
+    gen = seeded(m + width, device)
     src = _rows((2 * m, width), dtype, device, gen)
     if width == 1:  # token ids: a 1-D row tensor
         src = src.squeeze(-1)
@@ -224,11 +212,11 @@ def test_gather_scatter_model_shapes(device, m, width, dtype):
     index[::5] = -1
     active = _active(m - 3, device)
     out = routing.gather_rows(src, index, out=_poisoned((m,) + tuple(src.shape[1:]), dtype, device), active_rows=active)
-    _assert_same_bits(out, routing.gather_rows_reference(src, index, active_rows=active))
+    assert_same_bits(out, routing.gather_rows_reference(src, index, active_rows=active))
     dst, ref = _poisoned(src.shape, dtype, device), _poisoned(src.shape, dtype, device)
     routing.scatter_rows(out, index, dst, active_rows=active)
     routing.scatter_rows_reference(out, index, ref, active_rows=active)
-    _assert_same_bits(dst, ref)
+    assert_same_bits(dst, ref)
 
 
 # --------------------------------------------------------------------------------- finalize
@@ -236,7 +224,7 @@ def test_gather_scatter_model_shapes(device, m, width, dtype):
 
 def _finalize_case(device, seed, layers, planes, seqs, kvh, d, bs, max_blocks, m, dtype=torch.float32):
     """Multi-layer caches (random, distinct block per (plane, seq, logical block)) and m rows."""
-    gen = _gen(seed, device)
+    gen = seeded(seed, device)
     num_blocks = planes * seqs * max_blocks + 2
     k_cache = torch.randn((layers, num_blocks, bs, kvh, d), generator=gen, device=device).to(dtype)
     v_cache = torch.randn((layers, num_blocks, bs, kvh, d), generator=gen, device=device).to(dtype)
@@ -286,10 +274,10 @@ def test_finalize_last_exited_matches_reference_and_indexing(device, layers, pla
                                  active_rows=_active(active, device))
     routing.finalize_last_exited_reference(k_ref, v_ref, tables, seq_slots, positions, exit_planes,
                                            active_rows=_active(active, device))
-    _assert_same_bits(k_cache, k_ref)
-    _assert_same_bits(v_cache, v_ref)
-    _assert_same_bits(k_cache, k_plain)
-    _assert_same_bits(v_cache, v_plain)
+    assert_same_bits(k_cache, k_ref)
+    assert_same_bits(v_cache, v_ref)
+    assert_same_bits(k_cache, k_plain)
+    assert_same_bits(v_cache, v_plain)
 
 
 def test_finalize_strided_layer_view_and_inert_rows(device):
@@ -299,11 +287,11 @@ def test_finalize_strided_layer_view_and_inert_rows(device):
     seq_slots[1] = 10**6  # never read: the row's exit plane is negative
     before_k, before_v = pool_k.clone(), pool_v.clone()
     routing.finalize_last_exited(pool_k[1:3], pool_v[1:3], tables, seq_slots, positions, exit_planes)
-    _assert_same_bits(pool_k[[0, 3]], before_k[[0, 3]])
-    _assert_same_bits(pool_v[[0, 3]], before_v[[0, 3]])
+    assert_same_bits(pool_k[[0, 3]], before_k[[0, 3]])
+    assert_same_bits(pool_v[[0, 3]], before_v[[0, 3]])
     seq_slots[1] = 0
-    _assert_same_bits(pool_k[1:3], _plain_finalize(before_k[1:3], tables, seq_slots, positions, exit_planes, 5))
-    _assert_same_bits(pool_v[1:3], _plain_finalize(before_v[1:3], tables, seq_slots, positions, exit_planes, 5))
+    assert_same_bits(pool_k[1:3], _plain_finalize(before_k[1:3], tables, seq_slots, positions, exit_planes, 5))
+    assert_same_bits(pool_v[1:3], _plain_finalize(before_v[1:3], tables, seq_slots, positions, exit_planes, 5))
 
 
 @settings(max_examples=20)
@@ -322,8 +310,8 @@ def test_finalize_property(device, planes, m, active, seed):
     v_plain = _plain_finalize(v_cache, tables, seq_slots, positions, exit_planes, live)
     routing.finalize_last_exited(k_cache, v_cache, tables, seq_slots, positions, exit_planes,
                                  active_rows=_active(active, device))
-    _assert_same_bits(k_cache, k_plain)
-    _assert_same_bits(v_cache, v_plain)
+    assert_same_bits(k_cache, k_plain)
+    assert_same_bits(v_cache, v_plain)
 
 
 @pytest.mark.gpu
@@ -340,7 +328,7 @@ def test_finalize_cache_past_2_pow_31_elements(device):
     routing.finalize_last_exited(k_cache, v_cache, tables, one, one + 5, one)
     for cache in (k_cache, v_cache):
         for block in (num_blocks - 1, num_blocks - 2):
-            _assert_same_bits(cache[:, block, 5], cache[:, 0, 5])
+            assert_same_bits(cache[:, block, 5], cache[:, 0, 5])
         assert torch.count_nonzero(cache[:, 1:num_blocks - 2]).item() == 0
 
 
@@ -354,5 +342,5 @@ def test_finalize_ouro_shape_bf16(device):
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
     routing.finalize_last_exited(k_cache, v_cache, tables, seq_slots, positions, exit_planes, active_rows=active)
     routing.finalize_last_exited_reference(k_ref, v_ref, tables, seq_slots, positions, exit_planes, active_rows=active)
-    _assert_same_bits(k_cache, k_ref)
-    _assert_same_bits(v_cache, v_ref)
+    assert_same_bits(k_cache, k_ref)
+    assert_same_bits(v_cache, v_ref)
