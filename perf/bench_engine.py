@@ -77,6 +77,38 @@ def engine(model, **kw):
                  "captures": graphs.get("captures")}
 
 
+def kernel_breakdown(llm, batch: int, steps: int = 8, top: int = 14) -> dict:
+    """Device time per steady-state decode step, by kernel (torch.profiler / CUPTI, which also
+    sees the kernels inside CUDA-graph replays): the profile that explains a step's time."""
+    from rlt_runtime import SamplingParams
+    from rlt_runtime.entrypoints.bench_offline import random_prompts
+
+    eng = llm.engine
+    params = SamplingParams(max_tokens=steps + 24, temperature=0, ignore_eos=True)
+    for i, p in enumerate(random_prompts(batch, 128, eng.model_config.vocab_size, seed=7)):
+        eng.add_request(f"prof{batch}-{i}", p, params)
+    for _ in range(16):  # prefill, then a few decode steps
+        eng.step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            eng.step()
+        torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+    while eng.has_unfinished_requests():
+        eng.step()
+    kernels = []
+    for e in prof.key_averages():
+        us = e.self_device_time_total / steps
+        if us > 0:
+            kernels.append({"kernel": e.key[:90], "calls_per_step": e.count / steps, "us_per_step": us})
+    kernels.sort(key=lambda k: -k["us_per_step"])
+    busy_ms = sum(k["us_per_step"] for k in kernels) / 1e3
+    return {"batch": batch, "wall_ms_per_step": wall_ms, "kernel_ms_per_step": busy_ms,
+            "kernels_per_step": sum(k["calls_per_step"] for k in kernels), "top": kernels[:top]}
+
+
 def run(out_dir: str, quick: bool) -> dict:
     roof = measure()
     res: dict = {"roofline": roof, "date": time.strftime("%Y-%m-%d"), "baseline": {}, "rlt": {}, "early_exit": {},
@@ -112,6 +144,8 @@ def run(out_dir: str, quick: bool) -> dict:
         r["vs_baseline"] = r["tok_per_s"] / res["baseline"][b]["tok_per_s"]
         res["rlt"][b] = r
         print("rlt", b, r, flush=True)
+    res["breakdown"] = {b: kernel_breakdown(llm, b) for b in (batches[0], batches[-1])}
+    print("breakdown", res["breakdown"], flush=True)
     res["prefill"] = prefill_benchmark(llm, 8 if quick else 16, 2048)
     flops_tok = weight_bytes_per_step(cfg, 4)  # 2 FLOPs/param = bytes in bf16; attention excluded
     res["prefill"]["frac_compute_floor"] = res["prefill"]["tok_per_s"] * flops_tok / (roof["gemm_tflops"] * 1e12)
@@ -190,6 +224,13 @@ def markdown(res: dict) -> str:
     meta = res.get("rlt_meta", {})
     lines.append(f"ouro-1.4b engine: init {meta.get('init_s', 0):.1f} s, graph capture {meta.get('capture_s') or 0:.1f} s "
                  f"({meta.get('captures')} graphs), peak memory {meta.get('peak_gib', 0):.1f} GiB.")
+    for b, bd in res.get("breakdown", {}).items():
+        lines += ["", f"Kernel time per decode step at batch {b} (torch.profiler, {bd['kernels_per_step']:.0f} kernels "
+                      f"per step, {bd['kernel_ms_per_step']:.2f} ms of kernels in {bd['wall_ms_per_step']:.2f} ms of wall time):",
+                  "", "| kernel | calls/step | µs/step | share |", "|---|---|---|---|"]
+        for k in bd["top"]:
+            lines.append(f"| `{k['kernel']}` | {k['calls_per_step']:.0f} | {k['us_per_step']:.0f} | "
+                         f"{k['us_per_step'] / 1e3 / bd['kernel_ms_per_step']:.0%} |")
     return "\n".join(lines) + "\n"
 
 

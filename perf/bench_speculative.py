@@ -13,6 +13,8 @@ round vs a native step, and the host syncs per round (counted with CUDA sync deb
 from __future__ import annotations
 
 import gc
+import os
+import tempfile
 import time
 
 import torch
@@ -69,6 +71,19 @@ def syncs_per_round(llm) -> int:
     return max(counts)
 
 
+def preset_checkpoint(name: str) -> str:
+    """The preset written once as a bf16 checkpoint, so each engine loads it instead of drawing
+    the random weights again."""
+    from rlt_runtime.models.checkpoint import save_checkpoint
+    from rlt_runtime.models.presets import preset_config, preset_weights
+
+    path = os.path.join(tempfile.gettempdir(), f"rlt-{name}-bf16")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        cfg = preset_config(name)
+        save_checkpoint(path, cfg, preset_weights(cfg, dtype=torch.bfloat16))
+    return path
+
+
 def run(out: str, quick: bool) -> dict:
     from rlt_runtime import LLM
 
@@ -76,10 +91,14 @@ def run(out: str, quick: bool) -> dict:
     configs = {"fixed2": (2, "fixed"), "fixed4": (4, "fixed"), "adaptive": (4, "adaptive")}
     if quick:
         configs.pop("fixed2")
+    only = os.environ.get("RLT_SPEC_CONFIGS")  # e.g. "adaptive": re-measure a subset
+    if only:
+        configs = {k: v for k, v in configs.items() if k in only.split(",")}
     acceptances = [None, 0.9] if quick else [None, 0.7, 0.9]
     res = {"roofline": measure(), "date": time.strftime("%Y-%m-%d"), "native": {}, "spec": {}}
     common = dict(dtype="bfloat16", max_num_seqs=max(batches), cuda_graph_sizes=batches)
-    llm = LLM("ouro-1.4b", **common)
+    model = preset_checkpoint("ouro-1.4b")
+    llm = LLM(model, **common)
     llm.engine.runner.record_device_time = True
     end_to_end(llm, 2, "warm")
     for b in batches:
@@ -90,7 +109,7 @@ def run(out: str, quick: bool) -> dict:
     for name, (k, policy) in configs.items():
         for acc in acceptances:
             spec = {"num_speculative_tokens": k, "draft_loops": 2, "draft_policy": policy, "synthetic_acceptance": acc}
-            llm = LLM("ouro-1.4b", speculative_config=spec, **common)
+            llm = LLM(model, speculative_config=spec, **common)
             end_to_end(llm, 2, "warm")
             key = f"{name}@{'measured' if acc is None else acc}"
             res["spec"][key] = {}
@@ -102,6 +121,7 @@ def run(out: str, quick: bool) -> dict:
                     r["round_cost_vs_step"] = r["median_device_ms_per_step"] / nat["median_device_ms_per_step"]
                 res["spec"][key][b] = r
                 print(key, b, r, flush=True)
+            res.setdefault("graphs", {})[key] = (llm.stats().get("speculative") or {}).get("graphs")
             if acc is None and name == "fixed4":
                 res["syncs_per_round"] = syncs_per_round(llm)
             del llm

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite and every benchmark in one call.
-#   OUT=out bash perf/run_gpu.sh [tests|kernels|engine|spec|serving ...]   (default: all)
+#   OUT=out bash perf/run_gpu.sh [tests|kernels|gemm-sweep|attn-sweep|engine|spec|serving ...]
+#   (default: all but the sweeps); TESTS_K narrows the GPU tests (pytest -k)
 # Each part gets a time limit (PART_TIMEOUT seconds, default 900); every log, JSON, table and plot
 # is collected in $OUT/results.tgz (and left unpacked in $WORK). On a bare GPU image, install the
 # wheels perf/fetch_gpu_wheels.sh downloads first.
@@ -21,16 +22,22 @@ PY
 for part in $parts; do
   start=$(date +%s)
   case $part in
-    tests)   # One process per test file, so a device fault in one file cannot take the others down.
-             for f in $(grep -l "gpu" tests/*/test_*.py); do
-               name=$(basename "$f" .py)
-               timeout "$PART_TIMEOUT" python3 -m pytest "$f" -m gpu -v -p no:cacheprovider -rfE --tb=short \
-                 > "$WORK/gpu_$name.log" 2>&1
-               echo "$name: $(grep -E '^(=+ .*(passed|failed|error).* =+)$' "$WORK/gpu_$name.log" | tail -n 1) rc=$?"
-             done | tee "$WORK/gpu_tests_summary.txt" ;;
+    tests)   # Every GPU test, spread over pytest-xdist workers sharing the device (a device fault
+             # takes down one worker, which is replaced; its test is reported as failed).
+             timeout "$PART_TIMEOUT" python3 -m pytest tests -m gpu -n "${WORKERS:-6}" -v -p no:cacheprovider -rfE ${TESTS_K:+-k "$TESTS_K"} \
+               --tb=short --junitxml="$WORK/gpu_tests.xml" > "$WORK/gpu_tests.log" 2>&1
+             grep -E "^(FAILED|ERROR)|^=+ .*(passed|failed|error).* =+$" "$WORK/gpu_tests.log" | tee "$WORK/gpu_tests_summary.txt" ;;
     kernels) timeout "$PART_TIMEOUT" python3 -m pytest perf -q -p no:cacheprovider --benchmark-json="$WORK/kernels.json" \
                -k "not sweep" > "$WORK/kernel_bench.log" 2>&1; tail -n 15 "$WORK/kernel_bench.log"
              python3 -m perf.report_kernels "$WORK/kernels.json" "$WORK" ;;
+    gemm-sweep)  # Tile-config sweep of the decode GEMMs (RLT_SWEEP_K picks the weights).
+             RLT_GEMM_SWEEP=1 timeout "$PART_TIMEOUT" python3 -m pytest perf/test_bench_gemm.py -q -s -p no:cacheprovider \
+               -k "sweep and (${RLT_SWEEP_K:-ouro.o or ouro.down})" --benchmark-json="$WORK/gemm_sweep.json" > "$WORK/gemm_sweep.log" 2>&1
+             grep -A7 "chosen" "$WORK/gemm_sweep.log" ;;
+    attn-sweep)  # Attention tile rows at engine-like decode shapes and 2K prefill, with bit checks.
+             RLT_ATTN_SWEEP=1 timeout "$PART_TIMEOUT" python3 -m pytest perf/test_bench_attention.py -q -s -p no:cacheprovider \
+               -k sweep --benchmark-json="$WORK/attn_sweep.json" > "$WORK/attn_sweep.log" 2>&1
+             grep -E "^(decode|prefill)|passed|failed|Error" "$WORK/attn_sweep.log" ;;
     engine)  timeout "$PART_TIMEOUT" python3 -m perf.bench_engine --out "$WORK" ${QUICK:+--quick} > "$WORK/engine.log" 2>&1
              tail -n 25 "$WORK/engine.log" ;;
     spec)    timeout "$PART_TIMEOUT" python3 -m perf.bench_speculative --out "$WORK" ${QUICK:+--quick} > "$WORK/spec.log" 2>&1

@@ -12,11 +12,14 @@ paged cache when it is installed. Block tables are random permutations, so pages
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from perf.conftest import cuda_time_ms, record, requires_cuda
+from rlt_kernels import attention
 from rlt_kernels.attention import new_attention_workspace, paged_attention
 from rlt_kernels.flash import flash_available
 from rlt_kernels.flash import paged_attention as flash_paged_attention
@@ -167,3 +170,44 @@ def test_depth_aware_decode_overhead(benchmark, roofline):
            bytes_moved=kv_bytes(batch, context, OURO["kv_heads"], OURO["head_dim"]),
            baseline_ms=plain_ms, baseline="plain_one_plane")
 
+
+
+def engine_decode_case(batch, context, planes=4, table_keys=4096, block_size=16):
+    """Decode as the engine runs it: 4 planes, per-key depths (all full depth), query loop 3,
+    block tables as wide as the model's context (so short batches split into key ranges)."""
+    q, k_cache, v_cache, tables, seq_lens, qsl = paged_case(batch, context, 1, block_size=block_size, **OURO)
+    width = table_keys // block_size
+    num_blocks = k_cache.shape[0]
+    plane_tables = torch.zeros(planes, batch, width, dtype=torch.int32, device="cuda")
+    for p in range(planes):
+        plane_tables[p, :, : tables.shape[1]] = torch.randperm(num_blocks, device="cuda").int().view(tables.shape)
+    key_depth = torch.full((num_blocks, block_size), planes - 1, dtype=torch.int8, device="cuda")
+    query_depth = torch.full((batch,), planes - 1, dtype=torch.int32, device="cuda")
+    return q, k_cache, v_cache, plane_tables, seq_lens, qsl, dict(query_depth=query_depth, key_depth=key_depth)
+
+
+@pytest.mark.skipif(os.environ.get("RLT_ATTN_SWEEP") != "1", reason="tuning sweep: set RLT_ATTN_SWEEP=1")
+def test_tile_rows_sweep(benchmark, roofline, monkeypatch):
+    """Decode (engine-like: short contexts, 4 planes) and 2K prefill for every tile row count;
+    `same_bits_as_64` says whether a row count gives the 64-row tile's output bit for bit."""
+    cases = {f"decode_b{b}_ctx{c}": engine_decode_case(b, c) for b, c in ((1, 192), (64, 192), (256, 192), (256, 1024))}
+    q, k, v, t, sl, qsl = paged_case(1, 2048, 2048, **OURO)
+    cases["prefill_b1_2k"] = (q, k, v, t, sl, qsl, {})
+    results, bits = {}, {}
+    for rows in (64, 32, 16):
+        monkeypatch.setattr(attention, "MIN_TILE_ROWS", rows)
+        for name, (q, k, v, t, sl, qsl, kw) in cases.items():
+            out = torch.empty_like(q)
+            ws = workspace_for(q, t[0] if t.dim() == 3 else t, k.shape[1])
+            fn = lambda: paged_attention(q, k, v, t, sl, qsl, out=out, workspace=ws, **kw)  # noqa: E731
+            ms = cuda_time_ms(fn)
+            fn()
+            bits.setdefault(name, {})[rows] = out.view(torch.int16).clone()
+            same = bool(torch.equal(bits[name][rows], bits[name][64]))
+            nbytes = kv_bytes(q.shape[0], int(sl[0]), OURO["kv_heads"], OURO["head_dim"]) if "decode" in name else 0
+            results[f"{name}_rows{rows}"] = {"ms": ms, "gbps": nbytes / ms / 1e6 if nbytes else None,
+                                             "same_bits_as_64": same}
+            print(name, rows, results[f"{name}_rows{rows}"])
+    record(benchmark, roofline, name="attention tile rows sweep", ms=results["decode_b256_ctx192_rows64"]["ms"],
+           sweep=results)
+    benchmark.pedantic(lambda: torch.cuda.synchronize(), rounds=1)

@@ -106,7 +106,7 @@ def _candidates(n: int, k: int, activation) -> list:
     """Tile configs to compare with the table's choice (all fit the shared-memory budget)."""
     accumulators = 2 if activation == "swiglu" else 1
     found = []
-    for block_n, block_k, stages in itertools.product((32, 64, 128), (64, 128), (3, 4, 5)):
+    for block_n, block_k, stages in itertools.product((16, 32, 64, 128), (64, 128, 256), (3, 4, 5)):
         if stages * (gemm.BLOCK_M + accumulators * block_n) * block_k * DTYPE.itemsize > gemm.SMEM_BUDGET_BYTES:
             continue
         warps = 4 if accumulators * block_n <= 128 else 8
@@ -114,29 +114,44 @@ def _candidates(n: int, k: int, activation) -> list:
     return found
 
 
+SWEEP_ROWS = (1, 16, 256, 2048)
+
+
 @pytest.mark.skipif(os.environ.get("RLT_GEMM_SWEEP") != "1", reason="tuning sweep: set RLT_GEMM_SWEEP=1")
 @pytest.mark.parametrize("name,n,k,activation", WEIGHTS, ids=[w[0] for w in WEIGHTS])
 def test_bench_linear_config_sweep(benchmark, roofline, name, n, k, activation):
     """Times every candidate config at decode and prefill sizes; the JSON lists them so the
-    `linear_config` table can be re-tuned from one GPU run (a config is used for all M)."""
+    `linear_config` table can be re-tuned from one GPU run (a config is used for all M).
+    `same_bits_as_chosen`: whether the candidate's M=256 output equals the table config's bit
+    for bit (tells which tile shapes share one reduction order on this GPU)."""
     weights = _weights(n, k)
     n_out = n // 2 if activation == "swiglu" else n
     table = gemm.linear_config(n, k, DTYPE, activation)
+    probe = torch.randn(256, k, dtype=DTYPE, device="cuda")
+    chosen_bits = gemm._launch(probe, weights[0], torch.empty(256, n_out, dtype=DTYPE, device="cuda"), None,
+                               activation, table).view(torch.int16)
     results = []
     for cfg in _candidates(n, k, activation):
         row = {"config": dataclasses.asdict(cfg), "chosen": cfg == table}
-        for m in (1, 16, 256, 2048):
+        for m in SWEEP_ROWS:
             x = torch.randn(m, k, dtype=DTYPE, device="cuda")
             out = torch.empty(m, n_out, dtype=DTYPE, device="cuda")
             run = _cycling([functools.partial(gemm._launch, x, w, out, None, activation, cfg) for w in weights])
             row[f"ms_M{m}"] = cuda_time_ms(run, iters=20)
+        bits = gemm._launch(probe, weights[0], torch.empty(256, n_out, dtype=DTYPE, device="cuda"), None,
+                            activation, cfg).view(torch.int16)
+        row["same_bits_as_chosen"] = bool(torch.equal(bits, chosen_bits))
         row["weight_gbps_M1"] = n * k * DTYPE.itemsize / (row["ms_M1"] * 1e-3) / 1e9
         row["tflops_M2048"] = 2 * 2048 * n * k / (row["ms_M2048"] * 1e-3) / 1e12
         results.append(row)
     best_decode = min(results, key=lambda r: r["ms_M1"])
     best_prefill = min(results, key=lambda r: r["ms_M2048"])
     chosen = next(r for r in results if r["chosen"]) if any(r["chosen"] for r in results) else None
+    print(f"\n{name}: chosen {chosen and {k: chosen[k] for k in chosen if k.startswith('ms')}}")
+    for r in sorted(results, key=lambda r: r["ms_M1"])[:6]:
+        print(f"  {r['config']} " + " ".join(f"{k}={r[k]:.4f}" for k in r if k.startswith("ms")) + f" bits={r['same_bits_as_chosen']}")
+    matmul = _cycling([functools.partial(torch.matmul, probe, w.T) for w in weights])
     record(benchmark, roofline, name=f"linear sweep {name}", ms=best_decode["ms_M1"], candidates=results,
-           best_decode=best_decode, best_prefill=best_prefill, chosen=chosen)
+           best_decode=best_decode, best_prefill=best_prefill, chosen=chosen, matmul_ms_M256=cuda_time_ms(matmul))
     x = torch.randn(1, k, dtype=DTYPE, device="cuda")
     benchmark.pedantic(_sync(lambda: gemm.linear(x, weights[0], activation=activation)), rounds=5, warmup_rounds=1)

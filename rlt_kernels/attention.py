@@ -241,6 +241,25 @@ def _tile_rows(kvh, first, q_begin, q_len, seq_len, GP: tl.constexpr, GROUP: tl.
     return rows, local, row_ok, head, token, limit, kv_end
 
 
+@triton.jit
+def _tile_keys(own_plane_table, table, key_depth_ptr, start, range_end, offs_n, BLOCK_SIZE: tl.constexpr,
+               stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH: tl.constexpr):
+    """Block ids of key tile ``start`` in the query's own plane (clamped to >= 0: a plane a key
+    never reached is not read from) and, with a key-depth table, each key's last loop (looked
+    up through plane 0). Keys at or past range_end get block 0 and depth 0."""
+    pos = start + offs_n
+    key_ok = pos < range_end
+    logical = pos // BLOCK_SIZE
+    blk_own = tl.maximum(tl.load(own_plane_table + logical * stride_tb, mask=key_ok, other=0), 0).to(tl.int64)
+    if HAS_KEY_DEPTH:
+        blk0 = tl.maximum(tl.load(table + logical * stride_tb, mask=key_ok, other=0), 0).to(tl.int64)
+        kd = tl.load(key_depth_ptr + blk0 * stride_kdb + (pos % BLOCK_SIZE) * stride_kdo, mask=key_ok, other=0)
+        kd = kd.to(tl.int32)
+    else:
+        kd = tl.zeros_like(pos)
+    return blk_own, kd
+
+
 @triton.jit(do_not_specialize=["partial"])
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, ws_ptr,
@@ -300,25 +319,31 @@ def _paged_attention_kernel(
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, DP], tl.float32)
         range_end = tl.minimum((c + 1) * split_size, kv_end)
+        # Block ids and key depths are fetched one key tile ahead, so a tile's K/V loads never
+        # wait on the block table.
+        blk_own, kd = _tile_keys(own_plane_table, table, key_depth_ptr, c * split_size, range_end, offs_n,
+                                 BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
         for start in range(c * split_size, range_end, BLOCK_N):
             pos = start + offs_n
             key_ok = pos < range_end
-            logical = pos // BLOCK_SIZE
             within = pos % BLOCK_SIZE
-            if HAS_KEY_DEPTH:
-                blk0 = tl.load(table + logical * stride_tb, mask=key_ok, other=0).to(tl.int64)
-                kd = tl.load(key_depth_ptr + blk0 * stride_kdb + within * stride_kdo, mask=key_ok, other=0)
-                plane = plane_offset + tl.minimum(qd, kd.to(tl.int32)) % plane_modulus
-                blk = tl.load(table + plane.to(tl.int64) * stride_tp + logical * stride_tb, mask=key_ok, other=0)
-            else:
-                blk = tl.load(own_plane_table + logical * stride_tb, mask=key_ok, other=0)
-            kv_row = blk.to(tl.int64) * stride_cb + within.to(tl.int64) * stride_co
             if HEAD_DIM == DP:
                 kv_mask = key_ok[:, None]
             else:
                 kv_mask = key_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+            # Keys that ran at least the query's loop live in the query's own plane; a key that
+            # exited earlier is read from the plane of its last loop.
+            kv_row = blk_own * stride_cb + within.to(tl.int64) * stride_co
+            if HAS_KEY_DEPTH:
+                early = key_ok & (kd < qd)
+                plane = plane_offset + kd % plane_modulus
+                blk = tl.load(table + plane.to(tl.int64) * stride_tp + (pos // BLOCK_SIZE) * stride_tb,
+                              mask=early, other=0)
+                kv_row = tl.where(early, blk.to(tl.int64) * stride_cb + within.to(tl.int64) * stride_co, kv_row)
             k = tl.load(k_head + kv_row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(v_head + kv_row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+            blk_own, kd = _tile_keys(own_plane_table, table, key_depth_ptr, start + BLOCK_N, range_end, offs_n,
+                                     BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
 
             s = _mma(q, tl.trans(k), None, DOT_PRECISION, DOT_UPCAST) * qk_scale
             s = tl.where(pos[None, :] < limit[:, None], s, float("-inf"))
@@ -396,7 +421,7 @@ def _combine_kernel(
 # A tile has 64 rows (the smallest Hopper wgmma tile): MHA decode wastes 63 of them, but at 64
 # rows x 64 keys the tile does ~64 FLOP per KV byte, several times below the H200's
 # FLOP/byte balance, so decode stays bandwidth bound while prefill and verify get full tiles.
-_MIN_BLOCK_M = 64
+MIN_TILE_ROWS = 64
 # Split the keys only when the unsplit launch has fewer tile programs than this many per SM.
 SPLIT_BELOW_PROGRAMS_PER_SM = 2
 # Largest workspace the call allocates by itself when it decides to split (no workspace given).
@@ -411,7 +436,7 @@ def _tile_shape(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.d
     """The tile geometry and launch knobs for one model shape (batch independent)."""
     group = num_heads // num_kv_heads
     gp = _next_pow2(group)
-    block_m = max(_MIN_BLOCK_M, gp)
+    block_m = max(MIN_TILE_ROWS, gp)
     dp = max(16, _next_pow2(head_dim))
     return dict(
         GROUP=group, GP=gp, QPT=block_m // gp, BLOCK_M=block_m, HEAD_DIM=head_dim, DP=dp,

@@ -7,10 +7,16 @@ unit of predicted round time:
     T(k) = measured device time of a round with k drafts at this batch bucket
            (k = 0 is a plain decode step)
 
-Per-position acceptance is estimated online with exponential forgetting; round times are moving
+Per-position acceptance is the running mean of what was observed (the 0.7 prior carries no weight
+once a position has been seen) until it settles into exponential forgetting; round times are moving
 averages of device-measured rounds, seeded from a cost model (a draft pass costs draft_loops/D of a
 decode step, the verify pass (D - draft_loops)/D of one at the batch's row count) until measured.
-To keep learning while k = 0 wins, every `probe_every` native steps one round with K drafts runs.
+
+To keep learning while k = 0 wins, a probe round with one draft (the cheapest round that still
+measures the first draft's acceptance) runs after `probe_every` native steps; each probe that
+leaves k = 0 the winner doubles the interval, up to `MAX_PROBE_EVERY`, and the interval resets as
+soon as the policy itself picks k > 0. With drafts that never pass, probes then cost about half a
+decode step per thousand steps.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-FORGET = 0.05  # weight of the newest observation
+FORGET = 0.05  # weight of the newest observation once an estimate has settled
+PRIOR_ACCEPTANCE = 0.7  # assumed for positions not observed yet
+MAX_PROBE_EVERY = 1024  # native steps between probes, at most
 
 
 @dataclass
@@ -29,13 +37,17 @@ class DraftPolicy:
     adaptive: bool = True
     probe_every: int = 32
     accept: list = field(default_factory=list)  # a_1..a_K estimates
+    _offered: list = field(default_factory=list)  # drafts offered per position so far
     _times: dict = field(default_factory=dict)  # (bucket, k) -> ms
     _since_probe: int = 0
+    _probe_interval: int = 0
     chosen: dict = field(default_factory=lambda: defaultdict(int))  # k -> rounds (histogram)
 
     def __post_init__(self):
         if not self.accept:
-            self.accept = [0.7] * self.max_drafts
+            self.accept = [PRIOR_ACCEPTANCE] * self.max_drafts
+        self._offered = [0] * self.max_drafts
+        self._probe_interval = self.probe_every
 
     def expected_tokens(self, k: int) -> float:
         total, run = 1.0, 1.0
@@ -61,10 +73,13 @@ class DraftPolicy:
             k = self.max_drafts
         else:
             k = max(range(self.max_drafts + 1), key=lambda j: self.expected_tokens(j) / self.predicted_ms(bucket, j))
-            if k == 0:
+            if k > 0:
+                self._since_probe, self._probe_interval = 0, self.probe_every
+            else:
                 self._since_probe += 1
-                if self._since_probe >= self.probe_every:
-                    self._since_probe, k = 0, self.max_drafts
+                if self._since_probe >= self._probe_interval and self.max_drafts > 0:
+                    self._since_probe, k = 0, 1
+                    self._probe_interval = min(2 * self._probe_interval, MAX_PROBE_EVERY)
         self.chosen[k] += 1
         return k
 
@@ -74,7 +89,9 @@ class DraftPolicy:
             offered = sum(1 for a, d in zip(accepted, drafted) if d > i and a >= i)
             passed = sum(1 for a, d in zip(accepted, drafted) if d > i and a > i)
             if offered:
-                self.accept[i] += FORGET * (passed / offered - self.accept[i])
+                self._offered[i] += offered
+                weight = max(FORGET, offered / self._offered[i])  # running mean, then forgetting
+                self.accept[i] += weight * (passed / offered - self.accept[i])
         if device_ms is not None:
             key = (bucket, k)
             old = self._times.get(key)

@@ -51,6 +51,11 @@ class SpeculativeRunner:
 
         inert = [self.inp["num_rows"], self.inp["num_verify"], self.inp["counts"]]
         self.graphs = DecodeGraphs(self.round_program, inert, [s for s in sizes if s <= self.runner.max_rows], mode=mode)
+        # Every draft count the adaptive policy may pick, greedy and sampling, at startup: a round
+        # never waits on a capture. (Rounds that ask for logprobs capture on first use.)
+        for k in range(self.k_max, 0, -1):
+            for sampling in (False, True):
+                self.graphs.capture_all((k, sampling, False, 0))
 
     # ---- host side ---------------------------------------------------------------------------
     def run_round(self, requests, num_drafts: list[int], trace_depths, k: int, want_lp: bool, num_top: int) -> dict:

@@ -14,7 +14,13 @@ from workload import run_workload
 
 pytestmark = pytest.mark.gpu
 
+GPU_SHARE = 0.08  # of the device memory per engine (test workers run side by side)
 PROMPTS = [list(range(5, 40)), [40, 41, 42], [100], list(range(50, 130)), list(range(5, 37)) + [7, 8]]
+
+
+def engine(preset, device="cuda", **options):
+    """An engine with a small share of the GPU, so test processes can share one device."""
+    return LLM(preset, device=device, gpu_memory_utilization=GPU_SHARE, **options)
 
 
 def outputs(llm, prompts, params, arrivals=None):
@@ -38,7 +44,7 @@ def test_fp32_triton_engine_matches_reference(preset, mode, threshold):
     kw = {"exit_mode": mode}
     if cfg.family == "huginn":
         kw["exit_criterion_threshold"] = threshold
-    llm = LLM(preset, dtype="float32", device="cuda", max_num_seqs=8, **kw)
+    llm = engine(preset, dtype="float32", max_num_seqs=8, **kw)
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True,
                             exit_threshold=threshold if cfg.family == "ouro" else 1.0, seed=11)
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
@@ -57,7 +63,7 @@ def test_fp32_triton_engine_matches_reference(preset, mode, threshold):
 def test_bf16_engine_tracks_the_reference():
     cfg = preset_config("ouro-tiny")
     w = dict(preset_weights(cfg, seed=0, dtype=torch.float64))
-    llm = LLM("ouro-tiny", dtype="bfloat16", device="cuda", max_num_seqs=8)
+    llm = engine("ouro-tiny", dtype="bfloat16", max_num_seqs=8)
     outs = llm.generate(PROMPTS, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=0), use_tqdm=False)
     agree = total = 0
     for p, o in zip(PROMPTS, outs):
@@ -78,7 +84,7 @@ WORK = dict(prompts=PROMPTS * 3, arrivals=[0, 0, 1, 2, 2, 3, 5, 5, 6, 9, 9, 9, 1
 @pytest.fixture(scope="module")
 def eager_reference():
     params = SamplingParams(max_tokens=12, temperature=0.8, seed=3, exit_threshold=0.6, logprobs=2, ignore_eos=True)
-    llm = LLM("ouro-tiny", device="cuda", execution_mode="eager", async_scheduling=False, max_num_seqs=8)
+    llm = engine("ouro-tiny", execution_mode="eager", async_scheduling=False, max_num_seqs=8)
     return params, outputs(llm, WORK["prompts"], params, WORK["arrivals"])
 
 
@@ -94,13 +100,13 @@ def eager_reference():
 def test_modes_are_bitwise_identical(eager_reference, options):
     params, ref = eager_reference
     options = {"max_num_seqs": 8, **options}
-    llm = LLM("ouro-tiny", device="cuda", **options)
+    llm = engine("ouro-tiny", **options)
     got = outputs(llm, WORK["prompts"], params, WORK["arrivals"])
     assert got == ref
 
 
 def test_at_most_one_sync_per_step():
-    llm = LLM("ouro-tiny", device="cuda", max_num_seqs=8)
+    llm = engine("ouro-tiny", max_num_seqs=8)
     eng = llm.engine
     for i, p in enumerate(PROMPTS):
         eng.add_request(f"s{i}", p, SamplingParams(max_tokens=40, ignore_eos=True))
@@ -112,7 +118,7 @@ def test_at_most_one_sync_per_step():
 
 def test_fallbacks_are_counted_and_identical(eager_reference):
     params, ref = eager_reference
-    llm = LLM("ouro-tiny", device="cuda", max_num_seqs=8, cuda_graph_sizes=[1, 2])
+    llm = engine("ouro-tiny", max_num_seqs=8, cuda_graph_sizes=[1, 2])
     got = outputs(llm, WORK["prompts"], params, WORK["arrivals"])
     st = llm.stats()["graphs"]
     assert got == ref and st["fallbacks"] > 0 and st["replays"] > 0
@@ -130,22 +136,22 @@ def test_failed_capture_falls_back_cleanly(eager_reference, monkeypatch):
         return original(self, b, want_lp, num_top)
 
     monkeypatch.setattr(model_runner.ModelRunner, "decode_program", flaky)
-    llm = LLM("ouro-tiny", device="cuda", max_num_seqs=8, cuda_graph_sizes=[1, 2, 4, 8])
+    llm = engine("ouro-tiny", max_num_seqs=8, cuda_graph_sizes=[1, 2, 4, 8])
     assert llm.stats()["graphs"]["failed_captures"] >= 1
     assert outputs(llm, WORK["prompts"], params, WORK["arrivals"]) == ref
 
 
 def test_two_engines_and_a_non_default_device(eager_reference):
     params, ref = eager_reference
-    a = LLM("ouro-tiny", device="cuda", max_num_seqs=8)
+    a = engine("ouro-tiny", max_num_seqs=8)
     dev = "cuda:1" if torch.cuda.device_count() > 1 else "cuda:0"
-    b = LLM("ouro-tiny", device=dev, max_num_seqs=8)
+    b = engine("ouro-tiny", device=dev, max_num_seqs=8)
     assert outputs(a, WORK["prompts"], params, WORK["arrivals"]) == ref
     assert outputs(b, WORK["prompts"], params, WORK["arrivals"]) == ref
 
 
 def test_long_context_and_many_requests():
-    llm = LLM("ouro-tiny", device="cuda", max_num_seqs=64)
+    llm = engine("ouro-tiny", max_num_seqs=64)
     long_prompt = [(i * 7) % 300 + 3 for i in range(llm.engine.max_model_len - 64)]
     outs = llm.generate([long_prompt], SamplingParams(max_tokens=16, temperature=0, ignore_eos=True), use_tqdm=False)
     assert len(outs[0].outputs[0].token_ids) == 16
@@ -165,9 +171,9 @@ def test_long_context_and_many_requests():
 def test_greedy_speculation_matches_plain_decoding_on_gpu(eager_reference, options, k, d, policy):
     _, ref = eager_reference
     params = SamplingParams(max_tokens=12, temperature=0, exit_threshold=0.6, ignore_eos=True)
-    plain = outputs(LLM("ouro-tiny", device="cuda", max_num_seqs=8, execution_mode="eager"), WORK["prompts"], params,
+    plain = outputs(engine("ouro-tiny", max_num_seqs=8, execution_mode="eager"), WORK["prompts"], params,
                     WORK["arrivals"])
-    llm = LLM("ouro-tiny", device="cuda", max_num_seqs=8,
+    llm = engine("ouro-tiny", max_num_seqs=8,
               speculative_config={"num_speculative_tokens": k, "draft_loops": d, "draft_policy": policy}, **options)
     assert outputs(llm, WORK["prompts"], params, WORK["arrivals"]) == plain
     st = llm.stats()["speculative"]
@@ -177,7 +183,7 @@ def test_greedy_speculation_matches_plain_decoding_on_gpu(eager_reference, optio
 
 
 def test_one_sync_per_speculative_round():
-    llm = LLM("ouro-tiny", device="cuda", max_num_seqs=8, async_scheduling=False,
+    llm = engine("ouro-tiny", max_num_seqs=8, async_scheduling=False,
               speculative_config={"num_speculative_tokens": 3, "draft_loops": 2, "draft_policy": "fixed"})
     eng = llm.engine
     for i, p in enumerate(PROMPTS):
