@@ -71,21 +71,41 @@ def run(out: str, quick: bool) -> dict:
     return res
 
 
-def _get(r: dict, key: str):
-    return r.get(key)
-
-
 def markdown(res: dict) -> str:
     lines = [f"Measured {res['date']}; {res['num_prompts']} random requests (input 512, output 128) per point.", "",
              "| mode | request rate | req/s | output tok/s | TTFT p50 (ms) | TPOT p50 (ms) | ITL p50 (ms) | E2E p50 (ms) |",
              "|---|---|---|---|---|---|---|---|"]
     for mode, pts in res["points"].items():
         for rate, r in pts.items():
-            cells = [_get(r, "request_throughput"), _get(r, "output_throughput"), _get(r, "median_ttft_ms"),
-                     _get(r, "median_tpot_ms"), _get(r, "median_itl_ms"), _get(r, "median_e2el_ms")]
+            cells = [r.get(k) for k in ("request_throughput", "output_throughput", "median_ttft_ms", "median_tpot_ms",
+                                        "median_itl_ms", "median_e2el_ms")]
             lines.append(f"| {mode} | {rate} | " + " | ".join("n/a" if c is None else f"{c:.1f}" for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
+def plot(res: dict, path: str) -> None:
+    """Latency against achieved output throughput, one curve per mode (p50 solid, p99 dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, metric, label in ((axes[0], "ttft", "TTFT (ms)"), (axes[1], "tpot", "TPOT (ms)")):
+        for mode, pts in res["points"].items():
+            xs = [r["output_throughput"] for r in pts.values()]
+            line, = ax.plot(xs, [r[f"p50_{metric}_ms"] for r in pts.values()], "o-", label=f"{mode} p50")
+            ax.plot(xs, [r[f"p99_{metric}_ms"] for r in pts.values()], "s--", color=line.get_color(), label=f"{mode} p99")
+            for x, rate, r in zip(xs, pts, pts.values()):
+                ax.annotate(f"{rate}/s", (x, r[f"p50_{metric}_ms"]), fontsize=7)
+        ax.set_xlabel("output tok/s")
+        ax.set_ylabel(label)
+        ax.set_yscale("log")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"rlt-serve, ouro-1.4b, input 512 / output 128, {res['num_prompts']} requests per point")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 if __name__ == "__main__":
-    bench_main("serving", run, markdown)
+    bench_main("serving", run, markdown, plot)

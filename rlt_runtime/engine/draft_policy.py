@@ -7,13 +7,17 @@ unit of predicted round time:
     T(k) = measured device time of a round with k drafts at this batch bucket
            (k = 0 is a plain decode step)
 
-Per-position acceptance is the running mean of what was observed (the 0.7 prior carries no weight
-once a position has been seen) until it settles into exponential forgetting; round times are moving
-averages of device-measured rounds, seeded from a cost model (a draft pass costs draft_loops/D of a
-decode step, the verify pass (D - draft_loops)/D of one at the batch's row count) until measured.
+Per-position acceptance is the running mean of what was observed until it settles into exponential
+forgetting; a position seen fewer than MIN_SAMPLES times is counted optimistically (see
+`expected_tokens`). Round times are moving averages of device-measured rounds; a draft count not measured yet at a bucket is extrapolated from
+the nearest measured one (each draft pass costs draft_loops/D of a decode step), or, before any
+round was measured there, from a cost model (k + 1 draft passes and a verify pass of
+(D - draft_loops)/D of a step).
 
-To keep learning while k = 0 wins, a probe round with one draft (the cheapest round that still
-measures the first draft's acceptance) runs after `probe_every` native steps; each probe that
+When some k > 0 wins, its neighbours k - 1 and k + 1 are each tried once at that bucket, so their
+times are measured rather than extrapolated. To keep learning while k = 0 wins, a probe round with
+one draft (the cheapest round that still measures the first draft's acceptance) runs after
+`probe_every` native steps; each probe that
 leaves k = 0 the winner doubles the interval, up to `MAX_PROBE_EVERY`, and the interval resets as
 soon as the policy itself picks k > 0. With drafts that never pass, probes then cost about half a
 decode step per thousand steps.
@@ -24,8 +28,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-FORGET = 0.05  # weight of the newest observation once an estimate has settled
-PRIOR_ACCEPTANCE = 0.7  # assumed for positions not observed yet
+FORGET = 0.02  # weight of the newest observation once an estimate has settled
+MIN_SAMPLES = 16  # drafts offered at a position before its estimate is taken at face value
 MAX_PROBE_EVERY = 1024  # native steps between probes, at most
 
 
@@ -45,18 +49,24 @@ class DraftPolicy:
 
     def __post_init__(self):
         if not self.accept:
-            self.accept = [PRIOR_ACCEPTANCE] * self.max_drafts
+            self.accept = [0.0] * self.max_drafts  # replaced by the first observation
         self._offered = [0] * self.max_drafts
         self._probe_interval = self.probe_every
 
     def expected_tokens(self, k: int) -> float:
+        """Committed tokens per request of a round with k drafts. A position offered n <
+        MIN_SAMPLES times counts as a + (1 - a)(1 - n / MIN_SAMPLES): optimism that fades as it is
+        measured, so no position is written off on a few unlucky drafts."""
         total, run = 1.0, 1.0
         for i in range(k):
-            run *= self.accept[i]
+            a = self.accept[i]
+            run *= a + (1.0 - a) * max(0.0, 1.0 - self._offered[i] / MIN_SAMPLES)
             total += run
         return total
 
     def predicted_ms(self, bucket: int, k: int) -> float:
+        """Device time of a round with k drafts at this bucket: measured, else extrapolated from the
+        nearest measured round (each draft adds draft_loops/D of a step), else the cost model."""
         measured = self._times.get((bucket, k))
         if measured is not None:
             return measured
@@ -64,6 +74,11 @@ class DraftPolicy:
         if step is None:
             step = 1.0
         draft = self.draft_loops / self.depth
+        if k > 0:
+            known = [j for j in range(1, self.max_drafts + 1) if (bucket, j) in self._times]
+            if known:
+                j = min(known, key=lambda j: abs(j - k))
+                return max(self._times[(bucket, j)] + (k - j) * draft * step, 1e-9)
         verify = (self.depth - self.draft_loops) / self.depth
         return step * ((k + 1) * draft + verify * (1.0 + 0.05 * k))
 
@@ -75,6 +90,9 @@ class DraftPolicy:
             k = max(range(self.max_drafts + 1), key=lambda j: self.expected_tokens(j) / self.predicted_ms(bucket, j))
             if k > 0:
                 self._since_probe, self._probe_interval = 0, self.probe_every
+                # Measure the neighbouring draft counts once per bucket: their predicted times are
+                # only extrapolations, and a wrong guess would otherwise never be corrected.
+                k = next((j for j in (k - 1, k + 1) if 1 <= j <= self.max_drafts and (bucket, j) not in self._times), k)
             else:
                 self._since_probe += 1
                 if self._since_probe >= self._probe_interval and self.max_drafts > 0:

@@ -401,7 +401,10 @@ class LLMEngine:
 
     def _observe_round(self, handle: StepHandle, accepted: list[int], drafted: list[int]) -> None:
         k = handle.round_k
-        self.policy.observe_round(handle.bucket or len(accepted), k, accepted, drafted, handle.device_ms())
+        # A step that also ran prefill chunks says nothing about what a round (or a plain decode
+        # step) costs: its time would make every later choice at this bucket look cheap or dear.
+        device_ms = None if handle.prefills else handle.device_ms()
+        self.policy.observe_round(handle.bucket or len(accepted), k, accepted, drafted, device_ms)
         if k == 0:
             return
         st = self.spec_stats

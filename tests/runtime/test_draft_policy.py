@@ -86,12 +86,16 @@ def test_fixed_policy_always_drafts_k():
     assert dict(policy.chosen) == {3: 50}
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(acceptance=st.floats(0.0, 1.0), draft_cost=st.floats(0.1, 0.6), overhead=st.floats(0.0, 0.5),
        k_max=st.integers(1, 6), batch=st.sampled_from([1, 8]), seed=st.integers(0, 10**6))
-def test_adaptive_is_close_to_the_best_fixed_choice(acceptance, draft_cost, overhead, k_max, batch, seed):
-    """Whatever the acceptance and round costs, adaptive K ends within 6% of the best fixed k
-    (k = 0, i.e. no speculation, included), so it is never far below native decoding."""
+def test_adaptive_never_loses_to_native_and_finds_clear_wins(acceptance, draft_cost, overhead, k_max, batch, seed):
+    """Whatever the acceptance and round costs, adaptive K stays within 2% of native decoding, and
+    where some k beats native by 25% or more it gets within 10% of the best fixed k."""
     policy = DraftPolicy(max_drafts=k_max, draft_loops=1, depth=4)
     trace = simulate(policy, 3000, acceptance, draft_cost, overhead, seed=seed, batch=batch)
-    assert rate(trace[1000:]) >= 0.94 * best_rate(k_max, acceptance, draft_cost, overhead) * batch
+    got, native = rate(trace[1000:]), batch / STEP_MS
+    best = best_rate(k_max, acceptance, draft_cost, overhead) * batch
+    assert got >= 0.98 * native
+    if best >= 1.25 * native:
+        assert got >= 0.90 * best

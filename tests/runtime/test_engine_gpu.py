@@ -95,7 +95,8 @@ def eager_reference():
     dict(execution_mode="graphs", cuda_graph_sizes=[1, 3, 8]),
     dict(execution_mode="graphs", max_num_seqs=3),
     dict(execution_mode="graphs", prefill_chunk_size=5, async_scheduling=True),
-    dict(execution_mode="compile"),
+    # torch.compile per bucket is slow: two decode buckets and two prefill token buckets (16, 32).
+    dict(execution_mode="compile", cuda_graph_sizes=[4, 8], max_num_batched_tokens=32),
 ])
 def test_modes_are_bitwise_identical(eager_reference, options):
     params, ref = eager_reference

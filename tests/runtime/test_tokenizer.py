@@ -4,12 +4,13 @@ import json
 import os
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from rlt_runtime.errors import CheckpointError, RequestError
 from rlt_runtime.models.checkpoint import save_checkpoint
 from rlt_runtime.models.presets import preset_config, preset_weights
-from rlt_runtime.models.tokenizer import IncrementalDetokenizer, builtin_tokenizer, load_tokenizer
+from rlt_runtime.models.tokenizer import (HUGINN_SPECIALS, OURO_SPECIALS, IncrementalDetokenizer, builtin_tokenizer,
+                                          load_tokenizer)
 
 OURO = builtin_tokenizer(preset_config("ouro-tiny"))
 HUGINN = builtin_tokenizer(preset_config("huginn-tiny"))
@@ -21,6 +22,8 @@ SAMPLE = "Grüße, 世界! 🎉🧪 naïve\tcafé\n\x00\x7f end"
 @settings(max_examples=40)
 @given(st.text(max_size=40))
 def test_any_text_round_trips(text):
+    """Text without special-token names (those encode to the special token itself) round-trips."""
+    assume(not any(name in text for name in OURO_SPECIALS + HUGINN_SPECIALS))
     for tok in (OURO, HUGINN):
         ids = tok.encode(text, add_special_tokens=False)
         assert all(0 <= i < tok.vocab_size for i in ids)
