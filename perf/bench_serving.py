@@ -58,7 +58,9 @@ def run(out: str, quick: bool) -> dict:
     rates = ["4", "16", "inf"] if quick else ["16", "32", "64", "inf"]
     num = 100 if quick else 500
     res = {"date": time.strftime("%Y-%m-%d"), "num_prompts": num, "points": {}}
-    for name, extra in [("native", []), ("speculative", ["--speculative-tokens", "4", "--draft-policy", "adaptive"])]:
+    modes = [("native", []), ("speculative", ["--speculative-tokens", "4", "--draft-policy", "adaptive"])]
+    only = os.environ.get("RLT_SERVING_MODES")  # e.g. "speculative": measure a subset
+    for name, extra in [m for m in modes if not only or m[0] in only.split(",")]:
         proc, url = _serve(extra)
         try:
             for rate in rates:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU suite and every benchmark in one call.
 #   OUT=out bash perf/run_gpu.sh [tests|kernels|gemm-sweep|attn-sweep|engine|spec|serving ...]
-#   (default: all but the sweeps); TESTS_K narrows the GPU tests (pytest -k)
+#   (default: all but the sweeps). Narrowing a part: TESTS_K (pytest -k for the GPU tests),
+#   RLT_SWEEP_K (weights of gemm-sweep), RLT_SPEC_CONFIGS (fixed2,fixed4,adaptive),
+#   RLT_SERVING_MODES (native,speculative).
 # Each part gets a time limit (PART_TIMEOUT seconds, default 900); every log, JSON, table and plot
 # is collected in $OUT/results.tgz (and left unpacked in $WORK). On a bare GPU image, install the
 # wheels perf/fetch_gpu_wheels.sh downloads first.
