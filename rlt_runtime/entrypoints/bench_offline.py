@@ -1,7 +1,8 @@
 """Offline benchmarks: `rlt-bench throughput` and `rlt-bench latency` (also used by perf/bench_engine.py).
 
 throughput: decode steady state of `--batch` requests (random token prompts of `--input-len`,
-`--output-len` tokens each, ignore_eos): tok/s, ms/step, host vs device time per step.
+`--output-len` tokens each, ignore_eos): tok/s, ms/step, host vs device time per step. Decode
+steps build outputs only for requests that finish, as `LLM.generate` does.
 latency: the same measured per request at batch 1 by default: time to first token and time per
 output token.
 """
@@ -48,25 +49,21 @@ def decode_benchmark(llm, batch: int, input_len: int, output_len: int, *, prefix
     t0 = time.perf_counter()
     for i, p in enumerate(prompts):
         eng.add_request(f"{prefix}-{i}", p, params)
-    first = set()
-    while len(first) < batch:
+    before = {}  # tokens each request had when the decode phase began
+    while len(before) < batch or not all(before.values()):
         for out in eng.step():
-            if out.outputs[0].token_ids:
-                first.add(out.request_id)
+            before[out.request_id] = len(out.outputs[0].token_ids)
     _sync(llm)
     t1 = time.perf_counter()
     eng.timings = []
-    steps, tokens, depths = 0, 0, []
+    steps, depths = 0, []
     done = {}
-    before = {rid: 1 for rid in first}
     while eng.has_unfinished_requests():
-        for out in eng.step():
-            c = out.outputs[0]
-            tokens += len(c.token_ids) - before.get(out.request_id, 0)
-            before[out.request_id] = len(c.token_ids)
-            if out.finished:
-                done[out.request_id] = c
+        # As LLM.generate runs: outputs are built only for requests that finish.
+        for out in eng.step(final_only=True):
+            done[out.request_id] = out.outputs[0]
         steps += 1
+    tokens = sum(len(c.token_ids) - before.get(rid, 0) for rid, c in done.items())
     _sync(llm)
     t2 = time.perf_counter()
     for c in done.values():
