@@ -111,6 +111,8 @@ def _candidates(n: int, k: int, activation) -> list:
             continue
         warps = 4 if accumulators * block_n <= 128 else 8
         found.append(gemm.LinearConfig(gemm.BLOCK_M, block_n, block_k, warps, stages))
+        if block_n in (32, 64) and block_k == 128:  # split-K: more CTAs for skinny weights
+            found += [gemm.LinearConfig(gemm.BLOCK_M, block_n, block_k, warps, stages, split_k=s) for s in (2, 4)]
     return found
 
 

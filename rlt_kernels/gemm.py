@@ -8,8 +8,10 @@ Contract shared by the Triton kernel and the torch reference:
 * ``activation="swiglu"``: weight is [2F, K] = [gate rows | up rows]; out [M, F] =
   silu(x @ gate.T) * (x @ up.T), computed from the fp32 accumulators and rounded once.
 * Batch invariance: a row's output bits do not depend on M, on the other rows or on the row's
-  position. The kernel uses one tile configuration per weight shape (never chosen from M) and
-  no split-K.
+  position. The kernel uses one tile configuration per weight shape (never chosen from M). A
+  configuration may split K into `split_k` fixed ranges (a function of K alone): each range's
+  fp32 partial goes to a workspace and a second kernel adds the partials in range order, so
+  every output element is reduced in the same order whatever M is.
 * ``active_rows`` (int32 [1] on the device): rows at or past the count are not written and
   their tiles are skipped inside the kernel, so a CUDA graph captured at a large bucket only
   pays for the live rows.
@@ -78,9 +80,15 @@ MAX_STAGES = 5
 GROUP_M = 8
 
 
+# Tile of the split-K reduction kernel (elementwise sums: any tile gives the same bits).
+REDUCE_BLOCK_M = 16
+REDUCE_BLOCK_N = 128
+
+
 @dataclass(frozen=True)
 class LinearConfig:
-    """Tile shape and pipeline of the `linear` kernel for one weight shape."""
+    """Tile shape and pipeline of the `linear` kernel for one weight shape. split_k > 1 cuts K
+    into that many ranges of whole BLOCK_K steps (more CTAs for skinny weights at decode)."""
 
     block_m: int
     block_n: int
@@ -88,6 +96,12 @@ class LinearConfig:
     num_warps: int
     num_stages: int
     group_m: int = GROUP_M
+    split_k: int = 1
+
+    def k_range(self, k: int) -> int:
+        """Keys of K per split: whole BLOCK_K steps, the last range possibly shorter."""
+        steps = -(-k // self.block_k)
+        return -(-steps // self.split_k) * self.block_k
 
 
 @functools.lru_cache(maxsize=None)
@@ -122,12 +136,23 @@ def _check_activation(activation) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@triton.jit
+def _store_result(out_ptr, rows, cols, stride_out, acc_g, acc_u, io_mask, SWIGLU: tl.constexpr):
+    """out[rows, cols] = acc_g (or silu(acc_g) * acc_u) from fp32, rounded once to out's dtype."""
+    if SWIGLU:
+        result = silu_mul(acc_g, acc_u)
+    else:
+        result = acc_g
+    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :]
+    tl.store(out_ptrs, result.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
 @triton.jit(do_not_specialize=["m"])
 def _linear_kernel(
-    x_ptr, w_ptr, out_ptr, active_ptr, m, n_out, k, stride_x, stride_w, stride_out,
+    x_ptr, w_ptr, out_ptr, ws_ptr, active_ptr, m, n_out, k, k_range, stride_x, stride_w, stride_out,
     HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, DOT_IN_FP32: tl.constexpr, PRECISION: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
     # Grouped launch order: GROUP_M row tiles walk the column tiles together.
     pid = tl.program_id(0)
@@ -144,23 +169,30 @@ def _linear_kernel(
         live = tl.minimum(live, tl.load(active_ptr).to(tl.int32))
     if pid_m * BLOCK_M >= live:
         return  # dead row tile (graph captured at a larger bucket): no loads, no stores
+    # K range of this program: all of K, or split program_id(1)'s range of whole BLOCK_K steps.
+    if SPLIT_K == 1:
+        k_lo = 0
+        k_hi = k
+    else:
+        k_lo = tl.program_id(1) * k_range
+        k_hi = tl.minimum(k_lo + k_range, k)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
     row_ok = rows < live
     col_ok = cols < n_out
-    x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_x + ks[None, :]
+    x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_x + (k_lo + ks)[None, :]
     # Weight tiles are loaded as [BLOCK_K, BLOCK_N] views of the row-major [N, K] weight.
-    g_ptrs = w_ptr + cols.to(tl.int64)[None, :] * stride_w + ks[:, None]
-    u_ptrs = w_ptr + (cols + n_out).to(tl.int64)[None, :] * stride_w + ks[:, None]
+    g_ptrs = w_ptr + cols.to(tl.int64)[None, :] * stride_w + (k_lo + ks)[:, None]
+    u_ptrs = w_ptr + (cols + n_out).to(tl.int64)[None, :] * stride_w + (k_lo + ks)[:, None]
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, k, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:
             a = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0)
             g = tl.load(g_ptrs, mask=col_ok[None, :], other=0.0)
         else:
-            k_ok = (k0 + ks) < k
+            k_ok = (k0 + ks) < k_hi
             a = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             g = tl.load(g_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
         if DOT_IN_FP32:
@@ -178,12 +210,42 @@ def _linear_kernel(
             u_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
-    if SWIGLU:
-        result = silu_mul(acc_g, acc_u)
+    io_mask = row_ok[:, None] & col_ok[None, :]
+    if SPLIT_K == 1:
+        _store_result(out_ptr, rows, cols, stride_out, acc_g, acc_u, io_mask, SWIGLU)
     else:
-        result = acc_g
-    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_out + cols[None, :]
-    tl.store(out_ptrs, result.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+        # fp32 partials: workspace [SPLIT_K, m, n_acc] with gate columns first, then up.
+        n_acc = n_out * (2 if SWIGLU else 1)
+        ws_rows = (tl.program_id(1) * m + rows).to(tl.int64)[:, None] * n_acc
+        tl.store(ws_ptr + ws_rows + cols[None, :], acc_g, mask=io_mask)
+        if SWIGLU:
+            tl.store(ws_ptr + ws_rows + n_out + cols[None, :], acc_u, mask=io_mask)
+
+
+@triton.jit(do_not_specialize=["m"])
+def _split_reduce_kernel(
+    ws_ptr, out_ptr, active_ptr, m, n_out, stride_out,
+    HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """out = sum of the SPLIT_K partials in range order (then SwiGLU), rounded once."""
+    live = m
+    if HAS_ACTIVE:
+        live = tl.minimum(live, tl.load(active_ptr).to(tl.int32))
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    if tl.program_id(0) * BLOCK_M >= live:
+        return
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    io_mask = (rows < live)[:, None] & (cols < n_out)[None, :]
+    n_acc = n_out * (2 if SWIGLU else 1)
+    g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        base = ws_ptr + (s * m + rows).to(tl.int64)[:, None] * n_acc + cols[None, :]
+        g += tl.load(base, mask=io_mask, other=0.0)
+        if SWIGLU:
+            u += tl.load(base + n_out, mask=io_mask, other=0.0)
+    _store_result(out_ptr, rows, cols, stride_out, g, u, io_mask, SWIGLU)
 
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -230,16 +292,27 @@ def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig):
     `linear_config`'s; the perf sweep passes candidates)."""
     m, k = x.shape
     n_out = out.shape[1]
+    swiglu = activation == "swiglu"
     # The interpreter's dot mishandles bf16 (it multiplies the raw bits), so it gets fp32
     # operands there; the products of bf16 values are exact in fp32 either way.
     dot_in_fp32 = interpreter_active() and x.dtype == torch.bfloat16
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n_out, cfg.block_n),)
+    k_range = cfg.k_range(k)
+    split = -(-k // k_range) if k else 1  # ranges that hold keys (<= cfg.split_k)
+    ws = out
+    if split > 1:
+        ws = torch.empty((split, m, n_out * (2 if swiglu else 1)), dtype=torch.float32, device=x.device)
+    active = out if active_rows is None else active_rows
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n_out, cfg.block_n), split)
     _linear_kernel[grid](
-        x, weight, out, out if active_rows is None else active_rows, m, n_out, k,
-        x.stride(0), weight.stride(0), out.stride(0),
-        HAS_ACTIVE=active_rows is not None, SWIGLU=activation == "swiglu", DOT_IN_FP32=dot_in_fp32,
+        x, weight, out, ws, active, m, n_out, k, k_range, x.stride(0), weight.stride(0), out.stride(0),
+        HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu, DOT_IN_FP32=dot_in_fp32,
         PRECISION="ieee" if x.dtype == torch.float32 or dot_in_fp32 else "tf32",
         EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GROUP_M=cfg.group_m, SPLIT_K=split, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if split > 1:
+        _split_reduce_kernel[(triton.cdiv(m, REDUCE_BLOCK_M), triton.cdiv(n_out, REDUCE_BLOCK_N))](
+            ws, out, active, m, n_out, out.stride(0), HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu,
+            SPLIT_K=split, BLOCK_M=REDUCE_BLOCK_M, BLOCK_N=REDUCE_BLOCK_N, num_warps=4,
+        )
     return out

@@ -1,0 +1,101 @@
+"""Compile the hot kernels for the H200 (sm_90) without a GPU and report their resources.
+
+    python -m perf.sm90_resources            # with the installed Triton
+    PYTHONPATH=/path/to/triton-3.6:. python -m perf.sm90_resources   # with the GPU image's Triton
+
+Each kernel is compiled from source for `GPUTarget("cuda", 90, 32)` with the constexprs the engine
+launches it with and the 16-byte divisibility a real launch specialises pointers and strides to
+(without it Triton cannot use cp.async and the pipeline report is meaningless). Prints registers,
+spill (stack bytes) and shared memory per kernel configuration, read with the `cuobjdump` that
+ships with Triton. A compiler failure is reported, not raised: this is how a construct that one
+Triton version cannot lower is caught before any GPU time is spent.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from rlt_kernels import attention, gemm
+
+TARGET = GPUTarget("cuda", 90, 32)
+OURO_WEIGHTS = [("qkv", 6144, 2048, None), ("o", 2048, 2048, None), ("gate_up", 11264, 2048, "swiglu"),
+                ("down", 2048, 5632, None), ("lm_head", 49152, 2048, None)]
+
+
+def _resources(cubin: bytes) -> dict:
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", text)
+    return {"registers": int(found.group(1)), "stack_bytes": int(found.group(2))} if found else {}
+
+
+def compile_sm90(fn, pointers: dict, constexprs: dict, floats=(), **options) -> dict:
+    """Compile `fn` for sm_90: `pointers` maps pointer arguments to Triton types; every other
+    non-constexpr argument is i32 (fp32 if in `floats`) and, like pointers, 16-byte divisible
+    unless the kernel opts out of specialising it (`do_not_specialize`)."""
+    names = fn.arg_names
+    signature = {n: pointers.get(n) or ("constexpr" if n in constexprs else "fp32" if n in floats else "i32")
+                 for n in names}
+    plain = set(constexprs) | set(floats) | set(getattr(fn, "do_not_specialize", ()))
+    divisible = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n not in plain}
+    src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(n),): v for n, v in constexprs.items()},
+                    attrs=divisible)
+    try:
+        kernel = triton.compile(src, target=TARGET, options=options)
+    except Exception as exc:  # noqa: BLE001 - reported: which construct fails to lower is the finding
+        return {"error": str(exc).strip().splitlines()[-1][:200]}
+    return {"shared_bytes": kernel.metadata.shared, "wgmma": "wgmma" in kernel.asm["ptx"],
+            "cp_async": "cp.async" in kernel.asm["ptx"], **_resources(kernel.asm["cubin"])}
+
+
+def linear_reports() -> dict:
+    out = {}
+    ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32", "active_ptr": "*i32"}
+    for name, n, k, act in OURO_WEIGHTS:
+        cfg = gemm.linear_config(n, k, torch.bfloat16, act)
+        for split in (1, 2):
+            const = dict(HAS_ACTIVE=True, SWIGLU=act == "swiglu", DOT_IN_FP32=False, PRECISION="tf32",
+                         EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                         GROUP_M=cfg.group_m, SPLIT_K=split)
+            out[f"linear {name} split_k={split}"] = compile_sm90(
+                gemm._linear_kernel, ptrs, const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    const = dict(HAS_ACTIVE=True, SWIGLU=True, SPLIT_K=2, BLOCK_M=gemm.REDUCE_BLOCK_M, BLOCK_N=gemm.REDUCE_BLOCK_N)
+    out["linear split-K reduction"] = compile_sm90(gemm._split_reduce_kernel, ptrs, const, num_warps=4)
+    return out
+
+
+def attention_reports() -> dict:
+    out = {}
+    ptrs = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
+    ptrs.update({n: "*i32" for n in ("tables_ptr", "seq_lens_ptr", "qsl_ptr", "slots_ptr", "qdepth_ptr",
+                                     "key_depth_ptr", "active_ptr")}, ws_ptr="*fp32")
+    for warps in (4, 8):
+        cfg = attention._tile_shape(16, 16, 128, torch.bfloat16)  # Ouro: 16 heads of 128, MHA
+        cfg.pop("num_warps")
+        stages = cfg.pop("num_stages")
+        const = dict(cfg, BLOCK_N=attention.KEY_TILE, BLOCK_SIZE=16, HAS_ACTIVE=True, HAS_SLOTS=True,
+                     QDEPTH_TENSOR=True, HAS_KEY_DEPTH=True, DOT_PRECISION="tf32", DOT_UPCAST=False)
+        out[f"paged_attention depth-aware, {warps} warps"] = compile_sm90(
+            attention._paged_attention_kernel, ptrs, const, floats=("qk_scale",), num_warps=warps, num_stages=stages)
+    return out
+
+
+def main() -> None:
+    print(f"Triton {triton.__version__}, target sm_90")
+    for name, rep in {**linear_reports(), **attention_reports()}.items():
+        print(f"{name:45s} {rep}")
+
+
+if __name__ == "__main__":
+    main()
