@@ -7,20 +7,19 @@ unit of predicted round time:
     T(k) = measured device time of a round with k drafts at this batch bucket
            (k = 0 is a plain decode step)
 
-Per-position acceptance is the running mean of what was observed until it settles into exponential
-forgetting; a position seen fewer than MIN_SAMPLES times is counted optimistically (see
-`expected_tokens`). Round times are moving averages of device-measured rounds; a draft count not measured yet at a bucket is extrapolated from
-the nearest measured one (each draft pass costs draft_loops/D of a decode step), or, before any
-round was measured there, from a cost model (k + 1 draft passes and a verify pass of
-(D - draft_loops)/D of a step).
+Per-position acceptance is the running mean of what was observed until it settles into
+exponential forgetting; a position seen fewer than MIN_SAMPLES times is counted optimistically
+(see `expected_tokens`). Round times are moving averages of device-measured rounds; a draft count
+not measured yet at a bucket is extrapolated from the nearest measured one (each draft pass costs
+draft_loops/D of a decode step) or, before any round was measured there, taken from a cost model
+(k + 1 draft passes and a verify pass of (D - draft_loops)/D of a step).
 
 When some k > 0 wins, its neighbours k - 1 and k + 1 are each tried once at that bucket, so their
-times are measured rather than extrapolated. To keep learning while k = 0 wins, a probe round with
+times get measured rather than extrapolated. To keep learning while k = 0 wins, a probe round with
 one draft (the cheapest round that still measures the first draft's acceptance) runs after
-`probe_every` native steps; each probe that
-leaves k = 0 the winner doubles the interval, up to `MAX_PROBE_EVERY`, and the interval resets as
-soon as the policy itself picks k > 0. With drafts that never pass, probes then cost about half a
-decode step per thousand steps.
+`probe_every` native steps; each probe that leaves k = 0 the winner doubles the interval, up to
+`MAX_PROBE_EVERY`, and the interval resets as soon as the policy itself picks k > 0. With drafts
+that never pass, probes then cost about half a decode step per thousand steps.
 """
 
 from __future__ import annotations
@@ -43,6 +42,7 @@ class DraftPolicy:
     accept: list = field(default_factory=list)  # a_1..a_K estimates
     _offered: list = field(default_factory=list)  # drafts offered per position so far
     _times: dict = field(default_factory=dict)  # (bucket, k) -> ms
+    _tried: set = field(default_factory=set)  # (bucket, k) neighbours already tried once
     _since_probe: int = 0
     _probe_interval: int = 0
     chosen: dict = field(default_factory=lambda: defaultdict(int))  # k -> rounds (histogram)
@@ -90,9 +90,13 @@ class DraftPolicy:
             k = max(range(self.max_drafts + 1), key=lambda j: self.expected_tokens(j) / self.predicted_ms(bucket, j))
             if k > 0:
                 self._since_probe, self._probe_interval = 0, self.probe_every
-                # Measure the neighbouring draft counts once per bucket: their predicted times are
-                # only extrapolations, and a wrong guess would otherwise never be corrected.
-                k = next((j for j in (k - 1, k + 1) if 1 <= j <= self.max_drafts and (bucket, j) not in self._times), k)
+                # Try the neighbouring draft counts once per bucket: their predicted times are only
+                # extrapolations, and a wrong guess would otherwise never be corrected.
+                untried = [j for j in (k - 1, k + 1) if 1 <= j <= self.max_drafts
+                           and (bucket, j) not in self._times and (bucket, j) not in self._tried]
+                if untried:
+                    k = untried[0]
+                    self._tried.add((bucket, k))
             else:
                 self._since_probe += 1
                 if self._since_probe >= self._probe_interval and self.max_drafts > 0:

@@ -28,8 +28,9 @@ def best_rate(k_max: int, acceptance: float, draft_cost: float, overhead: float)
 
 
 def simulate(policy: DraftPolicy, steps: int, acceptance, draft_cost: float, overhead: float, seed: int = 0,
-             batch: int = 1) -> list[tuple[int, float]]:
-    """Run `steps` policy decisions; returns (tokens, ms) per step. `acceptance(step)` may vary."""
+             batch: int = 1, timed: bool = True) -> list[tuple[int, float]]:
+    """Run `steps` policy decisions; returns (tokens, ms) per step. `acceptance(step)` may vary;
+    timed=False reports no device time (a CPU engine)."""
     rng = random.Random(seed)
     trace = []
     for i in range(steps):
@@ -42,7 +43,7 @@ def simulate(policy: DraftPolicy, steps: int, acceptance, draft_cost: float, ove
                 n += 1
             accepted.append(n)
         ms = round_ms(k, draft_cost, overhead)
-        policy.observe_round(batch, k, accepted, [k] * batch, ms)
+        policy.observe_round(batch, k, accepted, [k] * batch, ms if timed else None)
         trace.append((sum(accepted) + batch, ms))
     return trace
 
@@ -78,6 +79,18 @@ def test_policy_follows_a_change_of_acceptance():
         tail = trace[end - n // 2:end]  # the second half of each phase
         assert rate(tail) >= 0.95 * best_rate(4, a, 0.25, 0.05), (a, start)
         start = end
+
+
+def test_without_device_times_the_choice_settles():
+    """No round is ever timed (CPU): each neighbour is tried once, then the cost model's choice
+    holds."""
+    policy = DraftPolicy(max_drafts=4, draft_loops=1, depth=4)
+    simulate(policy, 40, 0.9, draft_cost=0.25, overhead=0.05, timed=False)
+    before = dict(policy.chosen)
+    simulate(policy, 200, 0.9, draft_cost=0.25, overhead=0.05, seed=1, timed=False)
+    grown = {k: policy.chosen[k] - before.get(k, 0) for k in policy.chosen if policy.chosen[k] > before.get(k, 0)}
+    best = max(range(5), key=lambda j: policy.expected_tokens(j) / policy.predicted_ms(1, j))
+    assert best > 0 and grown == {best: 200}
 
 
 def test_fixed_policy_always_drafts_k():
