@@ -45,8 +45,9 @@ The Triton kernel (`paged_attention`)
     ``split_size`` keys starts a fresh (max, sum, acc) state, and the ranges are merged in
     order 0, 1, 2, ...; with few programs (small decode batches at long context) the ranges
     run in parallel programs that write fp32 partials to ``workspace`` and a combine kernel
-    merges them in the same order with the same arithmetic, so the output bits are the same
-    whether or not the launch splits. Size the workspace with `attention_workspace_size`;
+    merges them in the same order with the same arithmetic (a tile whose keys fit one range
+    writes its output directly), so the output bits are the same whether or not the launch
+    splits. Size the workspace with `attention_workspace_size`;
     with ``out`` and a large enough ``workspace`` given the call allocates nothing (CUDA graph
     safe). Without a workspace the call allocates one when it decides to split. Results
     depend on ``split_size``: keep it fixed for a deployment (default `DEFAULT_SPLIT_SIZE`).
@@ -360,7 +361,7 @@ def _paged_attention_kernel(
             m_i = m_i_new
         m_run, l_run, acc_run = _merge(m_run, l_run, acc_run, m_i, l_i, acc)
 
-    if partial != 0:
+    if (partial != 0) & (n_ranges > 1):
         idx = (token * n_heads + head) * n_splits_max + c_lo
         has = row_ok & (c_lo * split_size < limit)
         if HEAD_DIM == DP:
@@ -370,7 +371,7 @@ def _paged_attention_kernel(
         tl.store(ws_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], acc_run, mask=ws_mask)
         tl.store(ws_ptr + ml_base + 2 * idx, m_run, mask=has)
         tl.store(ws_ptr + ml_base + 2 * idx + 1, l_run, mask=has)
-    else:
+    else:  # unsplit, or a split launch whose tile has one key range: its merged state is final
         _store_output(out_ptr, token, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run)
 
 
@@ -382,7 +383,8 @@ def _combine_kernel(
     HEAD_DIM: tl.constexpr, DP: tl.constexpr, HAS_ACTIVE: tl.constexpr,
 ):
     """Merge the key-range partials of one (query tile, KV head) in order 0, 1, 2, ... with
-    `_merge` (the very arithmetic the unsplit kernel uses) and write the output rows."""
+    `_merge` (the very arithmetic the unsplit kernel uses) and write the output rows. Tiles
+    whose keys fit one range were written by their range program."""
     seq, q_begin, q_len, first, seq_len, idle = _locate_tile(
         qsl_ptr, active_ptr, seq_lens_ptr, n_seqs, QPT, HAS_ACTIVE)
     if idle:
@@ -390,6 +392,8 @@ def _combine_kernel(
     kvh = tl.program_id(1)
     rows, local, row_ok, head, token, limit, kv_end = _tile_rows(kvh, first, q_begin, q_len, seq_len, GP, GROUP, QPT, BLOCK_M)
     n_ranges = (kv_end + split_size - 1) // split_size
+    if n_ranges == 1:
+        return  # the range program wrote these rows itself
     offs_d = tl.arange(0, DP)
     if HEAD_DIM == DP:
         io_mask = row_ok[:, None]

@@ -8,6 +8,7 @@ from typing import Optional, Union
 from .errors import ConfigError
 
 MAX_LOGPROBS = 20
+MAX_INT32 = 2**31 - 1  # top_k travels to the device as int32 (values past the vocabulary mean "off")
 
 
 def _check(cond: bool, name: str, allowed: str, value) -> None:
@@ -58,7 +59,8 @@ class SamplingParams:
         _check(isinstance(self.temperature, (int, float)) and not isinstance(self.temperature, bool)
                and 0.0 <= self.temperature <= 100.0, "temperature", "a number in [0, 100]", self.temperature)
         _check(isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0, "top_p", "a number in (0, 1]", self.top_p)
-        _check(_is_int(self.top_k) and (self.top_k == -1 or self.top_k >= 1), "top_k", "-1 (off) or a positive integer", self.top_k)
+        _check(_is_int(self.top_k) and (self.top_k == -1 or 1 <= self.top_k <= MAX_INT32), "top_k",
+               f"-1 (off) or an integer in 1..{MAX_INT32}", self.top_k)
         _check(isinstance(self.min_p, (int, float)) and 0.0 <= self.min_p <= 1.0, "min_p", "a number in [0, 1]", self.min_p)
         _check(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63), "seed", "None or an integer in [0, 2**63)", self.seed)
         if isinstance(self.stop, str):

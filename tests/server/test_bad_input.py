@@ -80,6 +80,7 @@ COMPLETION_CASES = [
     ("negative temperature", _with(temperature=-1.0), "temperature"),
     ("zero top_p", _with(top_p=0.0), "top_p"),
     ("bad top_k", _with(top_k=-5), "top_k"),
+    ("huge top_k", _with(top_k=254969639664320782532608), "top_k"),
     ("too many logprobs", _with(logprobs=21), "logprobs"),
     ("zero n", _with(n=0), "n"),
     ("negative seed", _with(seed=-1), "seed"),

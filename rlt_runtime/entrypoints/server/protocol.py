@@ -15,7 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-from ...sampling_params import MAX_LOGPROBS, SamplingParams
+from ...sampling_params import MAX_INT32, MAX_LOGPROBS, SamplingParams
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 TokenId = Annotated[int, Field(ge=0)]
@@ -59,7 +59,7 @@ class _SamplingFields(_Strict):
     n: Optional[int] = Field(1, ge=1, le=64)
     temperature: Optional[float] = Field(None, ge=0.0, le=100.0, description="default 1.0; 0 is greedy")
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
-    top_k: Optional[int] = Field(None, ge=-1, description="-1 or 0: off")
+    top_k: Optional[int] = Field(None, ge=-1, le=MAX_INT32, description="-1 or 0: off")
     min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
     seed: Optional[int] = Field(None, ge=0, lt=2**63)
     stop: Optional[Union[NonEmptyStr, list[NonEmptyStr]]] = None
