@@ -219,6 +219,15 @@ def _merge(m_run, l_run, acc_run, m_part, l_part, acc_part):
 
 
 @triton.jit
+def _dim_mask(ok, offs_d, HEAD_DIM: tl.constexpr, DP: tl.constexpr):
+    """Mask of [rows, DP] tiles: rows where `ok`, lanes below HEAD_DIM (DP pads it to a power of 2)."""
+    mask = ok[:, None]
+    if HEAD_DIM != DP:
+        mask = mask & (offs_d[None, :] < HEAD_DIM)
+    return mask
+
+
+@triton.jit
 def _store_output(out_ptr, token, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run):
     """out = acc / l (zero for rows that saw no key), rounded to out's dtype."""
     o = acc_run / tl.where(l_run > 0, l_run, 1.0)[:, None]
@@ -292,10 +301,7 @@ def _paged_attention_kernel(
 
     offs_d = tl.arange(0, DP)
     offs_n = tl.arange(0, BLOCK_N)
-    if HEAD_DIM == DP:
-        io_mask = row_ok[:, None]
-    else:
-        io_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    io_mask = _dim_mask(row_ok, offs_d, HEAD_DIM, DP)
     q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=io_mask, other=0.0)
 
@@ -328,10 +334,7 @@ def _paged_attention_kernel(
             pos = start + offs_n
             key_ok = pos < range_end
             within = pos % BLOCK_SIZE
-            if HEAD_DIM == DP:
-                kv_mask = key_ok[:, None]
-            else:
-                kv_mask = key_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+            kv_mask = _dim_mask(key_ok, offs_d, HEAD_DIM, DP)
             # Keys that ran at least the query's loop live in the query's own plane; a key that
             # exited earlier is read from the plane of its last loop.
             kv_row = blk_own * stride_cb + within.to(tl.int64) * stride_co
@@ -364,10 +367,7 @@ def _paged_attention_kernel(
     if (partial != 0) & (n_ranges > 1):
         idx = (token * n_heads + head) * n_splits_max + c_lo
         has = row_ok & (c_lo * split_size < limit)
-        if HEAD_DIM == DP:
-            ws_mask = has[:, None]
-        else:
-            ws_mask = has[:, None] & (offs_d[None, :] < HEAD_DIM)
+        ws_mask = _dim_mask(has, offs_d, HEAD_DIM, DP)
         tl.store(ws_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], acc_run, mask=ws_mask)
         tl.store(ws_ptr + ml_base + 2 * idx, m_run, mask=has)
         tl.store(ws_ptr + ml_base + 2 * idx + 1, l_run, mask=has)
@@ -395,10 +395,7 @@ def _combine_kernel(
     if n_ranges == 1:
         return  # the range program wrote these rows itself
     offs_d = tl.arange(0, DP)
-    if HEAD_DIM == DP:
-        io_mask = row_ok[:, None]
-    else:
-        io_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    io_mask = _dim_mask(row_ok, offs_d, HEAD_DIM, DP)
 
     m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_run = tl.zeros([BLOCK_M], tl.float32)
@@ -409,10 +406,7 @@ def _combine_kernel(
         idx = base + c
         m_part = tl.load(ws_ptr + ml_base + 2 * idx, mask=has, other=float("-inf"))
         l_part = tl.load(ws_ptr + ml_base + 2 * idx + 1, mask=has, other=0.0)
-        if HEAD_DIM == DP:
-            ws_mask = has[:, None]
-        else:
-            ws_mask = has[:, None] & (offs_d[None, :] < HEAD_DIM)
+        ws_mask = _dim_mask(has, offs_d, HEAD_DIM, DP)
         acc_part = tl.load(ws_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], mask=ws_mask, other=0.0)
         m_run, l_run, acc_run = _merge(m_run, l_run, acc_run, m_part, l_part, acc_part)
     _store_output(out_ptr, token, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run)
