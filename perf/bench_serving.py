@@ -56,6 +56,7 @@ def _bench(url: str, rate: str, num: int, path: str) -> dict:
 
 def run(out: str, quick: bool) -> dict:
     rates = ["4", "16", "inf"] if quick else ["16", "32", "64", "inf"]
+    rates = os.environ.get("RLT_SERVING_RATES", ",".join(rates)).split(",")  # e.g. "16,32,inf"
     num = 100 if quick else 500
     res = {"date": time.strftime("%Y-%m-%d"), "num_prompts": num, "points": {}}
     modes = [("native", []), ("speculative", ["--speculative-tokens", "4", "--draft-policy", "adaptive"])]

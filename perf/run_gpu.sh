@@ -3,7 +3,7 @@
 #   OUT=out bash perf/run_gpu.sh [tests|kernels|gemm-sweep|attn-sweep|engine|spec|serving ...]
 #   (default: all but the sweeps). Narrowing a part: TESTS_K (pytest -k for the GPU tests),
 #   RLT_SWEEP_K (weights of gemm-sweep), RLT_SPEC_CONFIGS (fixed2,fixed4,adaptive),
-#   RLT_SERVING_MODES (native,speculative).
+#   RLT_SERVING_MODES (native,speculative), RLT_SERVING_RATES (request rates, e.g. 16,32,inf).
 # Each part gets a time limit (PART_TIMEOUT seconds, default 900); every log, JSON, table and plot
 # is collected in $OUT/results.tgz (and left unpacked in $WORK). On a bare GPU image, install the
 # wheels perf/fetch_gpu_wheels.sh downloads first.

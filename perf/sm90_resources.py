@@ -63,13 +63,13 @@ def linear_reports() -> dict:
     out = {}
     ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32", "active_ptr": "*i32"}
     for name, n, k, act in OURO_WEIGHTS:
-        cfg = gemm.linear_config(n, k, torch.bfloat16, act)
-        for split in (1, 2):
+        for rows in (1, 256, 2048):  # the decode, middle and prefill row classes
+            cfg = gemm.linear_config(n, k, torch.bfloat16, act, rows)
             const = dict(HAS_ACTIVE=True, SWIGLU=act == "swiglu", DOT_IN_FP32=False, PRECISION="tf32",
                          EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                         GROUP_M=cfg.group_m, SPLIT_K=split)
-            out[f"linear {name} split_k={split}"] = compile_sm90(
-                gemm._linear_kernel, ptrs, const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                         GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k)
+            out[f"linear {name} M={rows} {cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.num_stages} split {cfg.split_k}"] = \
+                compile_sm90(gemm._linear_kernel, ptrs, const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     const = dict(HAS_ACTIVE=True, SWIGLU=True, SPLIT_K=2, BLOCK_M=gemm.REDUCE_BLOCK_M, BLOCK_N=gemm.REDUCE_BLOCK_N)
     out["linear split-K reduction"] = compile_sm90(gemm._split_reduce_kernel, ptrs, const, num_warps=4)
     return out
@@ -80,13 +80,13 @@ def attention_reports() -> dict:
     ptrs = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
     ptrs.update({n: "*i32" for n in ("tables_ptr", "seq_lens_ptr", "qsl_ptr", "slots_ptr", "qdepth_ptr",
                                      "key_depth_ptr", "active_ptr")}, ws_ptr="*fp32")
-    for warps in (4, 8):
-        cfg = attention._tile_shape(16, 16, 128, torch.bfloat16)  # Ouro: 16 heads of 128, MHA
+    for warps, few_queries in ((4, False), (4, True), (8, False)):
+        cfg = attention._tile_shape(16, 16, 128, torch.bfloat16, few_queries)  # Ouro: 16 heads of 128, MHA
         cfg.pop("num_warps")
         stages = cfg.pop("num_stages")
         const = dict(cfg, BLOCK_N=attention.KEY_TILE, BLOCK_SIZE=16, HAS_ACTIVE=True, HAS_SLOTS=True,
                      QDEPTH_TENSOR=True, HAS_KEY_DEPTH=True, DOT_PRECISION="tf32", DOT_UPCAST=False)
-        out[f"paged_attention depth-aware, {warps} warps"] = compile_sm90(
+        out[f"paged_attention depth-aware, {warps} warps, {stages} stages"] = compile_sm90(
             attention._paged_attention_kernel, ptrs, const, floats=("qk_scale",), num_warps=warps, num_stages=stages)
     return out
 

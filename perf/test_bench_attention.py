@@ -75,8 +75,9 @@ def timed(benchmark, fn):
     return cuda_time_ms(fn)
 
 
-def workspace_for(q, tables, block_size):
-    return new_attention_workspace(q.shape[0], q.shape[1], q.shape[2], tables.shape[1] * block_size, device="cuda")
+def workspace_for(q, tables, block_size, split_size=None):
+    return new_attention_workspace(q.shape[0], q.shape[1], q.shape[2], tables.shape[1] * block_size,
+                                   split_size=split_size, device="cuda")
 
 
 @pytest.mark.parametrize("batch,context,shape", [
@@ -189,28 +190,31 @@ def engine_decode_case(batch, context, planes=4, table_keys=4096, block_size=16)
 @pytest.mark.skipif(os.environ.get("RLT_ATTN_SWEEP") != "1", reason="tuning sweep: set RLT_ATTN_SWEEP=1")
 def test_tile_sweep(benchmark, roofline, monkeypatch):
     """Decode (engine-like: short contexts, 4 planes) and 2K prefill for every tile row count and,
-    at 64 rows, every pipeline depth and warp count; `same_bits` says whether the output equals
-    the default configuration's bit for bit (pipeline depth never changes the arithmetic)."""
+    at 64 rows, every pipeline depth and warp count and smaller key ranges (`split_size`: more
+    programs per sequence at small batches, a merge per range); `same_bits` says whether the
+    output equals the default configuration's bit for bit (pipeline depth never changes the
+    arithmetic; the key-range size does)."""
     cases = {f"decode_b{b}_ctx{c}": engine_decode_case(b, c) for b, c in ((1, 192), (64, 192), (256, 192), (256, 1024))}
     q, k, v, t, sl, qsl = paged_case(1, 2048, 2048, **OURO)
     cases["prefill_b1_2k"] = (q, k, v, t, sl, qsl, {})
     tile_shape = attention._tile_shape
-    variants = [(rows, None, None) for rows in (64, 32, 16)]
-    variants += [(64, warps, stages) for warps in (4, 8) for stages in (1, 2, 3, 4)]
+    variants = [(rows, None, None, None) for rows in (64, 32, 16)]
+    variants += [(64, warps, stages, None) for warps in (4, 8) for stages in (1, 2, 3, 4)]
+    variants += [(64, None, None, split) for split in (64, 128, 256)]
     results, reference = {}, {}
-    for rows, warps, stages in variants:
-        def shaped(*args, _warps=warps, _stages=stages):
-            cfg = tile_shape(*args)
+    for rows, warps, stages, split in variants:
+        def shaped(*args, _warps=warps, _stages=stages, **kwargs):
+            cfg = tile_shape(*args, **kwargs)
             cfg["num_warps"] = _warps or cfg["num_warps"]
             cfg["num_stages"] = _stages or cfg["num_stages"]
             return cfg
         monkeypatch.setattr(attention, "MIN_TILE_ROWS", rows)
         monkeypatch.setattr(attention, "_tile_shape", shaped)
-        label = f"rows{rows}" + (f"_w{warps}_s{stages}" if warps else "")
+        label = f"rows{rows}" + (f"_w{warps}_s{stages}" if warps else "") + (f"_split{split}" if split else "")
         for name, (q, k, v, t, sl, qsl, kw) in cases.items():
             out = torch.empty_like(q)
-            ws = workspace_for(q, t[0] if t.dim() == 3 else t, k.shape[1])
-            fn = lambda: paged_attention(q, k, v, t, sl, qsl, out=out, workspace=ws, **kw)  # noqa: E731
+            ws = workspace_for(q, t[0] if t.dim() == 3 else t, k.shape[1], split)
+            fn = lambda: paged_attention(q, k, v, t, sl, qsl, out=out, workspace=ws, split_size=split, **kw)  # noqa: E731
             try:
                 ms = cuda_time_ms(fn)
             except Exception as exc:  # a configuration that does not compile or fit: record, go on

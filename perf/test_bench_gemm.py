@@ -14,9 +14,11 @@ from HBM as in a real forward pass.
     RLT_GEMM_SWEEP=1 pytest perf/test_bench_gemm.py -k sweep   # candidate configs, for tuning
 """
 
+import concurrent.futures
 import dataclasses
 import functools
 import itertools
+import multiprocessing
 import os
 
 import pytest
@@ -111,9 +113,31 @@ def _candidates(n: int, k: int, activation) -> list:
             continue
         warps = 4 if accumulators * block_n <= 128 else 8
         found.append(gemm.LinearConfig(gemm.BLOCK_M, block_n, block_k, warps, stages))
-        if block_n in (32, 64) and block_k == 128:  # split-K: more CTAs for skinny weights
+        if block_n in (16, 32, 64) and block_k == 128:  # split-K: more CTAs for skinny weights
             found += [gemm.LinearConfig(gemm.BLOCK_M, block_n, block_k, warps, stages, split_k=s) for s in (2, 4)]
+    # 128-row tiles (two wgmma row groups) for prefill-sized M.
+    found += [gemm.LinearConfig(128, block_n, 64, 8, stages) for block_n in (64, 128) for stages in (3, 4)
+              if stages * (128 + accumulators * block_n) * 64 * DTYPE.itemsize <= gemm.SMEM_BUDGET_BYTES]
     return found
+
+
+def _compile_one(n: int, k: int, activation, cfg) -> None:
+    """Compile one candidate for the sweep's launch specialisations (M = 1 and M % 16 == 0)."""
+    w = torch.empty(n, k, dtype=DTYPE, device="cuda")
+    n_out = n // 2 if activation == "swiglu" else n
+    for m in (1, 16):
+        gemm._launch(torch.zeros(m, k, dtype=DTYPE, device="cuda"), w,
+                     torch.empty(m, n_out, dtype=DTYPE, device="cuda"), None, activation, cfg)
+    torch.cuda.synchronize()
+
+
+def _warm_compile_cache(n: int, k: int, activation, candidates) -> None:
+    """Compile every candidate in parallel worker processes first (Triton's on-disk cache is
+    shared), so the timed loop below is not serialised behind one compiler per candidate."""
+    workers = min(len(candidates), max(1, (os.cpu_count() or 2) - 2), 12)
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        list(pool.map(functools.partial(_compile_one, n, k, activation), candidates))
 
 
 SWEEP_ROWS = (1, 16, 256, 2048)
@@ -132,8 +156,10 @@ def test_bench_linear_config_sweep(benchmark, roofline, name, n, k, activation):
     probe = torch.randn(256, k, dtype=DTYPE, device="cuda")
     chosen_bits = gemm._launch(probe, weights[0], torch.empty(256, n_out, dtype=DTYPE, device="cuda"), None,
                                activation, table).view(torch.int16)
+    candidates = _candidates(n, k, activation)
+    _warm_compile_cache(n, k, activation, candidates)
     results = []
-    for cfg in _candidates(n, k, activation):
+    for cfg in candidates:
         row = {"config": dataclasses.asdict(cfg), "chosen": cfg == table}
         for m in SWEEP_ROWS:
             x = torch.randn(m, k, dtype=DTYPE, device="cuda")

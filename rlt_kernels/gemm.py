@@ -8,17 +8,18 @@ Contract shared by the Triton kernel and the torch reference:
 * ``activation="swiglu"``: weight is [2F, K] = [gate rows | up rows]; out [M, F] =
   silu(x @ gate.T) * (x @ up.T), computed from the fp32 accumulators and rounded once.
 * Batch invariance: a row's output bits do not depend on M, on the other rows or on the row's
-  position. The kernel uses one tile configuration per weight shape (never chosen from M). A
-  configuration may split K into `split_k` fixed ranges (a function of K alone): each range's
-  fp32 partial goes to a workspace and a second kernel adds the partials in range order, so
-  every output element is reduced in the same order whatever M is.
+  position. Each output element is reduced over K in one order fixed by the weight shape: its
+  K step and `split_k` (K cut into fixed ranges; each range's fp32 partial goes to a workspace
+  and a second kernel adds the partials in range order). On the GPU the tile around that
+  reduction follows M (decode, middle and prefill row classes); tensor-core dots keep the
+  per-element order whatever the tile, which the GPU tests check bit for bit.
 * ``active_rows`` (int32 [1] on the device): rows at or past the count are not written and
   their tiles are skipped inside the kernel, so a CUDA graph captured at a large bucket only
   pays for the live rows.
 
 The Triton kernel (`linear`) takes bf16/fp16/fp32 x and weight of the same dtype with a
 contiguous last dimension (row strides are free). Its launch configuration comes from
-`linear_config(N, K, dtype, activation)` -- the one place to tune after measuring.
+`linear_config(N, K, dtype, activation, rows)` -- the one place to tune after measuring.
 """
 
 from __future__ import annotations
@@ -55,26 +56,44 @@ def linear_reference(x, weight, *, out=None, active_rows=None, activation=None):
 
 
 # ---------------------------------------------------------------------------------------------
-# Launch configuration: a fixed function of the weight shape, never of M.
+# Launch configuration. The reduction plan (block_k, split_k) is a function of the weight shape
+# alone. On the GPU the tile (rows, columns, warps, pipeline) also follows M: tensor-core dots
+# accumulate each output element over K in the same order whatever the tile, so a row's bits do
+# not change (H200 sweep: every candidate of one plan gives the same bits; GPU tests check it
+# across the row classes). The interpreter and fp32 (FMA dots) always use the decode tile.
 # ---------------------------------------------------------------------------------------------
 
-# Rows per tile. 64 is the smallest tile Hopper runs on wgmma, and at decode (M <= 16, one row
-# tile) it keeps the wasted tensor-core work at 64 FLOP per weight byte, well under what the
-# SMs can issue while streaming weights at full HBM bandwidth.
+# Rows per tile: 64 is the smallest tile Hopper runs on wgmma, and at decode (one row tile) it
+# keeps the wasted tensor-core work at 64 FLOP per weight byte, well under what the SMs can issue
+# while streaming weights at full HBM bandwidth. Prefill-sized M gets 128-row tiles.
 BLOCK_M = 64
-# Output-column tile widths, widest first. Decode has a single row tile, so its CTA count is
-# the number of column tiles: the widest width giving at least MIN_COLUMN_TILES of them wins
-# (H200: 132 SMs), and the narrowest is used when none does.
-COLUMN_TILE_WIDTHS = (128, 64, 32)
-MIN_COLUMN_TILES = 64
-# Bytes of one K step of the weight tile row (BLOCK_K * element size): wider for narrow column
-# tiles so that every stage still moves >= 8 KiB of weights.
-K_STEP_BYTES_NARROW = 256  # column tile <= 64
-K_STEP_BYTES_WIDE = 128  # column tile 128
-# Shared memory for the software pipeline (H100/H200 allow 227 KiB per CTA); stages are as
-# many as fit, between 2 and MAX_STAGES.
+BLOCK_M_PREFILL = 128
+# Row classes: M <= DECODE_ROWS is one row tile (decode); M > PREFILL_ROWS takes prefill tiles.
+DECODE_ROWS = 64
+PREFILL_ROWS = 512
+# Decode column tiles, widest first: the widest giving at least MIN_WEIGHT_STREAMS concurrent
+# weight streams (column tiles x accumulators x split_k; H200: 132 SMs) wins, else the narrowest.
+COLUMN_TILE_WIDTHS = (128, 64, 32, 16)
+MIN_WEIGHT_STREAMS = 96
+# Column tile of the middle row class.
+MID_BLOCK_N = 64
+# Bytes of one K step of a weight row: wide steps for narrow (<= NARROW_COLUMNS outputs) or deep
+# (K >= 2 N) weights, whose decode tiles are few and long.
+K_STEP_BYTES_NARROW = 256
+K_STEP_BYTES_WIDE = 128
+NARROW_COLUMNS = 2048
+# Deep, skinny weights (K >= 2 N, K >= SPLIT_MIN_K, N <= SPLIT_MAX_COLUMNS) split K in SPLIT_K
+# ranges: enough CTAs at decode (Ouro down: 16.4 -> 10.5 us at M = 1, also faster at M = 256).
+SPLIT_K = 4
+SPLIT_MIN_K = 4096
+SPLIT_MAX_COLUMNS = 4096
+# Shared memory for the software pipeline (H100/H200 allow 227 KiB per CTA). Decode takes as many
+# stages as fit (2..MAX_STAGES); the middle class 3..4 stages within MID_STAGE_BYTES, so several
+# CTAs share an SM; prefill tiles take PREFILL_STAGES when they fit, else the middle tile.
 SMEM_BUDGET_BYTES = 160 * 1024
 MAX_STAGES = 5
+MID_STAGE_BYTES = 72 * 1024
+PREFILL_STAGES = 3
 # Row tiles that share a column band in the launch order (L2 reuse of weight tiles at large M;
 # it only reorders programs, never changes a tile's arithmetic).
 GROUP_M = 8
@@ -87,8 +106,8 @@ REDUCE_BLOCK_N = 128
 
 @dataclass(frozen=True)
 class LinearConfig:
-    """Tile shape and pipeline of the `linear` kernel for one weight shape. split_k > 1 cuts K
-    into that many ranges of whole BLOCK_K steps (more CTAs for skinny weights at decode)."""
+    """Tile shape and pipeline of the `linear` kernel. split_k > 1 cuts K into that many ranges
+    of whole BLOCK_K steps (more CTAs for skinny weights at decode)."""
 
     block_m: int
     block_n: int
@@ -105,25 +124,38 @@ class LinearConfig:
 
 
 @functools.lru_cache(maxsize=None)
-def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = None) -> LinearConfig:
-    """The launch configuration for a weight [n, k] of ``dtype`` (n = 2F for swiglu).
-
-    Depends on nothing else -- in particular not on M -- which is what makes `linear` batch
-    invariant. Examples (bf16): Ouro o/down (2048 x 2048/5632) -> 64x32x128, 5 stages;
-    Ouro qkv (6144 x 2048) -> 64x64x128; gate_up swiglu (2 x 5632) -> 64x(2x64)x128, 3 stages;
-    lm_head (49152) and Huginn Wqkv (15840) -> 64x128x64.
-    """
+def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = None,
+                  rows: int | None = None) -> LinearConfig:
+    """The launch configuration for a weight [n, k] of ``dtype`` (n = 2F for swiglu) and a launch
+    of ``rows`` rows on the GPU (None: the decode tile). block_k and split_k depend on the
+    weight alone, which is what makes `linear` batch invariant. Examples (bf16, decode / M = 256 /
+    M = 2048): Ouro qkv 64x64x64 s5 / 64x64 s4 / 128x128 s3; o 64x16x128 s5 / 64x64 s3;
+    down 64x64x128 split 4; gate_up swiglu 64x(2x64)x64 s5 / s3 / 128x(2x64) s3."""
     _check_activation(activation)
-    n_out = n // 2 if activation == "swiglu" else n
-    block_n = next((w for w in COLUMN_TILE_WIDTHS if triton.cdiv(n_out, w) >= MIN_COLUMN_TILES), COLUMN_TILE_WIDTHS[-1])
-    elem = dtype.itemsize
-    step_bytes = K_STEP_BYTES_NARROW if block_n <= 64 else K_STEP_BYTES_WIDE
-    block_k = max(16, min(step_bytes // elem, triton.next_power_of_2(max(k, 1))))
     accumulators = 2 if activation == "swiglu" else 1
-    stage_bytes = (BLOCK_M + accumulators * block_n) * block_k * elem
-    num_stages = max(2, min(MAX_STAGES, SMEM_BUDGET_BYTES // stage_bytes))
-    num_warps = 4 if accumulators * block_n <= 128 else 8
-    return LinearConfig(BLOCK_M, block_n, block_k, num_warps, num_stages)
+    n_out = n // accumulators
+    elem = dtype.itemsize
+    deep = k >= 2 * n_out
+    step_bytes = K_STEP_BYTES_NARROW if deep or n_out <= NARROW_COLUMNS else K_STEP_BYTES_WIDE
+    block_k = max(16, min(step_bytes // elem, triton.next_power_of_2(max(k, 1))))
+    split_k = SPLIT_K if deep and k >= SPLIT_MIN_K and n_out <= SPLIT_MAX_COLUMNS else 1
+
+    def stage_bytes(block_m, block_n):
+        return (block_m + accumulators * block_n) * block_k * elem
+
+    def warps(block_n):
+        return 4 if accumulators * block_n <= 128 else 8
+
+    if rows is None or rows <= DECODE_ROWS or dtype == torch.float32:
+        block_n = next((w for w in COLUMN_TILE_WIDTHS if triton.cdiv(n_out, w) * accumulators * split_k
+                        >= MIN_WEIGHT_STREAMS), COLUMN_TILE_WIDTHS[-1])
+        stages = max(2, min(MAX_STAGES, SMEM_BUDGET_BYTES // stage_bytes(BLOCK_M, block_n)))
+        return LinearConfig(BLOCK_M, block_n, block_k, warps(block_n), stages, split_k=split_k)
+    block_n = 128 // accumulators
+    if rows > PREFILL_ROWS and PREFILL_STAGES * stage_bytes(BLOCK_M_PREFILL, block_n) <= SMEM_BUDGET_BYTES:
+        return LinearConfig(BLOCK_M_PREFILL, block_n, block_k, 8, PREFILL_STAGES, split_k=split_k)
+    stages = max(3, min(4, MID_STAGE_BYTES // stage_bytes(BLOCK_M, MID_BLOCK_N)))
+    return LinearConfig(BLOCK_M, MID_BLOCK_N, block_k, warps(MID_BLOCK_N), stages, split_k=split_k)
 
 
 def _check_activation(activation) -> None:
@@ -258,7 +290,8 @@ def linear(x, weight, *, out=None, active_rows=None, activation=None):
     (nn.Linear layout; [2F, K] = [gate rows | up rows] for ``activation="swiglu"``); out
     [M, N] (or [M, F]) in x.dtype by default or fp32 when given so; active_rows int32 [1] on
     the device or None. fp32 accumulation, rounded once to out.dtype. The tile configuration
-    is `linear_config(N, K, dtype, activation)`; row tiles starting at or past the active count
+    is `linear_config(N, K, dtype, activation, M)` (M only on the GPU: the interpreter keeps the
+    decode tile); row tiles starting at or past the active count
     exit at once and rows past it are not written.
     """
     _check_activation(activation)
@@ -284,7 +317,8 @@ def linear(x, weight, *, out=None, active_rows=None, activation=None):
     check_launchable(x, weight, out, active_rows)
     if m == 0 or n_out == 0:
         return out
-    return _launch(x, weight, out, active_rows, activation, linear_config(n, k, x.dtype, activation))
+    rows = m if x.is_cuda and not interpreter_active() else None
+    return _launch(x, weight, out, active_rows, activation, linear_config(n, k, x.dtype, activation, rows))
 
 
 def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig):

@@ -89,7 +89,7 @@ def test_linear_fp32_output_from_bf16(device, activation):
 @pytest.mark.parametrize("activation", [None, "swiglu"])
 def test_linear_wide_weight_config(device, activation):
     """Weights wide enough for the 128-column tile (and 8 warps with swiglu), ragged N and K."""
-    n_out = 64 * 128 + 40
+    n_out = gemm.MIN_WEIGHT_STREAMS * 128 + 40
     n = 2 * n_out if activation == "swiglu" else n_out
     cfg = gemm.linear_config(n, 48, torch.bfloat16, activation)
     assert cfg.block_n == 128
@@ -179,15 +179,35 @@ MODEL_WEIGHTS = [  # (N, K, activation): Ouro-1.4B and Huginn linear layers
 @pytest.mark.parametrize("n,k,activation", MODEL_WEIGHTS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_linear_config_fits_and_spreads(n, k, activation, dtype):
-    """The table's configs fit the shared-memory budget and give decode enough CTAs."""
-    cfg = gemm.linear_config(n, k, dtype, activation)
-    assert cfg == gemm.linear_config(n, k, dtype, activation)
+    """Every row class's config fits the shared-memory budget, all share the weight's reduction
+    plan (K step and split), and decode gets enough concurrent weight streams."""
+    decode = gemm.linear_config(n, k, dtype, activation)
     elem = dtype.itemsize
     accumulators = 2 if activation else 1
-    assert cfg.num_stages * (cfg.block_m + accumulators * cfg.block_n) * cfg.block_k * elem <= gemm.SMEM_BUDGET_BYTES
-    assert cfg.block_m >= 64 and cfg.block_n in gemm.COLUMN_TILE_WIDTHS and 2 <= cfg.num_stages <= gemm.MAX_STAGES
     n_out = n // accumulators
-    assert -(-n_out // cfg.block_n) >= gemm.MIN_COLUMN_TILES or cfg.block_n == gemm.COLUMN_TILE_WIDTHS[-1]
+    for rows in (None, 1, gemm.DECODE_ROWS, gemm.DECODE_ROWS + 1, gemm.PREFILL_ROWS, 4096):
+        cfg = gemm.linear_config(n, k, dtype, activation, rows)
+        assert cfg.num_stages * (cfg.block_m + accumulators * cfg.block_n) * cfg.block_k * elem <= gemm.SMEM_BUDGET_BYTES
+        assert cfg.block_m in (gemm.BLOCK_M, gemm.BLOCK_M_PREFILL) and 2 <= cfg.num_stages <= gemm.MAX_STAGES
+        assert (cfg.block_k, cfg.split_k) == (decode.block_k, decode.split_k)
+        if rows is None or rows <= gemm.DECODE_ROWS or dtype == torch.float32:
+            assert cfg == decode
+    streams = -(-n_out // decode.block_n) * accumulators * decode.split_k
+    assert streams >= gemm.MIN_WEIGHT_STREAMS or decode.block_n == gemm.COLUMN_TILE_WIDTHS[-1]
+
+
+@pytest.mark.parametrize("rows", [gemm.DECODE_ROWS + 1, gemm.PREFILL_ROWS + 1])
+@pytest.mark.parametrize("activation", [None, "swiglu"])
+def test_linear_row_class_tiles(device, rows, activation):
+    """The middle and prefill tiles (chosen from M on the GPU) compute the same function; run
+    here on a few rows with the configuration a launch of `rows` rows would take."""
+    n, k = 2 * 136, 80
+    cfg = gemm.linear_config(n, k, torch.bfloat16, activation, rows)
+    gen = seeded(rows, device)
+    x = randn((5, k), torch.bfloat16, device, gen)
+    w = randn((n, k), torch.bfloat16, device, gen, scale=k**-0.5)
+    out = torch.empty((5, n // 2 if activation else n), dtype=torch.bfloat16, device=device)
+    _assert_close_to(gemm._launch(x, w, out, None, activation, cfg), _exact(x, w, activation), x, w, activation)
 
 
 @pytest.mark.parametrize("split_k", [2, 3, 8])
@@ -251,14 +271,14 @@ def test_linear_is_batch_invariant(device, m, seed, pad, activation, dtype, k):
 def test_gpu_model_shapes_bf16(device, n, k, activation):
     gen = seeded(n + k, device)
     w = randn((n, k), torch.bfloat16, device, gen, scale=k**-0.5)
-    x = randn((300, k), torch.bfloat16, device, gen)
+    x = randn((1100, k), torch.bfloat16, device, gen)  # the prefill row class
     full = gemm.linear(x, w, activation=activation)
     ref = gemm.linear_reference(x, w, activation=activation)
     torch.testing.assert_close(full.float(), ref.float(), rtol=2 * EPS[torch.bfloat16], atol=2e-2)
     _assert_rounds_like(full, ref, device)
-    for m in (1, 5, 16, 64):
+    for m in (1, 5, 16, 64, 65, 300):  # decode and middle row classes
         assert torch.equal(gemm.linear(x[:m], w, activation=activation), full[:m]), f"row bits changed at M={m}"
-    perm = torch.randperm(300, device=device, generator=gen)
+    perm = torch.randperm(1100, device=device, generator=gen)
     assert torch.equal(gemm.linear(x[perm], w, activation=activation), full[perm])
 
 

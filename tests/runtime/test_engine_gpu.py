@@ -183,6 +183,20 @@ def test_greedy_speculation_matches_plain_decoding_on_gpu(eager_reference, optio
         assert st["graphs"]["fallbacks"] == 0 and st["graphs"]["replays"] > 0
 
 
+def test_greedy_speculation_in_compile_mode_matches_plain_decoding():
+    """torch.compile round programs (one row bucket, one draft, greedy and sampling: compiling
+    every program takes minutes)."""
+    params = SamplingParams(max_tokens=12, temperature=0, exit_threshold=0.6, ignore_eos=True)
+    plain = outputs(engine("ouro-tiny", max_num_seqs=8, execution_mode="eager"), WORK["prompts"], params,
+                    WORK["arrivals"])
+    llm = engine("ouro-tiny", max_num_seqs=8, execution_mode="compile", cuda_graph_sizes=[8],
+                 max_num_batched_tokens=32,
+                 speculative_config={"num_speculative_tokens": 1, "draft_loops": 2, "draft_policy": "fixed"})
+    assert outputs(llm, WORK["prompts"], params, WORK["arrivals"]) == plain
+    st = llm.stats()["speculative"]
+    assert st["rounds"] > 0 and st["graphs"]["fallbacks"] == 0 and st["graphs"]["replays"] > 0
+
+
 def test_one_sync_per_speculative_round():
     llm = engine("ouro-tiny", max_num_seqs=8, async_scheduling=False,
               speculative_config={"num_speculative_tokens": 3, "draft_loops": 2, "draft_policy": "fixed"})
