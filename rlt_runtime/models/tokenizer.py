@@ -227,6 +227,20 @@ class IncrementalDetokenizer:
         self._prefix, self._read = self._read, len(self._ids)
         return text[len(prefix_text):]
 
+    def add_many(self, token_ids: Sequence[int]) -> str:
+        """`add` for several ids at once, with one pair of decodes when the batch ends on a whole
+        character (else token by token); returns the same text as the single adds together."""
+        ids = [int(t) for t in token_ids]
+        if len(ids) <= 1:
+            return "".join(self.add(t) for t in ids)
+        prefix_text = self._tok.decode(self._ids[self._prefix:self._read])
+        text = self._tok.decode(self._ids[self._prefix:] + ids)
+        if len(text) <= len(prefix_text) or text.endswith("\ufffd"):
+            return "".join(self.add(t) for t in ids)
+        self._ids.extend(ids)
+        self._prefix, self._read = self._read, len(self._ids)
+        return text[len(prefix_text):]
+
     def flush(self) -> str:
         """The text of tokens still held back (possibly with replacement characters)."""
         prefix_text = self._tok.decode(self._ids[self._prefix:self._read])

@@ -147,6 +147,19 @@ def test_incremental_detokenizer_never_splits_characters(tok):
     assert deltas[start:start + 4] == ["", "", "", "🎉"]
 
 
+@pytest.mark.parametrize("tok", [OURO, HUGINN], ids=["ouro", "huginn"])
+@pytest.mark.parametrize("chunk", [2, 3, 7, 1000])
+def test_incremental_detokenizer_batches_equal_single_adds(tok, chunk):
+    """add_many (queued tokens decoded together) gives the text of the single adds, also when a
+    batch ends inside a multi-byte character."""
+    prompt = tok.encode("日本")
+    ids = tok.encode(SAMPLE, add_special_tokens=False)
+    single, rest = _stream(tok, ids, prompt)
+    detok = IncrementalDetokenizer(tok, prompt)
+    batched = [detok.add_many(ids[i:i + chunk]) for i in range(0, len(ids), chunk)]
+    assert "".join(batched) + detok.flush() == "".join(single) + rest == SAMPLE
+
+
 def test_incremental_detokenizer_with_prompt_specials_and_flush():
     prompt = OURO.encode("日本")
     ids = OURO.encode("語<|im_end|>x", add_special_tokens=False)
