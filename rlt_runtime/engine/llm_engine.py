@@ -127,6 +127,10 @@ class LLMEngine:
         self.execution_mode = cfg.execution_mode or ("graphs" if on_cuda else "eager")
         if self.execution_mode != "eager" and not on_cuda:
             raise ConfigError(f"execution_mode={self.execution_mode!r} needs a CUDA device; use 'eager' on CPU")
+        if self.execution_mode == "compile":
+            from ..executor.opaque_ops import opaque
+
+            self.ops = opaque(self.ops)  # torch.compile sees the kernels as opaque custom ops
         self.runner = ModelRunner(
             self.model, mc, self.layout, ops=self.ops, device=self.device, dtype=self.dtype, num_slots=self.max_num_seqs,
             num_blocks=1, block_size=cfg.block_size, max_model_len=self.max_model_len, max_rows=self.max_num_seqs,

@@ -45,6 +45,30 @@ def doubling_ladder(limit: int, first: int = 1) -> list[int]:
     return sizes + [limit]
 
 
+def persistent_tensors(*roots, depth: int = 3) -> list:
+    """Every tensor the roots hold, through attributes, lists, tuples and dicts up to `depth`
+    levels (weights, KV caches, slot state, staging buffers and their views): what a compiled
+    program reads in place and must not copy into its graph inputs each replay."""
+    found: dict[int, torch.Tensor] = {}
+
+    def visit(x, level):
+        if isinstance(x, torch.Tensor):
+            found.setdefault(id(x), x)
+        elif level > 0 and isinstance(x, (list, tuple)):
+            for y in x:
+                visit(y, level - 1)
+        elif level > 0 and isinstance(x, dict):
+            for y in x.values():
+                visit(y, level - 1)
+        elif level > 0 and hasattr(x, "__dict__") and not isinstance(x, type) and not callable(x):
+            for y in vars(x).values():
+                visit(y, level - 1)
+
+    for root in roots:
+        visit(root, depth)
+    return list(found.values())
+
+
 @dataclass
 class GraphStats:
     captures: int = 0

@@ -165,16 +165,14 @@ class ModelRunner:
     def enable_graphs(self, mode: str, sizes: list[int], token_sizes: list[int]) -> None:
         """Bucketed capture (mode "graphs" or "compile") of the decode program at row buckets and of
         the prefill program at token buckets, largest first."""
-        from .graphs import DecodeGraphs
+        from .graphs import DecodeGraphs, persistent_tensors
 
-        static = [self.kv.k, self.kv.v, self.kv.block_tables, self.kv.key_depth, self.dec_in.dev, self.cos_sin,
-                  self.slot_token, self.slot_key, self.slot_pos, self.slot_temperature, self.slot_top_p, self.slot_min_p,
-                  self.slot_top_k, self.slot_threshold, self.slot_min_loops, self.slot_max_loops]
+        static = persistent_tensors(self, self.model) if mode == "compile" else []
         self.graphs = DecodeGraphs(self.decode_program, [self.dec_in["num_rows"]],
                                    [s for s in sizes if s <= self.max_rows], mode=mode, static_tensors=static)
         self.graphs.capture_all((False, 0))
         self.prefill_graphs = DecodeGraphs(self.prefill_program, [self.pre_in["counts"]], token_sizes, mode=mode,
-                                           static_tensors=static + [self.pre_in.dev])
+                                           static_tensors=static)
         self.prefill_graphs.capture_all((False, 0))
 
     # ---- swap preemption ----------------------------------------------------------------------

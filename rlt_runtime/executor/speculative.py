@@ -47,10 +47,12 @@ class SpeculativeRunner:
         self.graphs = None
 
     def enable_graphs(self, mode: str, sizes: list[int]) -> None:
-        from .graphs import DecodeGraphs
+        from .graphs import DecodeGraphs, persistent_tensors
 
         inert = [self.inp["num_rows"], self.inp["num_verify"], self.inp["counts"]]
-        self.graphs = DecodeGraphs(self.round_program, inert, [s for s in sizes if s <= self.runner.max_rows], mode=mode)
+        static = persistent_tensors(self, self.runner, self.runner.model) if mode == "compile" else []
+        self.graphs = DecodeGraphs(self.round_program, inert, [s for s in sizes if s <= self.runner.max_rows], mode=mode,
+                                   static_tensors=static)
         # Every draft count the adaptive policy may pick, greedy and sampling, at startup: a round
         # never waits on a capture. (Rounds that ask for logprobs capture on first use.)
         for k in range(self.k_max, 0, -1):
