@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU suite and every benchmark in one call.
-#   OUT=out bash perf/run_gpu.sh [tests|kernels|gemm-sweep|attn-sweep|engine|spec|serving ...]
+#   OUT=out bash perf/run_gpu.sh [tests|kernels|gemm-sweep|attn-sweep|engine|compile|spec|serving ...]
 #   (default: all but the sweeps). Narrowing a part: TESTS_K (pytest -k for the GPU tests),
 #   RLT_SWEEP_K (weights of gemm-sweep), RLT_SPEC_CONFIGS (fixed2,fixed4,adaptive),
 #   RLT_SERVING_MODES (native,speculative), RLT_SERVING_RATES (request rates, e.g. 16,32,inf).
@@ -15,7 +15,7 @@ mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0
 pack() { tar czf "$OUT/results.tgz" -C "$WORK" . ; }
 trap pack EXIT
-parts=${*:-tests kernels engine spec serving}
+parts=${*:-tests kernels engine compile spec serving}
 python3 - <<'PY' | tee "$WORK/env.txt"
 import torch, triton, transformers, sys, datetime
 print(datetime.date.today(), torch.cuda.get_device_name(0), "torch", torch.__version__, "triton", triton.__version__,
@@ -42,6 +42,8 @@ for part in $parts; do
              grep -E "^(decode|prefill)|passed|failed|Error" "$WORK/attn_sweep.log" ;;
     engine)  timeout "$PART_TIMEOUT" python3 -m perf.bench_engine --out "$WORK" ${QUICK:+--quick} > "$WORK/engine.log" 2>&1
              tail -n 25 "$WORK/engine.log" ;;
+    compile) timeout "$PART_TIMEOUT" python3 -m perf.bench_compile --out "$WORK" ${QUICK:+--quick} > "$WORK/compile.log" 2>&1
+             tail -n 8 "$WORK/compile.log" ;;
     spec)    timeout "$PART_TIMEOUT" python3 -m perf.bench_speculative --out "$WORK" ${QUICK:+--quick} > "$WORK/spec.log" 2>&1
              tail -n 15 "$WORK/spec.log" ;;
     serving) timeout "$PART_TIMEOUT" python3 -m perf.bench_serving --out "$WORK" ${QUICK:+--quick} > "$WORK/serving.log" 2>&1
