@@ -55,7 +55,10 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.decodes and not self.prefills
+        """Nothing for the runner: no rows, and no state to set up (new slots, block-table
+        updates, swaps) — a step that only swaps a request back in must still run its copies."""
+        return not (self.decodes or self.prefills or self.admitted or self.block_updates or self.swap_out
+                    or self.swap_in)
 
 
 class Scheduler:

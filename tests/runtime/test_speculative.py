@@ -7,7 +7,7 @@ import functools
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rlt_runtime import LLM, ConfigError, SamplingParams
@@ -49,6 +49,10 @@ workloads = st.lists(st.tuples(st.lists(st.integers(3, 300), min_size=1, max_siz
     chunk=st.sampled_from([2, 64]),
     stop=st.booleans(),
 )
+# A step whose only work was swapping a preempted request back in used to be skipped, losing the
+# copies, its block-table updates and its slot state.
+@example(work=[([3], 0), ([3, 3, 3], 0), ([3, 3, 3], 0), ([3, 3, 12], 0), ([3], 0)], k=1, d=1, policy="fixed",
+         threshold=0.6, async_mode=True, pool=24, swap=True, prefix=False, chunk=2, stop=False)
 def test_greedy_speculation_is_bitwise_identical(work, k, d, policy, threshold, async_mode, pool, swap, prefix, chunk,
                                                  stop):
     common = dict(num_blocks=pool, block_size=16, enable_prefix_caching=prefix, prefill_chunk_size=chunk,
