@@ -51,12 +51,15 @@ def end_to_end(llm, batch: int, prefix: str) -> dict:
     after = eng.stats().get("speculative") or {}
     dev = sorted(d for _, d in eng.timings if d is not None)
     eng.timings = None
-    rounds = after.get("rounds", 0) - before.get("rounds", 0)
-    committed = after.get("committed", 0) - before.get("committed", 0)
+    delta = lambda key: after.get(key, 0) - before.get(key, 0)  # noqa: E731 - this run's share of the engine's totals
+    rounds, committed, accepted = delta("rounds"), delta("committed"), delta("accepted")
+    request_rounds = committed - accepted  # each request in a round commits its accepted drafts + 1
+    chosen = {k: n - (before.get("chosen_k") or {}).get(k, 0) for k, n in (after.get("chosen_k") or {}).items()}
     return {"tok_per_s": tokens / elapsed, "seconds": elapsed, "rounds": rounds,
             "committed_per_round": committed / rounds if rounds else None,
+            "committed_per_request_round": committed / request_rounds if request_rounds else None,
             "median_device_ms_per_step": dev[len(dev) // 2] if dev else None,
-            "chosen_k": after.get("chosen_k")}
+            "chosen_k": {k: n for k, n in chosen.items() if n}}
 
 
 def syncs_per_round(llm) -> int:
@@ -134,14 +137,15 @@ def markdown(res: dict) -> str:
     batches = list(res["native"])
     lines = [f"Measured {res['date']} on {roof['gpu']} (torch {roof['torch']}, triton {roof['triton']}); "
              f"ouro-1.4b bf16, prompt 128, output 128. Host syncs per speculative round: {res.get('syncs_per_round')}.", "",
-             "| config | " + " | ".join(f"batch {b} tok/s (x native) [tokens/round, round/step]" for b in batches) + " |",
+             "| config | " + " | ".join(f"batch {b} tok/s (x native) [tokens per request-round, round/step]"
+                                    for b in batches) + " |",
              "|---|" + "---|" * len(batches)]
     lines.append("| native | " + " | ".join(f"{res['native'][b]['tok_per_s']:.0f}" for b in batches) + " |")
     for key, per in res["spec"].items():
         cells = []
         for b in batches:
             r = per[b]
-            cpr = r.get("committed_per_round")
+            cpr = r.get("committed_per_request_round")
             cost = r.get("round_cost_vs_step")
             cells.append(f"{r['tok_per_s']:.0f} ({r['speedup']:.2f}x) [{'-' if cpr is None else f'{cpr:.2f}'}, "
                          f"{'-' if cost is None else f'{cost:.2f}'}]")
