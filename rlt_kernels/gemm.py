@@ -71,10 +71,12 @@ BLOCK_M_PREFILL = 128
 # Row classes: M <= DECODE_ROWS is one row tile (decode); M > PREFILL_ROWS takes prefill tiles.
 DECODE_ROWS = 64
 PREFILL_ROWS = 512
-# Decode column tiles, widest first: the widest giving at least MIN_WEIGHT_STREAMS concurrent
-# weight streams (column tiles x accumulators x split_k; H200: 132 SMs) wins, else the narrowest.
-COLUMN_TILE_WIDTHS = (128, 64, 32, 16)
-MIN_WEIGHT_STREAMS = 96
+# Decode column tiles: the narrowest whose CTAs (column tiles x split_k) still fit one wave of
+# WAVE_CTAS (H200: 132 SMs) -- as many weight streams as the SMs take at once, no second wave --
+# else the widest. (H200 sweep: Ouro o 2048 x 2048 takes 16 columns, 128 CTAs: 6.9 us at M = 1
+# against 7.8 with 32; gate_up takes 64, 88 CTAs: 15.9 us against 18.5 with 32 and 176 CTAs.)
+COLUMN_TILE_WIDTHS = (16, 32, 64, 128)
+WAVE_CTAS = 132
 # Column tile of the middle row class.
 MID_BLOCK_N = 64
 # Bytes of one K step of a weight row: wide steps for narrow (<= NARROW_COLUMNS outputs) or deep
@@ -147,8 +149,8 @@ def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = N
         return 4 if accumulators * block_n <= 128 else 8
 
     if rows is None or rows <= DECODE_ROWS or dtype == torch.float32:
-        block_n = next((w for w in COLUMN_TILE_WIDTHS if triton.cdiv(n_out, w) * accumulators * split_k
-                        >= MIN_WEIGHT_STREAMS), COLUMN_TILE_WIDTHS[-1])
+        block_n = next((w for w in COLUMN_TILE_WIDTHS if triton.cdiv(n_out, w) * split_k <= WAVE_CTAS),
+                       COLUMN_TILE_WIDTHS[-1])
         stages = max(2, min(MAX_STAGES, SMEM_BUDGET_BYTES // stage_bytes(BLOCK_M, block_n)))
         return LinearConfig(BLOCK_M, block_n, block_k, warps(block_n), stages, split_k=split_k)
     block_n = 128 // accumulators

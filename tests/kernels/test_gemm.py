@@ -89,7 +89,7 @@ def test_linear_fp32_output_from_bf16(device, activation):
 @pytest.mark.parametrize("activation", [None, "swiglu"])
 def test_linear_wide_weight_config(device, activation):
     """Weights wide enough for the 128-column tile (and 8 warps with swiglu), ragged N and K."""
-    n_out = gemm.MIN_WEIGHT_STREAMS * 128 + 40
+    n_out = gemm.WAVE_CTAS * 128 - 40  # too wide for one wave of 64-column tiles
     n = 2 * n_out if activation == "swiglu" else n_out
     cfg = gemm.linear_config(n, 48, torch.bfloat16, activation)
     assert cfg.block_n == 128
@@ -180,7 +180,7 @@ MODEL_WEIGHTS = [  # (N, K, activation): Ouro-1.4B and Huginn linear layers
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_linear_config_fits_and_spreads(n, k, activation, dtype):
     """Every row class's config fits the shared-memory budget, all share the weight's reduction
-    plan (K step and split), and decode gets enough concurrent weight streams."""
+    plan (K step and split), and decode takes the narrowest column tile that fits one wave."""
     decode = gemm.linear_config(n, k, dtype, activation)
     elem = dtype.itemsize
     accumulators = 2 if activation else 1
@@ -192,8 +192,10 @@ def test_linear_config_fits_and_spreads(n, k, activation, dtype):
         assert (cfg.block_k, cfg.split_k) == (decode.block_k, decode.split_k)
         if rows is None or rows <= gemm.DECODE_ROWS or dtype == torch.float32:
             assert cfg == decode
-    streams = -(-n_out // decode.block_n) * accumulators * decode.split_k
-    assert streams >= gemm.MIN_WEIGHT_STREAMS or decode.block_n == gemm.COLUMN_TILE_WIDTHS[-1]
+    ctas = lambda width: -(-n_out // width) * decode.split_k  # noqa: E731
+    widths = gemm.COLUMN_TILE_WIDTHS
+    assert ctas(decode.block_n) <= gemm.WAVE_CTAS or decode.block_n == widths[-1]
+    assert all(ctas(w) > gemm.WAVE_CTAS for w in widths if w < decode.block_n)  # the narrowest that fits
 
 
 @pytest.mark.parametrize("rows", [gemm.DECODE_ROWS + 1, gemm.PREFILL_ROWS + 1])
