@@ -49,13 +49,25 @@ def huginn_initial_state(keys, positions, hidden: int, std: float, device, dtype
     """
     keys = torch.as_tensor(keys, dtype=torch.int64, device=device)
     positions = torch.as_tensor(positions, dtype=torch.int64, device=device)
-    m = keys.shape[0]
-    if std == 0.0 or m == 0:
-        return torch.zeros((m, hidden), dtype=dtype, device=device)
+    if std == 0.0 or keys.shape[0] == 0:
+        return torch.zeros((keys.shape[0], hidden), dtype=dtype, device=device)
+    return _truncated_normal_state(keys, positions, hidden, float(std), dtype)
+
+
+@torch.library.custom_op("rlt::huginn_initial_state", mutates_args=())
+def _truncated_normal_state(keys: torch.Tensor, positions: torch.Tensor, hidden: int, std: float,
+                            dtype: torch.dtype) -> torch.Tensor:
+    """The noise of `huginn_initial_state` as one opaque op: torch.compile must not re-derive its
+    float64 erfinv (a compiled version rounds differently, and every later token would follow)."""
     u = philox_uniform(keys, positions, STREAM_STATE, hidden).double()
     lo, hi = 0.5 * math.erfc(3.0 / math.sqrt(2.0)), 0.5 * math.erfc(-3.0 / math.sqrt(2.0))
     z = math.sqrt(2.0) * torch.erfinv(2.0 * (lo + u * (hi - lo)) - 1.0)
     return (z * std * math.sqrt(hidden)).to(dtype)
+
+
+@_truncated_normal_state.register_fake
+def _(keys, positions, hidden, std, dtype):
+    return keys.new_empty((keys.shape[0], hidden), dtype=dtype)
 
 
 class HuginnModel:

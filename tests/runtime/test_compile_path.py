@@ -18,8 +18,8 @@ pytestmark = pytest.mark.skipif(not interpreter_active(), reason="CPU runs exerc
 PROMPTS = [[5, 7, 9], [6, 7, 9, 11], [7, 7, 9, 11, 13]]
 
 
-def _outputs(compiled: bool, params: SamplingParams, programs: tuple, **options):
-    llm = LLM("ouro-tiny", max_num_seqs=4, attention_backend="triton", dtype="float32", **options)
+def _outputs(compiled: bool, params: SamplingParams, programs: tuple, model: str = "ouro-tiny", **options):
+    llm = LLM(model, max_num_seqs=4, attention_backend="triton", dtype="float32", **options)
     runner = llm.engine.runner
     if compiled:
         runner.ops = opaque(runner.ops)
@@ -44,4 +44,13 @@ def test_compiled_speculative_rounds_match_eager():
     params = SamplingParams(max_tokens=5, temperature=0.8, seed=2, ignore_eos=True)
     options = dict(speculative_config={"num_speculative_tokens": 2, "draft_loops": 2, "draft_policy": "fixed"})
     programs = (("spec", "round_program"),)
+    assert _outputs(True, params, programs, **options) == _outputs(False, params, programs, **options)
+
+
+def test_compiled_huginn_programs_match_eager():
+    """Huginn: the counter-based initial-state noise (an opaque op: a compiled float64 erfinv rounds
+    differently) and the latent-difference exit."""
+    params = SamplingParams(max_tokens=4, temperature=0.8, seed=1, logprobs=1, ignore_eos=True)
+    options = dict(model="huginn-tiny", exit_mode="latent-diff", exit_criterion_threshold=1.2)
+    programs = (("runner", "decode_program"), ("runner", "prefill_program"))
     assert _outputs(True, params, programs, **options) == _outputs(False, params, programs, **options)
