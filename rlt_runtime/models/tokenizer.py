@@ -219,27 +219,22 @@ class IncrementalDetokenizer:
         self._read = len(self._ids)  # ids[:read] are already emitted
 
     def add(self, token_id: int) -> str:
-        self._ids.append(int(token_id))
-        prefix_text = self._tok.decode(self._ids[self._prefix:self._read])
-        text = self._tok.decode(self._ids[self._prefix:])
-        if len(text) <= len(prefix_text) or text.endswith("\ufffd"):
-            return ""
-        self._prefix, self._read = self._read, len(self._ids)
-        return text[len(prefix_text):]
+        return self.add_many([token_id])
 
     def add_many(self, token_ids: Sequence[int]) -> str:
-        """`add` for several ids at once, with one pair of decodes when the batch ends on a whole
-        character (else token by token); returns the same text as the single adds together."""
+        """Feed ids; returns the newly completed text. Several ids take one pair of decodes when
+        they end on a whole character (else they go one by one): the same text either way."""
         ids = [int(t) for t in token_ids]
-        if len(ids) <= 1:
-            return "".join(self.add(t) for t in ids)
         prefix_text = self._tok.decode(self._ids[self._prefix:self._read])
         text = self._tok.decode(self._ids[self._prefix:] + ids)
-        if len(text) <= len(prefix_text) or text.endswith("\ufffd"):
-            return "".join(self.add(t) for t in ids)
-        self._ids.extend(ids)
-        self._prefix, self._read = self._read, len(self._ids)
-        return text[len(prefix_text):]
+        if len(text) > len(prefix_text) and not text.endswith("\ufffd"):
+            self._ids.extend(ids)
+            self._prefix, self._read = self._read, len(self._ids)
+            return text[len(prefix_text):]
+        if len(ids) <= 1:
+            self._ids.extend(ids)  # held back until a later id completes the character
+            return ""
+        return "".join(self.add(t) for t in ids)
 
     def flush(self) -> str:
         """The text of tokens still held back (possibly with replacement characters)."""
