@@ -2,14 +2,15 @@
 
     python -m perf.bench_compile --out out/compile
 
-`ouro-1.4b` preset, bf16, decode buckets 1 and 16 and prefill token buckets 16 and 32 (compiling
-a bucket of the full model takes a while), prompt 128, output 128, greedy, `ignore_eos`. Reports
+`ouro-1.4b` preset, bf16, decode buckets 1 and 16 and one prefill token bucket of 16 (Inductor
+takes about a minute per bucket of the full model), prompt 128, output 128, greedy, `ignore_eos`. Reports
 decode tok/s at batch 1 and 16 per mode, compile and capture seconds apart from run time, failed
 captures and fallbacks, and whether both modes produced the same tokens.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 from perf.bench_engine import _free, engine
@@ -18,10 +19,11 @@ from rlt_runtime import SamplingParams
 from rlt_runtime.entrypoints.bench_offline import decode_benchmark, random_prompts
 
 BATCHES = (1, 16)
-OPTIONS = dict(max_num_seqs=16, cuda_graph_sizes=[1, 16], max_num_batched_tokens=32)
+OPTIONS = dict(max_num_seqs=16, cuda_graph_sizes=[1, 16], max_num_batched_tokens=16)
 
 
 def run(out_dir: str, quick: bool) -> dict:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # per-bucket compile times
     res: dict = {"date": time.strftime("%Y-%m-%d"), "modes": {}}
     tokens = {}
     for mode in ("graphs", "compile"):

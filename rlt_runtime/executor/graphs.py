@@ -177,6 +177,7 @@ class DecodeGraphs:
         elapsed = time.perf_counter() - start
         if self.mode == "compile":
             self.stats.compile_seconds += elapsed
+            logger.info("compiled bucket %d %s in %.1f s", size, variant, elapsed)
         else:
             self.stats.capture_seconds += elapsed
         self.stats.captures += 1
@@ -189,4 +190,11 @@ class DecodeGraphs:
             for _ in range(3):  # compile, then let cudagraph trees warm up and record
                 compiled(size, *variant)
         stream.synchronize()
-        return lambda: compiled(size, *variant)
+
+        def replay() -> dict:
+            # A CUDA-graph tree hands out its outputs in pool memory that the next compiled call
+            # (any bucket, any program: a step's prefill then its decode) overwrites; the step's
+            # results outlive that call (device→host copies, async steps), so they are copied out.
+            return {name: t.clone() for name, t in compiled(size, *variant).items()}
+
+        return replay
