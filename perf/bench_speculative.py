@@ -6,8 +6,10 @@
 speculative configuration runs at the acceptance the random-init replica really has, and at
 synthetic acceptance 0.7 and 0.9 (benchmark aid: each draft accepted with that probability, so
 round mechanics are measured at realistic acceptance; those outputs are not the model's).
-Reported: end-to-end tok/s including the tail, committed tokens per round, device time of a
-round vs a native step, and the host syncs per round (counted with CUDA sync debug mode).
+Reported: end-to-end tok/s including the tail, committed tokens per round (and per request in a
+round), requests per round, device time of a round vs a native step, the speed-up by summed device
+time alone, and the host syncs per round (counted with CUDA sync debug mode). RLT_SPEC_CONFIGS,
+RLT_SPEC_BATCHES and RLT_SPEC_ACCEPTANCE narrow a run.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def end_to_end(llm, batch: int, prefix: str) -> dict:
     elapsed = time.perf_counter() - t0
     after = eng.stats().get("speculative") or {}
     dev = sorted(d for _, d in eng.timings if d is not None)
+    host_ms = sum(h for h, _ in eng.timings)
     eng.timings = None
     delta = lambda key: after.get(key, 0) - before.get(key, 0)  # noqa: E731 - this run's share of the engine's totals
     rounds, committed, accepted = delta("rounds"), delta("committed"), delta("accepted")
@@ -58,7 +61,9 @@ def end_to_end(llm, batch: int, prefix: str) -> dict:
     return {"tok_per_s": tokens / elapsed, "seconds": elapsed, "rounds": rounds,
             "committed_per_round": committed / rounds if rounds else None,
             "committed_per_request_round": committed / request_rounds if request_rounds else None,
+            "requests_per_round": request_rounds / rounds if rounds else None,
             "median_device_ms_per_step": dev[len(dev) // 2] if dev else None,
+            "steps": len(dev), "device_s": sum(dev) / 1e3, "host_s": host_ms / 1e3,
             "chosen_k": {k: n for k, n in chosen.items() if n}}
 
 
@@ -91,6 +96,8 @@ def run(out: str, quick: bool) -> dict:
     from rlt_runtime import LLM
 
     batches = [1, 64] if quick else [1, 16, 64, 256]
+    if os.environ.get("RLT_SPEC_BATCHES"):  # e.g. "64,256"
+        batches = [int(b) for b in os.environ["RLT_SPEC_BATCHES"].split(",")]
     configs = {"fixed2": (2, "fixed"), "fixed4": (4, "fixed"), "adaptive": (4, "adaptive")}
     if quick:
         configs.pop("fixed2")
@@ -98,6 +105,8 @@ def run(out: str, quick: bool) -> dict:
     if only:
         configs = {k: v for k, v in configs.items() if k in only.split(",")}
     acceptances = [None, 0.9] if quick else [None, 0.7, 0.9]
+    if os.environ.get("RLT_SPEC_ACCEPTANCE"):  # e.g. "0.9" or "measured,0.9"
+        acceptances = [None if a == "measured" else float(a) for a in os.environ["RLT_SPEC_ACCEPTANCE"].split(",")]
     res = {"roofline": measure(), "date": time.strftime("%Y-%m-%d"), "native": {}, "spec": {}}
     common = dict(dtype="bfloat16", max_num_seqs=max(batches), cuda_graph_sizes=batches)
     model = preset_checkpoint("ouro-1.4b")
@@ -120,6 +129,7 @@ def run(out: str, quick: bool) -> dict:
                 r = end_to_end(llm, b, f"{key}{b}")
                 nat = res["native"][b]
                 r["speedup"] = r["tok_per_s"] / nat["tok_per_s"]
+                r["device_speedup"] = nat["device_s"] / r["device_s"]  # the same tokens, by device time alone
                 if r["median_device_ms_per_step"] and nat["median_device_ms_per_step"]:
                     r["round_cost_vs_step"] = r["median_device_ms_per_step"] / nat["median_device_ms_per_step"]
                 res["spec"][key][b] = r

@@ -2,7 +2,8 @@
 # The GPU suite and every benchmark in one call.
 #   OUT=out bash perf/run_gpu.sh [tests|kernels|gemm-sweep|attn-sweep|engine|compile|spec|serving ...]
 #   (default: all but the sweeps). Narrowing a part: TESTS_K (pytest -k for the GPU tests),
-#   RLT_SWEEP_K (weights of gemm-sweep), RLT_SPEC_CONFIGS (fixed2,fixed4,adaptive),
+#   RLT_SWEEP_K (weights of gemm-sweep), RLT_SPEC_CONFIGS (fixed2,fixed4,adaptive), RLT_SPEC_BATCHES,
+#   RLT_SPEC_ACCEPTANCE (measured,0.7,0.9),
 #   RLT_SERVING_MODES (native,speculative), RLT_SERVING_RATES (request rates, e.g. 16,32,inf).
 # Each part gets a time limit (PART_TIMEOUT seconds, default 900); every log, JSON, table and plot
 # is collected in $OUT/results.tgz (and left unpacked in $WORK). On a bare GPU image, install the
