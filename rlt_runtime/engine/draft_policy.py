@@ -11,15 +11,13 @@ Per-position acceptance is the running mean of what was observed, from a prior o
 one rejected draft (a run of early rejections must not pin an estimate at exactly 0, where a round
 costing no more than a step would lose the tie to k = 0 for good), until it settles into
 exponential forgetting; a position seen fewer than MIN_SAMPLES times is counted optimistically
-(see `expected_tokens`). Round times are moving averages of device-measured rounds. A draft count
-not measured yet at a bucket is scaled from the nearest measured one by relative costs: round time
-over step time as measured at the nearest bucket that has both, else a cost model (k + 1 draft
-passes of draft_loops/D of a step and a verify pass of the rest). A batch that shrinks through
-the buckets (requests finishing at different rounds) thus carries what it learned into each
-smaller bucket instead of re-exploring it.
+(see `expected_tokens`). Round times are moving averages of device-measured rounds; a draft count
+not measured yet at a bucket is extrapolated from the nearest measured one (each draft pass costs
+draft_loops/D of a decode step) or, before any round was measured there, taken from a cost model
+(k + 1 draft passes and a verify pass of (D - draft_loops)/D of a step).
 
-When some k > 0 wins, the native step and the neighbours k - 1 and k + 1 are each tried once at
-that bucket, so their times get measured rather than extrapolated. To keep learning while k = 0 wins, a probe round with
+When some k > 0 wins, its neighbours k - 1 and k + 1 are each tried once at that bucket, so their
+times get measured rather than extrapolated. To keep learning while k = 0 wins, a probe round with
 one draft (the cheapest round that still measures the first draft's acceptance) runs after
 `probe_every` native steps; each probe that leaves k = 0 the winner doubles the interval, up to
 `MAX_PROBE_EVERY`, and the interval resets as soon as the policy itself picks k > 0. With drafts
@@ -28,7 +26,6 @@ that never pass, probes then cost about half a decode step per thousand steps.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -71,31 +68,22 @@ class DraftPolicy:
         return total
 
     def predicted_ms(self, bucket: int, k: int) -> float:
-        """Device time of a round with k drafts at this bucket: measured, else scaled from the
-        nearest draft count measured at this bucket by their relative costs; with nothing measured
-        at the bucket, in native steps of it (its relative cost)."""
+        """Device time of a round with k drafts at this bucket: measured, else extrapolated from the
+        nearest measured round (each draft adds draft_loops/D of a step), else the cost model."""
         measured = self._times.get((bucket, k))
         if measured is not None:
             return measured
-        known = [j for j in range(self.max_drafts + 1) if (bucket, j) in self._times]
-        if not known:
-            return self.relative_cost(bucket, k)
-        j = min(known, key=lambda j: abs(j - k))
-        return self._times[(bucket, j)] * self.relative_cost(bucket, k) / self.relative_cost(bucket, j)
-
-    def relative_cost(self, bucket: int, k: int) -> float:
-        """A round with k drafts in native steps: measured at the nearest bucket where both were
-        measured (round costs relative to a step change slowly with the row count, so a bucket the
-        batch has just shrunk into is not explored from scratch), else the cost model: k + 1 draft
-        passes of draft_loops/D of a step and a verify pass of the rest."""
-        if k == 0:
-            return 1.0
-        both = [b for (b, j) in self._times if j == k and (b, 0) in self._times]
-        if both:
-            b = min(both, key=lambda b: abs(math.log(b / bucket)))
-            return self._times[(b, k)] / self._times[(b, 0)]
+        step = self._times.get((bucket, 0))
+        if step is None:
+            step = 1.0
         draft = self.draft_loops / self.depth
-        return (k + 1) * draft + (1.0 - draft) * (1.0 + 0.05 * k)
+        if k > 0:
+            known = [j for j in range(1, self.max_drafts + 1) if (bucket, j) in self._times]
+            if known:
+                j = min(known, key=lambda j: abs(j - k))
+                return max(self._times[(bucket, j)] + (k - j) * draft * step, 1e-9)
+        verify = (self.depth - self.draft_loops) / self.depth
+        return step * ((k + 1) * draft + verify * (1.0 + 0.05 * k))
 
     def choose(self, bucket: int) -> int:
         """Drafts for the next round at this row bucket."""
@@ -105,10 +93,9 @@ class DraftPolicy:
             k = max(range(self.max_drafts + 1), key=lambda j: self.expected_tokens(j) / self.predicted_ms(bucket, j))
             if k > 0:
                 self._since_probe, self._probe_interval = 0, self.probe_every
-                # Try the neighbouring draft counts and the native step once per bucket: their
-                # predicted times are only extrapolations, and a wrong guess would otherwise never
-                # be corrected.
-                untried = [j for j in dict.fromkeys((0, k - 1, k + 1)) if 0 <= j <= self.max_drafts
+                # Try the neighbouring draft counts once per bucket: their predicted times are only
+                # extrapolations, and a wrong guess would otherwise never be corrected.
+                untried = [j for j in (k - 1, k + 1) if 1 <= j <= self.max_drafts
                            and (bucket, j) not in self._times and (bucket, j) not in self._tried]
                 if untried:
                     k = untried[0]

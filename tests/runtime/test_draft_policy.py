@@ -93,23 +93,6 @@ def test_without_device_times_the_choice_settles():
     assert best > 0 and grown == {best: 200}
 
 
-def test_a_shrinking_batch_does_not_re_explore_each_bucket():
-    """Requests that finish at different rounds walk the batch down the row buckets. Where rounds
-    lose at every k (verification of (k + 1) rows per request at a large batch), each new bucket
-    takes its relative round costs from the buckets already measured instead of drafting again."""
-    policy = DraftPolicy(max_drafts=4, draft_loops=2, depth=4)
-    spent, native, drafted_later = 0.0, 0.0, 0
-    for i, bucket in enumerate([256, 128, 64, 32, 16, 8, 4, 2, 1]):
-        before = sum(n for k, n in policy.chosen.items() if k > 0)
-        trace = simulate(policy, 60, 0.9, draft_cost=0.5, overhead=2.0, seed=i, batch=bucket)
-        spent += sum(ms for _, ms in trace)
-        native += sum(t for t, _ in trace) / bucket * STEP_MS  # the same tokens by native steps
-        if i:
-            drafted_later += sum(n for k, n in policy.chosen.items() if k > 0) - before
-    assert native / spent >= 0.97
-    assert drafted_later <= 4  # the one-draft probes, with back-off
-
-
 def test_fixed_policy_always_drafts_k():
     policy = DraftPolicy(max_drafts=3, draft_loops=2, depth=4, adaptive=False)
     simulate(policy, 50, 0.0, draft_cost=0.5, overhead=0.1)
