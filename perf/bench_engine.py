@@ -72,9 +72,9 @@ def engine(model, **kw):
     llm = LLM(model, dtype="bfloat16", **kw)
     llm.engine.runner.record_device_time = True
     st = llm.stats()
-    graphs = st.get("graphs") or {}
-    return llm, {"init_s": time.perf_counter() - t0, "capture_s": graphs.get("capture_seconds"),
-                 "captures": graphs.get("captures")}
+    programs = [st.get("graphs") or {}, st.get("prefill_graphs") or {}]  # decode rows and prefill tokens
+    return llm, {"init_s": time.perf_counter() - t0, "capture_s": sum(g.get("capture_seconds", 0) for g in programs),
+                 "captures": sum(g.get("captures", 0) for g in programs)}
 
 
 def kernel_breakdown(llm, batch: int, steps: int = 8, top: int = 14) -> dict:
@@ -223,7 +223,7 @@ def markdown(res: dict) -> str:
                      f"{r['frac_floor']:.0%} of the {r['floor_ms']:.2f} ms floor.")
     meta = res.get("rlt_meta", {})
     lines.append(f"ouro-1.4b engine: init {meta.get('init_s', 0):.1f} s, graph capture {meta.get('capture_s') or 0:.1f} s "
-                 f"({meta.get('captures')} graphs), peak memory {meta.get('peak_gib', 0):.1f} GiB.")
+                 f"({meta.get('captures')} decode and prefill graphs), peak memory {meta.get('peak_gib', 0):.1f} GiB.")
     for b, bd in res.get("breakdown", {}).items():
         lines += ["", f"Kernel time per decode step at batch {b} (torch.profiler, {bd['kernels_per_step']:.0f} kernels "
                       f"per step, {bd['kernel_ms_per_step']:.2f} ms of kernels in {bd['wall_ms_per_step']:.2f} ms of wall time):",
