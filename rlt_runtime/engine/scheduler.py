@@ -196,6 +196,9 @@ class Scheduler:
         if not out.preempted and (self.cfg.enable_chunked_prefill or prefill_only or not out.decodes):
             budget = self._admit(budget, out)
         self._consecutive_prefill_steps = self._consecutive_prefill_steps + 1 if (out.prefills and not out.decodes) else 0
+        # A round drafts what its rows can: rows that opted out or sit one token short of max_tokens
+        # draft nothing, and a round of such rows only is a plain decode step.
+        out.round_k = max(out.num_drafts, default=0)
         out.block_updates = self.kv.take_updates()
         for r, k in zip(out.decodes, out.num_drafts):
             r.num_inflight += 1 + k  # an upper bound: the round commits 1..k+1 tokens

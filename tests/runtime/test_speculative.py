@@ -74,6 +74,27 @@ def test_speculation_is_used_and_counted():
     assert len(st_["accepted_per_position"]) == 3
 
 
+def test_rounds_draft_only_what_their_rows_can():
+    """A round's draft count is the most any of its rows drafts: rows that opted out make plain
+    decode steps (no round counted), and a row near max_tokens makes a shorter round."""
+    llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, speculative_config=spec(3, 1))
+    spec_runner, rounds = llm.engine.runner.spec, []
+    run_round = spec_runner.run_round
+
+    def recorded(requests, num_drafts, traces, k, *rest):
+        rounds.append((k, list(num_drafts)))
+        return run_round(requests, num_drafts, traces, k, *rest)
+
+    spec_runner.run_round = recorded
+    greedy = dict(temperature=0, ignore_eos=True)
+    llm.generate(["abc"], SamplingParams(max_tokens=8, speculative=False, **greedy), use_tqdm=False)
+    assert rounds == [] and llm.stats()["speculative"]["rounds"] == 0
+    llm.generate(["abc"], SamplingParams(max_tokens=4, **greedy), use_tqdm=False)
+    assert rounds and all(k == max(drafts) > 0 for k, drafts in rounds)
+    assert rounds[0][0] == 2  # three tokens left after the first: two drafts at most
+    assert llm.stats()["speculative"]["rounds"] == len(rounds)
+
+
 def test_round_costs_are_learned_from_decode_only_steps(monkeypatch):
     """A step that also ran a prefill chunk must not teach the adaptive policy what a round costs."""
     from rlt_runtime.executor.model_runner import StepHandle
