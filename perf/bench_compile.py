@@ -50,13 +50,11 @@ def markdown(res: dict) -> str:
              "| mode | batch 1 tok/s | batch 16 tok/s | compile s | capture s | failed captures | replays | fallbacks |",
              "|---|---|---|---|---|---|---|---|"]
     for mode, r in res["modes"].items():
-        g, p = r["decode_graphs"] or {}, r["prefill_graphs"] or {}
+        programs = [r["decode_graphs"] or {}, r["prefill_graphs"] or {}]
+        total = lambda key: sum(g.get(key, 0) for g in programs)  # noqa: E731 - decode and prefill programs
         lines.append(
-            f"| {mode} | {r[1]['tok_per_s']:.0f} | {r[16]['tok_per_s']:.0f} | "
-            f"{g.get('compile_seconds', 0) + p.get('compile_seconds', 0):.1f} | "
-            f"{g.get('capture_seconds', 0) + p.get('capture_seconds', 0):.1f} | "
-            f"{g.get('failed_captures', 0) + p.get('failed_captures', 0)} | {g.get('replays', 0) + p.get('replays', 0)} | "
-            f"{g.get('fallbacks', 0) + p.get('fallbacks', 0)} |")
+            f"| {mode} | {r[1]['tok_per_s']:.0f} | {r[16]['tok_per_s']:.0f} | {total('compile_seconds'):.1f} | "
+            f"{total('capture_seconds'):.1f} | {total('failed_captures')} | {total('replays')} | {total('fallbacks')} |")
     return "\n".join(lines) + "\n"
 
 
