@@ -131,10 +131,14 @@ def compute_logprobs_reference(logits, tokens, num_top: int = 0):
     """Raw log-probabilities (log_softmax of the unprocessed logits, fp32).
 
     Returns (chosen [M] fp32, top_ids [M, num_top] int64, top_logprobs [M, num_top] fp32);
-    top entries are sorted by descending logprob, lowest token id first on ties.
+    top entries are sorted by descending logprob, lowest token id first on ties. A token id
+    outside [0, V) gets -inf (nothing is read out of bounds).
     """
     lp = torch.log_softmax(logits.float(), dim=1)
-    chosen = lp.gather(1, tokens.long()[:, None]).squeeze(1)
+    ids = tokens.long()
+    in_range = (ids >= 0) & (ids < logits.shape[1])
+    chosen = lp.gather(1, torch.where(in_range, ids, 0)[:, None]).squeeze(1)
+    chosen = torch.where(in_range, chosen, torch.full_like(chosen, float("-inf")))
     if num_top <= 0:
         empty = torch.empty((logits.shape[0], 0), device=logits.device)
         return chosen, empty.long(), empty
@@ -424,7 +428,9 @@ def _logprobs_kernel(
         m = m_next
     log_s = tl.log(s)
     token = tl.load(tokens_ptr + row).to(tl.int64)
-    tl.store(chosen_ptr + row, (tl.load(row_ptr + token).to(tl.float32) - m) - log_s)
+    in_range = (token >= 0) & (token < V)  # an id outside the vocabulary reads nothing: -inf
+    x_tok = tl.load(row_ptr + tl.where(in_range, token, 0)).to(tl.float32)
+    tl.store(chosen_ptr + row, tl.where(in_range, (x_tok - m) - log_s, float("-inf")))
     if NUM_TOP > 0:
         # Running top list of unique rank keys (key(x) + 1) * 2**32 - 1 - index: larger logit
         # first, lower index first on ties. Unused slots hold INT64_MAX and are never replaced.

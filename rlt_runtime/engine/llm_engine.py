@@ -182,6 +182,11 @@ class LLMEngine:
         if self.exit_mode == "trace" and self.async_scheduling:
             raise ConfigError("exit_mode='trace' with speculative decoding needs async_scheduling=False "
                               "(trace depths are indexed by output position, which async rounds learn late)")
+        if self.layout.shares_planes:
+            raise ConfigError(
+                f"speculative_config needs a layout with one plane per loop (kv_layout='last_exited'), got "
+                f"kv_layout={self.cfg.kv_layout!r}: where loops share planes, a token's loop 0 reads the previous "
+                "token's last loop, so drafts can only be verified one position at a time (no faster than plain decoding)")
         d = spec.draft_loops or (min(2, self.depth - 1) if self.family == "ouro" else max(1, self.depth // 4))
         if not 1 <= d < self.depth:
             raise ConfigError(f"speculative_config.draft_loops must be in 1..{self.depth - 1}, got {d}")

@@ -180,7 +180,9 @@ class SpeculativeRunner:
         run.store_next(idx, active, last, pos0 + accepted.long() + 1)
         res = {"tokens": out_tokens, "accepted": accepted, "depths": depths[:rows]}
         if want_lp:
-            committed = out_tokens[vr, vj].clamp(min=0)
+            # Padded verify rows and rows past a request's accepted drafts hold -1 or, past the live
+            # row count, unwritten memory: every row passes an in-range id (their results are dropped).
+            committed = torch.where(in_use & (out_tokens[vr, vj] >= 0), out_tokens[vr, vj], torch.zeros_like(vr))
             chosen, top_ids, top_lp = ops.compute_logprobs(logits_v, committed, num_top)
             lp = torch.zeros((rows + 1, k + 1), dtype=torch.float32, device=dev)
             lp[put_r, vj] = chosen

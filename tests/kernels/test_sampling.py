@@ -343,6 +343,19 @@ def test_logprobs_ties_list_lowest_ids_first(device):
         assert pairs == sorted(pairs)
 
 
+def test_logprobs_of_ids_outside_the_vocabulary_are_minus_inf(device):
+    """Padded rows may carry any id (-1, unwritten memory): the kernel reads only in-range
+    logits and reports -inf for such rows, like the reference."""
+    rng = np.random.default_rng(5)
+    logits = _logits(4, 300, torch.float32, device, rng)
+    tokens = torch.tensor([-1, 300, 1 << 40, 7], dtype=torch.int64, device=device)
+    chosen, ids, _ = sampling.compute_logprobs(logits, tokens, 2)
+    ref_chosen, ref_ids, _ = sampling.compute_logprobs_reference(logits, tokens, 2)
+    assert torch.isneginf(chosen[:3]).all() and torch.isneginf(ref_chosen[:3]).all()
+    torch.testing.assert_close(chosen[3], ref_chosen[3], rtol=1e-5, atol=1e-5)
+    assert torch.equal(ids, ref_ids)
+
+
 def test_logprobs_reject_too_many_top_entries(device):
     logits = torch.zeros(1, 30, device=device)
     with pytest.raises(ValueError, match="num_top"):

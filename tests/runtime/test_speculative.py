@@ -208,3 +208,59 @@ def test_padded_rows_are_inert(with_spec):
     assert [(o.outputs[0].token_ids, o.outputs[0].exit_depths, [lp.logprob for lp in o.outputs[0].logprobs]) for o in a] == \
            [(o.outputs[0].token_ids, o.outputs[0].exit_depths, [lp.logprob for lp in o.outputs[0].logprobs]) for o in b]
     padded.engine.check_invariants()
+
+
+class CaptureWarmUp(PaddingOnly):
+    """Stands in for a lazy CUDA-graph capture on CPU: before the eager run, the program runs once
+    with its live-row counts zeroed (as a capture's warm-up does), when no kernel writes any row."""
+
+    def __init__(self, size, program, inert):
+        super().__init__(size)
+        self.program, self.inert = program, inert
+
+    def run(self, rows, variant):
+        saved = [t.clone() for t in self.inert]
+        for t in self.inert:
+            t.zero_()
+        self.program(self.size, *variant)
+        for t, v in zip(self.inert, saved):
+            t.copy_(v)
+        return None
+
+
+def test_rounds_pass_only_in_range_ids_to_kernels_when_no_row_is_written():
+    """A round graph captured for a logprobs request warmed up with zero live rows: acceptance then
+    writes no row and its unwritten outputs (poisoned here, as device memory can be) must not reach
+    the logprobs kernel as token ids (an illegal memory access on the GPU)."""
+    import torch
+
+    llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=8, speculative_config=spec(3, 1))
+    runner = llm.engine.runner
+    vocab = runner.cfg.vocab_size
+    inp = runner.spec.inp
+    runner.spec.graphs = CaptureWarmUp(8, runner.spec.round_program, [inp["num_rows"], inp["num_verify"], inp["counts"]])
+    ops = runner.ops
+    accept, logprobs = ops.accept_draft, ops.compute_logprobs
+
+    def poisoned_accept(*args, active_rows=None, **kw):
+        tokens, accepted = accept(*args, active_rows=active_rows, **kw)
+        unwritten = torch.arange(tokens.shape[0]) >= active_rows
+        return tokens.masked_fill(unwritten[:, None], 1 << 40), accepted
+
+    def checked_logprobs(logits, tokens, num_top):
+        assert bool(((tokens >= 0) & (tokens < vocab)).all()), tokens
+        return logprobs(logits, tokens, num_top)
+
+    ops.accept_draft, ops.compute_logprobs = poisoned_accept, checked_logprobs
+    params = SamplingParams(max_tokens=12, temperature=0.9, seed=11, logprobs=2, ignore_eos=True)
+    out = llm.generate([[5, 17, 3, 42, 8, 11, 60, 2, 9]], params, use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) == 12 and all(lp.logprob > float("-inf") for lp in out.logprobs)
+
+
+def test_speculation_with_plane_sharing_layouts_is_rejected():
+    """Where loops share planes a draft cannot be verified in one pass (token j's loop 0 reads token
+    j-1's last loop): the engine says so instead of committing tokens plain decoding would not."""
+    with pytest.raises(ConfigError, match="kv_layout='shared'"):
+        LLM("ouro-tiny", kv_layout="shared", speculative_config=spec())
+    with pytest.raises(ConfigError, match="kv_layout='compress-s4'"):
+        LLM("huginn-tiny", kv_layout="compress-s4", num_loops=8, speculative_config=spec(d=2))
