@@ -3,8 +3,10 @@
 Fields are packed 8-byte aligned into a pinned uint8 host buffer and copied in one transfer
 into a device buffer of the same size; the device-side fields are dtype views into it. With a
 fixed layout (`StaticStaging`), the device views keep their addresses across steps, which is
-what CUDA-graph replays need. The host side has two banks used alternately: with one step in
-flight, the bank being filled was last copied by a step whose results the host already waited for.
+what CUDA-graph replays need. The host side has two banks used alternately; each upload records
+an event, and a bank is refilled only once its last copy has run (steps that read nothing back,
+such as prefill chunks that sample no token, are never waited on otherwise, and graph replays let
+the host run several steps ahead of the device).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class StaticStaging:
         self.dev_views = {k: self._view(self.dev, k) for k in self.offsets}
         self._bank = 0
         self._used = 0
+        self._copied: list = [None, None]  # per bank: event recorded after its last upload (CUDA)
 
     def _view(self, buf: torch.Tensor, name: str) -> torch.Tensor:
         off, dtype, n = self.offsets[name]
@@ -46,6 +49,10 @@ class StaticStaging:
     def write(self, name: str, values) -> None:
         """Copy host values into the field (the rest of the field keeps its old contents)."""
         arr = np.asarray(values)
+        copied = self._copied[self._bank]
+        if copied is not None:  # the bank's previous upload may still be queued behind device work
+            copied.synchronize()
+            self._copied[self._bank] = None
         view = self.bank_views[self._bank][name]
         if arr.size > view.numel():
             raise ValueError(f"staging field {name!r} holds {view.numel()} values, got {arr.size}")
@@ -58,6 +65,9 @@ class StaticStaging:
         n = self._used
         if n:
             self.dev[:n].copy_(self.banks[self._bank][:n], non_blocking=True)
+            if self.device.type == "cuda":
+                self._copied[self._bank] = torch.cuda.Event()
+                self._copied[self._bank].record()
         self._used = 0
         self._bank ^= 1
 
