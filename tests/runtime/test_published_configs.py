@@ -82,6 +82,16 @@ def test_published_config_is_the_presets_model(tmp_path, name, preset):
     assert cfg == dataclasses.replace(preset_config(preset), eos_token_id=cfg.eos_token_id)
 
 
+def test_huginn_attribute_map_spellings(tmp_path):
+    """RavenConfig.attribute_map names (the repository's own json writes num_attention_heads) parse too."""
+    data = _published("huginn-0125.json")
+    renamed = {k: v for k, v in data.items() if k not in ("n_embd", "n_heads")}
+    renamed.update(hidden_size=data["n_embd"], num_attention_heads=data["n_heads"])
+    assert _load(tmp_path, renamed, "aliases") == _load(tmp_path, data, "published")
+    both = {**data, "hidden_size": 5280, "num_attention_heads": 55, "num_hidden_layers": 8}
+    assert _load(tmp_path, both, "both") == _load(tmp_path, data, "published")
+
+
 def test_every_field_rule_is_documented():
     """docs/options.md names every field rlt parses, checks, refuses or ignores (so every published one)."""
     with open(os.path.join(REPO, "docs", "options.md"), encoding="utf-8") as f:
