@@ -2,8 +2,11 @@
 
 `OuroConfig` (model_type "ouro") and `HuginnConfig` (model_type "huginn_raven") carry the
 fields of reference/MODELS.md §1.2 / §2.1 plus a few derived properties shared by the
-runtime (`family`, `num_loops`, `max_loops`, `kv_heads`, ...). `hf_weight_shapes` lists every
-tensor a checkpoint must contain, with its shape, in the checkpoint's own names.
+runtime (`family`, `num_loops`, `max_loops`, `kv_heads`, ...). `config_from_dict` parses those
+fields and treats every other config.json field as config_fields.py says: math fields must hold
+a value rlt implements, checked fields must agree, no-math fields are ignored, unknown fields are
+refused. `hf_weight_shapes` lists every tensor a checkpoint must contain, with its shape, in the
+checkpoint's own names.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
 from ..errors import CheckpointError, ConfigError
+from . import config_fields
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,6 @@ class OuroConfig:
     max_position_embeddings: int = 65536
     rms_norm_eps: float = 1e-6
     total_ut_steps: int = 4
-    early_exit_threshold: float = 1.0
     bos_token_id: int = 0
     eos_token_id: Union[int, list] = 0
     initializer_range: float = 0.02
@@ -49,8 +52,9 @@ class OuroConfig:
         _check_heads(self.num_attention_heads, self.num_key_value_heads)
         if self.head_dim % 2:
             raise ConfigError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
-        if self.tie_word_embeddings:
-            raise ConfigError("tie_word_embeddings=true is not supported for Ouro (the checkpoints untie lm_head)")
+        if self.tie_word_embeddings is not False:
+            raise ConfigError(f"tie_word_embeddings must be false for Ouro (the checkpoints untie lm_head), "
+                              f"got {self.tie_word_embeddings!r}")
 
     @property
     def num_loops(self) -> int:
@@ -76,13 +80,11 @@ class OuroConfig:
     def eos_token_ids(self) -> tuple:
         return tuple(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else (self.eos_token_id,)
 
-    # Accepted and ignored config.json keys (see MODELS.md §1.2).
-    IGNORED_KEYS: ClassVar[frozenset] = frozenset({
-        "model_type", "architectures", "auto_map", "hidden_act", "rope_scaling", "attention_dropout",
-        "use_sliding_window", "sliding_window", "max_window_layers", "layer_types", "use_cache",
-        "transformers_version", "torch_dtype", "dtype", "_name_or_path", "pad_token_id",
-        "early_exit_step", "chunk_size", "attention_bias", "mlp_bias",
-    })
+    # config.json fields beyond the dataclass fields (config_fields.py).
+    ALIASES: ClassVar[dict] = {}
+    MATH_FIELDS: ClassVar[dict] = config_fields.OURO_MATH
+    CHECKED_FIELDS: ClassVar[dict] = config_fields.OURO_CHECKED
+    NO_MATH_FIELDS: ClassVar[dict] = config_fields.OURO_NO_MATH
 
 
 @dataclass(frozen=True)
@@ -123,10 +125,11 @@ class HuginnConfig:
         _check_heads(self.n_heads, self.num_key_value_heads)
         if self.head_dim % 2:
             raise ConfigError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
-        if self.bias:
-            raise ConfigError("bias=true is not supported (Huginn-0125 has bias only on q/k)")
-        if not self.tie_embeddings:
-            raise ConfigError("tie_embeddings=false is not supported for Huginn")
+        if self.bias is not False:
+            raise ConfigError(f"bias must be false (rlt implements Huginn-0125's biases: q/k only), got {self.bias!r}")
+        if self.tie_embeddings is not True:
+            raise ConfigError(f"tie_embeddings must be true for Huginn (lm_head is the embedding), "
+                              f"got {self.tie_embeddings!r}")
 
     @property
     def hidden_size(self) -> int:
@@ -175,17 +178,11 @@ class HuginnConfig:
     def eos_token_ids(self) -> tuple:
         return tuple(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else (self.eos_token_id,)
 
-    # config.json aliases (RavenConfig.attribute_map) and accepted-but-ignored keys.
-    ALIASES: ClassVar[dict] = {"hidden_size": "n_embd", "num_attention_heads": "n_heads", "padded_vocab_size": "vocab_size"}
-    IGNORED_KEYS: ClassVar[frozenset] = frozenset({
-        "model_type", "architectures", "auto_map", "transformers_version", "torch_dtype", "dtype",
-        "_name_or_path", "n_layers", "num_hidden_layers", "mean_backprop_depth", "sampling_scheme",
-        "norm_class_name", "injection_type", "state_init", "init_strategy", "effective_expected_depth",
-        "init_values", "use_cache", "intermediate_size_per_layer", "activation_checkpoint_impl",
-        "test_time_noise", "test_time_noise_type", "randomize_embedding", "architecture_class_name",
-        "mlp_class_name", "nonlin_name", "block_class_name", "rope_settings", "tie_word_embeddings",
-        "num_key_value_heads_alias",
-    })
+    # config.json fields beyond the dataclass fields (config_fields.py).
+    ALIASES: ClassVar[dict] = config_fields.HUGINN_ALIASES
+    MATH_FIELDS: ClassVar[dict] = config_fields.HUGINN_MATH
+    CHECKED_FIELDS: ClassVar[dict] = config_fields.HUGINN_CHECKED
+    NO_MATH_FIELDS: ClassVar[dict] = config_fields.HUGINN_NO_MATH
 
 
 ModelConfig = Union[OuroConfig, HuginnConfig]
@@ -205,40 +202,77 @@ def _check_heads(heads: int, kv_heads: int):
 
 
 def config_from_dict(data: dict, source: str = "config.json") -> ModelConfig:
-    """Build a config from a parsed config.json, rejecting unknown fields with a clear error."""
+    """Build a config from a parsed config.json (field rules: config_fields.py).
+
+    Parsed fields go to the dataclass; a math field must hold a value rlt implements, a checked
+    field must agree with the parsed ones, a no-math field is ignored; any other field is refused.
+    Every error is a ConfigError naming `source`, the field and the values allowed.
+    """
     model_type = data.get("model_type")
     if model_type not in CONFIG_CLASSES:
         raise ConfigError(f"{source}: model_type must be one of {sorted(CONFIG_CLASSES)}, got {model_type!r}")
     cls = CONFIG_CLASSES[model_type]
     names = {f.name for f in dataclasses.fields(cls)}
-    aliases = getattr(cls, "ALIASES", {})
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
-        target = aliases.get(key, key)
-        if target in names:
+        if key == "model_type" or key in cls.CHECKED_FIELDS:
+            continue
+        if key in names or key in cls.ALIASES:
+            target = cls.ALIASES.get(key, key)
+            if target != key and target in data:  # both spellings present: checked below
+                continue
             kwargs[target] = value
-        elif key in cls.IGNORED_KEYS:
-            continue
-        elif model_type == "huginn_raven" and key == "head_dim":  # derived (n_embd / n_heads); checked below
-            continue
-        else:
-            raise ConfigError(f"{source}: unsupported field {key!r} for model_type {model_type!r}")
-    if model_type == "huginn_raven" and "head_dim" in data:
-        width, heads = kwargs.get("n_embd", HuginnConfig.n_embd), kwargs.get("n_heads", HuginnConfig.n_heads)
-        if not isinstance(heads, int) or heads <= 0 or data["head_dim"] != width // heads:
-            raise ConfigError(f"{source}: head_dim {data['head_dim']!r} must equal n_embd / n_heads ({width} / {heads})")
-    if model_type == "ouro" and "head_dim" not in kwargs and "hidden_size" in kwargs:
-        kwargs["head_dim"] = kwargs["hidden_size"] // kwargs.get("num_attention_heads", OuroConfig.num_attention_heads)
-    if model_type == "ouro" and data.get("rope_scaling") not in (None, {}):
-        raise ConfigError(f"{source}: rope_scaling {data['rope_scaling']!r} is not supported (only null)")
-    if model_type == "ouro" and data.get("hidden_act", "silu") != "silu":
-        raise ConfigError(f"{source}: hidden_act must be 'silu', got {data['hidden_act']!r}")
-    if model_type == "ouro" and data.get("use_sliding_window"):
-        raise ConfigError(f"{source}: use_sliding_window=true is not supported")
+        elif key in cls.MATH_FIELDS:
+            rule = cls.MATH_FIELDS[key]
+            if not rule.accepts(value):
+                raise ConfigError(f"{source}: field {key!r} = {value!r} is not supported for model_type "
+                                  f"{model_type!r}: rlt implements {rule.describe()} ({rule.meaning})")
+        elif key not in cls.NO_MATH_FIELDS:
+            raise ConfigError(f"{source}: unsupported field {key!r} for model_type {model_type!r} "
+                              f"(not a field rlt knows; it might change the outputs)")
+    if cls is OuroConfig and "head_dim" not in kwargs:  # HF Ouro's default: hidden_size / heads
+        hidden = kwargs.get("hidden_size", OuroConfig.hidden_size)
+        heads = kwargs.get("num_attention_heads", OuroConfig.num_attention_heads)
+        if all(isinstance(v, int) and v > 0 for v in (hidden, heads)):
+            kwargs["head_dim"] = hidden // heads
     try:
-        return cls(**kwargs)
-    except TypeError as exc:  # wrong value types reaching the dataclass
+        cfg = cls(**kwargs)
+    except (TypeError, ConfigError) as exc:  # wrong values reaching the dataclass
         raise ConfigError(f"{source}: {exc}") from exc
+    for alias, target in cls.ALIASES.items():
+        if alias in data and target in data and not config_fields.same_value(data[alias], data[target]):
+            raise ConfigError(f"{source}: field {alias!r} = {data[alias]!r} must equal {target} ({data[target]!r})")
+    _check_derived(cfg, data, source)
+    return cfg
+
+
+def _check_derived(cfg: ModelConfig, data: dict, source: str) -> None:
+    """Check the CHECKED_FIELDS present in `data` against the values rlt computes from `cfg`."""
+    def require(key, ok, expected):
+        if not ok:
+            raise ConfigError(f"{source}: field {key!r} = {data[key]!r} must be {expected} "
+                              f"({cfg.CHECKED_FIELDS[key]})")
+
+    if cfg.family == "ouro":
+        if "layer_types" in data:
+            value = data["layer_types"]
+            require("layer_types", isinstance(value, list) and len(value) == cfg.num_hidden_layers
+                    and all(t == "full_attention" for t in value),
+                    f"['full_attention'] * {cfg.num_hidden_layers}: rlt implements full causal attention only")
+        return
+    depth = cfg.n_layers_in_prelude + cfg.n_layers_in_recurrent_block + cfg.n_layers_in_coda
+    expected = {"head_dim": cfg.head_dim, "n_layers": depth, "num_hidden_layers": depth,
+                "padded_vocab_size": cfg.vocab_size, "tie_word_embeddings": cfg.tie_embeddings}
+    for key, value in expected.items():
+        if key in data:
+            require(key, config_fields.same_value(data[key], value), repr(value))
+    if "init_values" in data:
+        values, known = data["init_values"], ("std", "embed_scale", "embedding", "out_proj")
+        derived = {"std": cfg.init_std, "embed_scale": cfg.embed_scale}
+        require("init_values", isinstance(values, dict) and set(values) <= set(known) and all(
+            isinstance(values.get(k), (int, float)) and not isinstance(values.get(k), bool)
+            and math.isclose(values[k], v, rel_tol=1e-12) for k, v in derived.items()),
+            f"an object with keys among {list(known)}, std = {cfg.init_std!r} and embed_scale = {cfg.embed_scale!r}")
 
 
 def config_to_dict(cfg: ModelConfig) -> dict:

@@ -256,42 +256,6 @@ def test_unsupported_config_field_and_bad_model_type(tmp_path):
         load_config(path)
 
 
-def _write_config(path, data):
-    os.makedirs(path, exist_ok=True)
-    json.dump(data, open(os.path.join(path, "config.json"), "w"))
-    return path
-
-
-def test_real_config_files_parse(tmp_path):
-    """config.json as the released checkpoints ship it (MODELS.md §1.2 / §2.1), remote-code keys included."""
-    ouro = {
-        "model_type": "ouro", "architectures": ["OuroForCausalLM"],
-        "auto_map": {"AutoConfig": "configuration_ouro.OuroConfig"}, "hidden_size": 2048,
-        "intermediate_size": 5632, "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
-        "head_dim": 128, "hidden_act": "silu", "vocab_size": 49152, "rope_theta": 1000000.0, "rope_scaling": None,
-        "max_position_embeddings": 65536, "rms_norm_eps": 1e-6, "initializer_range": 0.02,
-        "tie_word_embeddings": False, "attention_dropout": 0.0, "use_sliding_window": False, "sliding_window": None,
-        "max_window_layers": 24, "layer_types": ["full_attention"] * 24, "total_ut_steps": 4,
-        "early_exit_threshold": 1.0, "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "bfloat16",
-        "use_cache": True, "transformers_version": "4.54.1",
-    }
-    assert load_config(_write_config(str(tmp_path / "ouro"), ouro)) == preset_config("ouro-1.4b")
-    huginn = {
-        "model_type": "huginn_raven", "architectures": ["RavenForCausalLM"], "n_embd": 5280, "n_heads": 55,
-        "num_key_value_heads": 55, "head_dim": 96, "intermediate_size": 17920, "vocab_size": 65536,
-        "padded_vocab_size": 65536, "n_layers": 8, "n_layers_in_prelude": 2, "n_layers_in_recurrent_block": 4,
-        "n_layers_in_coda": 2, "injection_type": "linear", "state_init": "like-init", "mean_recurrence": 32,
-        "mean_backprop_depth": 8, "effective_expected_depth": 132, "block_class_name": "SandwichBlock",
-        "mlp_class_name": "GatedMLP", "nonlin_name": "SiLU", "norm_class_name": "RMSNorm_llama", "norm_eps": 1e-6,
-        "qk_bias": True, "tie_embeddings": True, "rope_base": 50000, "block_size": 4096, "bias": False,
-        "init_strategy": "takase", "sampling_scheme": "poisson-lognormal-filling", "torch_dtype": "bfloat16",
-        "init_values": {"std": 0.0087, "out_proj": 0.00054, "embedding": 0.0087, "embed_scale": 72.66},
-    }
-    assert load_config(_write_config(str(tmp_path / "huginn"), huginn)) == preset_config("huginn-0125")
-    with pytest.raises(ConfigError, match="head_dim 64 must equal n_embd / n_heads"):
-        load_config(_write_config(str(tmp_path / "bad"), {**huginn, "head_dim": 64}))
-
-
 def test_pickle_only_checkpoint_is_refused(tmp_path):
     path, cfg, _ = _save_preset(tmp_path, "ouro-tiny")
     os.remove(os.path.join(path, "model.safetensors"))
