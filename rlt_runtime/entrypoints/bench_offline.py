@@ -5,6 +5,9 @@ throughput: decode steady state of `--batch` requests (random token prompts of `
 steps build outputs only for requests that finish, as `LLM.generate` does.
 latency: the same measured per request at batch 1 by default: time to first token and time per
 output token.
+Both take every engine flag (as rlt-serve, speculative shorthand and vLLM names included) and the
+per-request sampling and exit flags of rlt-generate (--temperature, --top-p, --exit-threshold,
+--min-loops, ...); --uniform-exit-trace replays uniformly drawn depths (the early-exit figures).
 """
 
 from __future__ import annotations
