@@ -155,14 +155,14 @@ def _setup(args) -> tuple:
     if args.uniform_exit_trace:
         if "exit_trace" in options or options.get("exit_mode", "trace") != "trace":
             raise ConfigError("--uniform-exit-trace replays its own trace: leave out --exit-mode and --exit-trace")
-        depth = options.get("num_loops") or load_model_config(args.model).num_loops
+        depth = options.get("num_loops") or _model_config(args.model).num_loops
         longest = max(args.output_len, WARMUP_OUTPUT_LEN)
         options.update(exit_mode="trace", exit_trace=uniform_trace(row_trace_ids(args.batch), depth, longest))
     trace_ids = row_trace_ids(args.batch) if args.uniform_exit_trace else None
     return LLM(args.model, **options), params, trace_ids
 
 
-def load_model_config(model: str):
+def _model_config(model: str):
     """The model's config without loading weights (a preset's or a checkpoint's config.json)."""
     from ..models.checkpoint import load_config, resolve_model
     from ..models.presets import preset_config
