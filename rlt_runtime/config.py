@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from .errors import ConfigError
+from .vllm_options import VLLM_OPTIONS, translate_vllm_options
 
 OURO_EXIT_MODES = ("ouro", "ouro_delayed", "random_lookahead", "trace")
 HUGINN_EXIT_MODES = ("fixed", "kl", "entropy-diff", "latent-diff", "cosine", "argmax-stability", "trace")
@@ -64,6 +65,7 @@ class EngineConfig:
 
     # Model and device.
     dtype: str = "auto"
+    tokenizer: Optional[str] = None  # a tokenizer directory (tokenizer.json) other than the model's
     device: str = "auto"
     seed: int = 0
     num_loops: Optional[int] = None  # depth override (Huginn recurrences; Ouro loops)
@@ -110,9 +112,11 @@ class EngineConfig:
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        unknown = sorted(set(kwargs) - names)
+        unknown = sorted(set(kwargs) - names - set(VLLM_OPTIONS))
         if unknown:
-            raise ConfigError(f"unknown engine option(s) {unknown}; valid options: {sorted(names)}")
+            raise ConfigError(f"unknown engine option(s) {unknown}; valid options: {sorted(names)} "
+                              f"(and the vLLM names {list(VLLM_OPTIONS)})")
+        kwargs = translate_vllm_options(kwargs)
         cfg = cls(**kwargs)
         if isinstance(cfg.speculative_config, dict):
             try:
@@ -124,6 +128,8 @@ class EngineConfig:
     def validate_static(self) -> None:
         """Checks that need no model or device."""
         _choice(self.dtype, "dtype", ("auto", "float32", "float16", "bfloat16", "float64"))
+        if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer):
+            raise _fail("tokenizer", "None or a tokenizer directory (holding tokenizer.json)", self.tokenizer)
         if not isinstance(self.device, str) or not re.match(r"^(auto|cpu|cuda(:\d+)?)$", self.device):
             raise _fail("device", "'auto', 'cpu', 'cuda' or 'cuda:N'", self.device)
         _int(self.seed, "seed", 0)

@@ -32,6 +32,8 @@ class SamplingParams:
     ``min_loops`` / ``max_loops`` bound the loops a generated token may run (prompts always run
     the full depth); ``exit_threshold`` < 1 enables the exit policy's adaptive exit (1 = fixed).
     ``speculative`` = False opts this request out of speculative decoding.
+    ``trace_id`` keys this request in exit traces: the entry replayed with exit_mode="trace" and
+    the key `record_exit_trace` writes (default: the request id).
     """
 
     n: int = 1
@@ -50,6 +52,7 @@ class SamplingParams:
     exit_threshold: float = 1.0
     priority: int = 0
     speculative: bool = True
+    trace_id: Optional[str] = None
     stop_list: list[str] = field(init=False, repr=False, default_factory=list)
 
     def __post_init__(self):
@@ -87,6 +90,8 @@ class SamplingParams:
                and 0.0 <= self.exit_threshold <= 1.0, "exit_threshold", "a number in [0, 1]", self.exit_threshold)
         _check(_is_int(self.priority), "priority", "an integer", self.priority)
         _check(isinstance(self.speculative, bool), "speculative", "a boolean", self.speculative)
+        _check(self.trace_id is None or (isinstance(self.trace_id, str) and self.trace_id != ""), "trace_id",
+               "None or a non-empty string", self.trace_id)
 
     @property
     def greedy(self) -> bool:

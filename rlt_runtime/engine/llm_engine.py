@@ -87,7 +87,8 @@ class LLMEngine:
     def _init(self, model: str, cfg: EngineConfig) -> None:
         self.dtype = _resolve_dtype(cfg.dtype, self.device)
         self.model_name = model
-        self.model_config, weights, self.tokenizer = load_model(model, seed=cfg.seed, device=self.device, dtype=self.dtype)
+        self.model_config, weights, self.tokenizer = load_model(model, seed=cfg.seed, device=self.device, dtype=self.dtype,
+                                                               tokenizer=cfg.tokenizer)
         mc = self.model_config
         self._eos = tuple(self.tokenizer.eos_token_ids if self.tokenizer is not None else mc.eos_token_ids)
         self.family = mc.family
@@ -284,17 +285,23 @@ class LLMEngine:
             self.scheduler.add(req)
 
     def _trace_for(self, request_id: str, max_tokens: int, params: SamplingParams) -> list[int]:
-        depths = self.trace.get(request_id)
+        """The trace entry of params.trace_id (default: the request id), checked against the request."""
+        key = request_id if params.trace_id is None else params.trace_id
+        depths = self.trace.get(key)
         if depths is None:
-            raise RequestError(f"exit_trace has no depths for request {request_id!r}")
+            if params.trace_id is None:
+                raise RequestError(f"trace_id: none given and exit_trace has no entry for the request id {request_id!r}; "
+                                   "set SamplingParams.trace_id (HTTP: the trace_id field) to the entry to replay")
+            raise RequestError(f"trace_id {key!r} is not in exit_trace (its {len(self.trace)} entries include "
+                               f"{sorted(self.trace)[:3]})")
         limit = min(params.max_loops or self.depth, self.depth)
         if depths[0] != self.depth:
-            raise RequestError(f"exit_trace[{request_id!r}][0] must be the prefill depth {self.depth}, got {depths[0]}")
+            raise RequestError(f"exit_trace[{key!r}][0] must be the prefill depth {self.depth}, got {depths[0]}")
         if len(depths) < max_tokens:
-            raise RequestError(f"exit_trace[{request_id!r}] has {len(depths)} depths but the request may produce {max_tokens} tokens")
+            raise RequestError(f"exit_trace[{key!r}] has {len(depths)} depths but the request may produce {max_tokens} tokens")
         bad = [d for d in depths[1:max_tokens] if not 1 <= d <= limit]
         if bad:
-            raise RequestError(f"exit_trace[{request_id!r}] depths must be in 1..{limit}, got {bad[:5]}")
+            raise RequestError(f"exit_trace[{key!r}] depths must be in 1..{limit}, got {bad[:5]}")
         return depths
 
     def _tokenize(self, prompt) -> tuple[Optional[str], list[int]]:
@@ -455,8 +462,17 @@ class LLMEngine:
         if reason != "stop" or not isinstance(stop_reason, str):
             self._trackers[id(req)].finish()
         if self.cfg.record_exit_trace:
-            self._recorded_trace[req.request_id] = list(req.exit_depths)
+            self._recorded_trace[self._trace_key(req)] = list(req.exit_depths)
             self._write_trace()
+
+    @staticmethod
+    def _trace_key(req: Request) -> str:
+        """The key a finished sequence's depths are recorded under: its trace_id (default: its
+        request id), with the sample's "[i]" suffix when n > 1."""
+        trace_id = req.params.trace_id
+        if trace_id is None:
+            return req.request_id
+        return trace_id if req.params.n == 1 else f"{trace_id}[{req.sample_index}]"
 
     def _write_trace(self) -> None:
         with open(self.cfg.record_exit_trace, "w", encoding="utf-8") as f:

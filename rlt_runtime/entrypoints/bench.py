@@ -146,6 +146,8 @@ def _payload(args, model: str, req: BenchRequest, chat: bool) -> dict:
         body.update(prompt=req.prompt, max_tokens=req.output_len)
     if args.ignore_eos:
         body["ignore_eos"] = True
+    body.update({name: getattr(args, f"body_{name}") for _, _, name in REQUEST_FLAGS
+                 if getattr(args, f"body_{name}") is not None})
     body.update(args.extra_body)
     return body
 
@@ -321,6 +323,12 @@ def _goodput(items: Optional[list[str]]) -> dict:
     return slos
 
 
+# Sampling and loop fields sent with every request when given (rlt-generate's flag names).
+REQUEST_FLAGS = (("--top-p", float, "top_p"), ("--top-k", int, "top_k"), ("--sampling-seed", int, "seed"),
+                 ("--exit-threshold", float, "exit_threshold"), ("--min-loops", int, "min_loops"),
+                 ("--max-loops", int, "max_loops"))
+
+
 def build_serve_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlt-bench serve", description="Load-test an OpenAI-compatible server.")
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
@@ -341,6 +349,9 @@ def build_serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps (1 = Poisson)")
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--temperature", type=float, default=0.0)
+    for flag, kind, field_name in REQUEST_FLAGS:
+        p.add_argument(flag, type=kind, default=None, dest=f"body_{field_name}",
+                       help=f"request field {field_name} (default: the server's)")
     p.add_argument("--ignore-eos", action="store_true", help="generate exactly the requested output lengths")
     p.add_argument("--extra-body", type=json.loads, default={},
                    help='JSON merged into every request, e.g. \'{"speculative": false}\'')

@@ -5,11 +5,15 @@ throughput: decode steady state of `--batch` requests (random token prompts of `
 steps build outputs only for requests that finish, as `LLM.generate` does.
 latency: the same measured per request at batch 1 by default: time to first token and time per
 output token.
+Both take every engine flag (as rlt-serve, speculative shorthand and vLLM names included) and the
+per-request sampling and exit flags of rlt-generate (--temperature, --top-p, --exit-threshold,
+--min-loops, ...); --uniform-exit-trace replays uniformly drawn depths (the early-exit figures).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import statistics
@@ -19,8 +23,11 @@ from typing import Optional
 
 import torch
 
+from ..errors import ConfigError, RltError
 from ..sampling_params import SamplingParams
 from .engine_args import add_engine_args, engine_kwargs
+
+WARMUP_OUTPUT_LEN = 8
 
 
 def _sync(llm) -> None:
@@ -39,16 +46,26 @@ def uniform_trace(ids: list[str], depth: int, output_len: int, seed: int = 0) ->
     return {rid: [depth] + [rng.randint(1, depth) for _ in range(output_len)] for rid in ids}
 
 
+def row_trace_ids(n: int) -> list[str]:
+    """Trace ids of a benchmark's requests by row (the same in every run: warm-up and measured)."""
+    return [f"row-{i}" for i in range(n)]
+
+
 def decode_benchmark(llm, batch: int, input_len: int, output_len: int, *, prefix: str = "bench", seed: int = 0,
-                     params: Optional[SamplingParams] = None) -> dict:
-    """Run `batch` requests together; time the decode phase (after every request has its first token)."""
+                     params: Optional[SamplingParams] = None, trace_ids: Optional[list[str]] = None) -> dict:
+    """Run `batch` requests together; time the decode phase (after every request has its first token).
+
+    params: every request's SamplingParams (default greedy, ignore_eos); max_tokens becomes
+    `output_len`. trace_ids: request i replays exit-trace entry trace_ids[i] (default: its
+    request id, `prefix`-i).
+    """
     eng = llm.engine
-    params = params or SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+    params = dataclasses.replace(params or SamplingParams(temperature=0, ignore_eos=True), max_tokens=output_len)
     prompts = random_prompts(batch, input_len, eng.model_config.vocab_size, seed)
     _sync(llm)
     t0 = time.perf_counter()
     for i, p in enumerate(prompts):
-        eng.add_request(f"{prefix}-{i}", p, params)
+        eng.add_request(f"{prefix}-{i}", p, params if trace_ids is None else dataclasses.replace(params, trace_id=trace_ids[i]))
     before = {}  # tokens each request had when the decode phase began
     while len(before) < batch or not all(before.values()):
         for out in eng.step():
@@ -81,6 +98,7 @@ def decode_benchmark(llm, batch: int, input_len: int, output_len: int, *, prefix
         "host_ms_per_step": statistics.median(host) if host else None,
         "device_ms_per_step": statistics.median(dev) if dev else None,
         "mean_depth": sum(depths) / len(depths) if depths else None,
+        "sampling_params": {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.init},
     }
 
 
@@ -110,20 +128,62 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--output-json", default=None)
+    s = p.add_argument_group("sampling and exit (every request; as rlt-generate)")
+    s.add_argument("--temperature", type=float, default=0.0, help="default 0 (greedy)")
+    s.add_argument("--top-p", type=float, default=1.0)
+    s.add_argument("--top-k", type=int, default=-1)
+    s.add_argument("--sampling-seed", type=int, default=None,
+                   help="per-request seed (SamplingParams.seed); requests without one are seeded from --seed")
+    s.add_argument("--min-loops", type=int, default=None)
+    s.add_argument("--max-loops", type=int, default=None)
+    s.add_argument("--exit-threshold", type=float, default=1.0, help="< 1: Ouro's adaptive exit (1: fixed depth)")
+    s.add_argument("--no-speculative", action="store_true", help="opt every request out of speculative decoding")
+    s.add_argument("--uniform-exit-trace", action="store_true",
+                   help="replay decode depths drawn uniformly from 1..depth (sets --exit-mode trace)")
     add_engine_args(p)
     return p
+
+
+def _setup(args) -> tuple:
+    """(the LLM, every request's SamplingParams, the requests' trace ids or None) from the parsed flags."""
+    from .llm import LLM
+
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.sampling_seed,
+                            ignore_eos=True, min_loops=args.min_loops, max_loops=args.max_loops,
+                            exit_threshold=args.exit_threshold, speculative=not args.no_speculative)
+    options = engine_kwargs(args)
+    if args.uniform_exit_trace:
+        if "exit_trace" in options or options.get("exit_mode", "trace") != "trace":
+            raise ConfigError("--uniform-exit-trace replays its own trace: leave out --exit-mode and --exit-trace")
+        depth = options.get("num_loops") or _model_config(args.model).num_loops
+        longest = max(args.output_len, WARMUP_OUTPUT_LEN)
+        options.update(exit_mode="trace", exit_trace=uniform_trace(row_trace_ids(args.batch), depth, longest))
+    trace_ids = row_trace_ids(args.batch) if args.uniform_exit_trace else None
+    return LLM(args.model, **options), params, trace_ids
+
+
+def _model_config(model: str):
+    """The model's config without loading weights (a preset's or a checkpoint's config.json)."""
+    from ..models.checkpoint import load_config, resolve_model
+    from ..models.presets import preset_config
+
+    kind, ref = resolve_model(model)
+    return preset_config(ref) if kind == "preset" else load_config(ref)
 
 
 def throughput_main(argv) -> int:
     p = _parser("rlt-bench throughput")
     p.add_argument("--batch", type=int, default=64)
     args = p.parse_args(argv)
-    from .llm import LLM
-
-    llm = LLM(args.model, **engine_kwargs(args))
-    decode_benchmark(llm, min(args.batch, 4), 16, 8, prefix="warmup")
-    result = {"model": args.model, **decode_benchmark(llm, args.batch, args.input_len, args.output_len),
-              "engine": llm.stats()}
+    try:
+        llm, params, ids = _setup(args)
+        warm = min(args.batch, 4)
+        decode_benchmark(llm, warm, 16, WARMUP_OUTPUT_LEN, prefix="warmup", params=params, trace_ids=ids and ids[:warm])
+        result = {"model": args.model, **decode_benchmark(llm, args.batch, args.input_len, args.output_len,
+                                                          params=params, trace_ids=ids), "engine": llm.stats()}
+    except (RltError, OSError) as exc:
+        print(f"rlt-bench throughput: error: {exc}", file=sys.stderr)
+        return 2
     _emit(result, args.output_json)
     return 0
 
@@ -133,16 +193,19 @@ def latency_main(argv) -> int:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--iters", type=int, default=3)
     args = p.parse_args(argv)
-    from .llm import LLM
-
-    llm = LLM(args.model, **engine_kwargs(args))
-    decode_benchmark(llm, args.batch, 16, 8, prefix="warmup")
-    runs = [decode_benchmark(llm, args.batch, args.input_len, args.output_len, prefix=f"lat{i}") for i in range(args.iters)]
+    try:
+        llm, params, ids = _setup(args)
+        decode_benchmark(llm, args.batch, 16, WARMUP_OUTPUT_LEN, prefix="warmup", params=params, trace_ids=ids)
+        runs = [decode_benchmark(llm, args.batch, args.input_len, args.output_len, prefix=f"lat{i}", params=params,
+                                 trace_ids=ids) for i in range(args.iters)]
+    except (RltError, OSError) as exc:
+        print(f"rlt-bench latency: error: {exc}", file=sys.stderr)
+        return 2
     result = {
         "model": args.model, "batch": args.batch,
         "ttft_s": statistics.median(r["prefill_s"] for r in runs),
         "tpot_ms": statistics.median(r["ms_per_step"] for r in runs),
-        "runs": runs,
+        "runs": runs, "engine": llm.stats(),
     }
     _emit(result, args.output_json)
     return 0

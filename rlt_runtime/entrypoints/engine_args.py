@@ -13,6 +13,7 @@ from ..errors import ConfigError
 HELP = {
     "dtype": "weights/activation dtype: auto (bf16 on CUDA, fp32 on CPU), float32, float16, bfloat16, float64 (CPU)",
     "device": "auto, cpu, cuda or cuda:N",
+    "tokenizer": "a tokenizer directory (tokenizer.json) to use instead of the model's own",
     "seed": "engine seed (initialises presets and seeds requests without their own seed)",
     "num_loops": "override the model depth (Ouro loops 1..8, Huginn recurrences 1..128)",
     "max_model_len": "context length limit (default: the model's)",
@@ -55,8 +56,20 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+VLLM_FLAGS = {
+    "enforce_eager": (None, "vLLM name: same as --execution-mode eager"),
+    "tensor_parallel_size": (int, "vLLM name: only 1 (rlt runs one model on one device)"),
+    "disable_log_stats": (None, "vLLM name: accepted; rlt logs no periodic stats (see /metrics, LLM.stats())"),
+    "trust_remote_code": (None, "vLLM name: accepted; rlt never runs code from a checkpoint"),
+    "swap_space": (float, "vLLM name: only 0 (no CPU swap budget; see --preemption-mode)"),
+    "kv_cache_dtype": (str, "vLLM name: only auto (K/V in the model dtype; see --dtype)"),
+    "quantization": (str, "vLLM name: not supported (unquantized weights; see --dtype)"),
+}
+
+
 def add_engine_args(parser: argparse.ArgumentParser, skip=()) -> None:
-    """Add one flag per EngineConfig field (defaults None: the engine decides)."""
+    """Add one flag per EngineConfig field (defaults None: the engine decides), plus the vLLM names
+    users type by habit (translated or rejected by rlt_runtime/vllm_options.py)."""
     hints = typing.get_type_hints(EngineConfig)
     group = parser.add_argument_group("engine")
     for f in dataclasses.fields(EngineConfig):
@@ -79,6 +92,12 @@ def add_engine_args(parser: argparse.ArgumentParser, skip=()) -> None:
         else:
             kw["type"] = str
         group.add_argument(_flag(f.name), dest=f"engine_{f.name}", **kw)
+    vllm = parser.add_argument_group("vLLM option names (mapped to rlt options, or an error naming rlt's)")
+    for name, (t, text) in VLLM_FLAGS.items():
+        if t is None:
+            vllm.add_argument(_flag(name), dest=f"vllm_{name}", action="store_true", default=None, help=text)
+        else:
+            vllm.add_argument(_flag(name), dest=f"vllm_{name}", type=t, default=None, metavar=name.upper(), help=text)
     spec = parser.add_argument_group("speculative decoding (shorthand for --speculative-config)")
     spec.add_argument("--speculative-tokens", dest="spec_num_speculative_tokens", type=int, default=None,
                       help="draft tokens per round (K)")
@@ -99,6 +118,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
             out[name] = tuple(value) if name == "profile_steps" else value
         elif key.startswith("spec_"):
             shorthand[key[len("spec_"):]] = value
+        elif key.startswith("vllm_"):
+            out[key[len("vllm_"):]] = value
     if shorthand:
         if "speculative_config" in out:
             raise ConfigError("give either --speculative-config or --speculative-tokens/--draft-loops/--draft-policy")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Optional, Sequence, Union
 
@@ -30,11 +31,13 @@ class LLM:
         return self.engine.tokenizer
 
     def generate(self, prompts: Union[PromptType, Sequence[PromptType]], sampling_params: Optional[
-            Union[SamplingParams, Sequence[SamplingParams]]] = None, *, use_tqdm: bool = True) -> list[RequestOutput]:
+            Union[SamplingParams, Sequence[SamplingParams]]] = None, *, use_tqdm: bool = True,
+                 trace_ids: Optional[Sequence[str]] = None) -> list[RequestOutput]:
         """Generate for one prompt or a list; returns one RequestOutput per prompt, in order.
 
         A prompt is a string, a list of token ids, or {"prompt_token_ids": [...]}. sampling_params
-        is one SamplingParams for all prompts or one per prompt.
+        is one SamplingParams for all prompts or one per prompt. trace_ids (one per prompt) set each
+        prompt's SamplingParams.trace_id: the exit-trace entry it replays or is recorded under.
         """
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -45,6 +48,10 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise RequestError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
+        if trace_ids is not None:
+            if isinstance(trace_ids, str) or len(trace_ids) != len(prompts):
+                raise RequestError(f"trace_ids must be a list of one trace id per prompt ({len(prompts)}), got {trace_ids!r}")
+            params = [dataclasses.replace(p, trace_id=t) for p, t in zip(params, trace_ids)]
         ids = [f"gen-{next(self._ids)}" for _ in prompts]
         added = []
         try:

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+import os
+from typing import Iterator, Optional
 
 import torch
 
 from .configs import ModelConfig
 
 
-def load_model(model: str, *, seed: int, device: torch.device, dtype: torch.dtype):
+def load_model(model: str, *, seed: int, device: torch.device, dtype: torch.dtype, tokenizer: Optional[str] = None):
     """Resolve a preset name or checkpoint directory.
 
     Returns (config, weight iterator of (hf_name, tensor), tokenizer or None). Weights stream to
-    `device` in `dtype` one tensor at a time.
+    `device` in `dtype` one tensor at a time. `tokenizer`: a directory whose tokenizer.json
+    replaces the model's own tokenizer (its ids must lie in the model's vocabulary).
     """
     from .checkpoint import iter_checkpoint, load_config, resolve_model
     from .presets import preset_config, preset_weights
@@ -23,12 +25,29 @@ def load_model(model: str, *, seed: int, device: torch.device, dtype: torch.dtyp
     if kind == "preset":
         config = preset_config(ref)
         weights: Iterator = preset_weights(config, seed=seed, device=device, dtype=dtype)
-        tokenizer = builtin_tokenizer(config)
     else:
         config = load_config(ref)
         weights = iter_checkpoint(ref, config, device=device, dtype=dtype)
-        tokenizer = load_tokenizer(ref, config)
-    return config, weights, tokenizer
+    if tokenizer is not None:
+        tok = _other_tokenizer(tokenizer, config)
+    else:
+        tok = builtin_tokenizer(config) if kind == "preset" else load_tokenizer(ref, config)
+    return config, weights, tok
+
+
+def _other_tokenizer(path: str, config: ModelConfig):
+    """The tokenizer of the `tokenizer` option: tokenizer.json in the directory `path`."""
+    from ..errors import ConfigError
+    from .tokenizer import load_tokenizer
+
+    directory = os.path.expanduser(path)
+    if not os.path.isdir(directory) or not os.path.isfile(os.path.join(directory, "tokenizer.json")):
+        raise ConfigError(f"tokenizer must be a directory holding tokenizer.json, got {path!r}")
+    tok = load_tokenizer(directory, config)
+    if tok.vocab_size > config.vocab_size:
+        raise ConfigError(f"tokenizer {path!r} has {tok.vocab_size} tokens but the model's vocabulary has "
+                          f"{config.vocab_size}; the tokenizer's ids must lie in the model's vocabulary")
+    return tok
 
 
 def build_model(config: ModelConfig, layout, device, dtype):

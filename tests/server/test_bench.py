@@ -81,3 +81,24 @@ def test_offline_subcommands_dispatch(monkeypatch, capsys):
     assert bench.main(["latency"]) == 3
     assert seen == [("throughput", ["--model", "x"]), ("latency", [])]
     assert bench.main(["nonsense"]) == 2
+
+
+def test_serve_sampling_and_loop_flags_reach_the_engine(server, tmp_path, monkeypatch):
+    seen = []
+    submit = server.worker.submit
+
+    def spy(prompts, params, arrival_time):
+        seen.append(params)
+        return submit(prompts, params, arrival_time)
+
+    monkeypatch.setattr(server.worker, "submit", spy)
+    report = _run(["--base-url", server.url, "--num-prompts", "2", "--num-warmups", "0", "--random-input-len", "4",
+                   "--random-output-len", "3", "--ignore-eos", "--top-p", "0.9", "--top-k", "7", "--sampling-seed", "4",
+                   "--exit-threshold", "0.3", "--min-loops", "2", "--max-loops", "3"], tmp_path)
+    assert report["completed"] == 2 and len(seen) == 2
+    for p in seen:
+        assert (p.top_p, p.top_k, p.seed, p.exit_threshold, p.min_loops, p.max_loops) == (0.9, 7, 4, 0.3, 2, 3)
+    seen.clear()
+    _run(["--base-url", server.url, "--num-prompts", "1", "--num-warmups", "0", "--random-input-len", "4",
+          "--random-output-len", "2"], tmp_path)
+    assert (seen[0].top_p, seen[0].seed, seen[0].exit_threshold, seen[0].max_loops) == (1.0, None, 1.0, None)

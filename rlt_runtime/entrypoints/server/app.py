@@ -9,6 +9,7 @@ nothing here waits for an engine step.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import time
 import uuid
@@ -26,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ...engine.llm_engine import LLMEngine
 from ...errors import ConfigError, RequestError
 from ...outputs import CompletionOutput, RequestOutput
+from ...sampling_params import SamplingParams
 from .metrics import CONTENT_TYPE
 from .protocol import (
     ApiError, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
@@ -237,6 +239,14 @@ class _Serving:
         except ConfigError as exc:
             raise ApiError(400, str(exc), param_from_message(str(exc)), "invalid_value") from None
 
+    @staticmethod
+    def with_trace_ids(params: SamplingParams, trace_ids: Optional[list[str]]) -> Union[SamplingParams, list]:
+        """params, or with trace ids one SamplingParams per prompt (a single one for one prompt)."""
+        if trace_ids is None:
+            return params
+        per_prompt = [dataclasses.replace(params, trace_id=t) for t in trace_ids]
+        return per_prompt[0] if len(per_prompt) == 1 else per_prompt
+
     # ---- endpoints -------------------------------------------------------------------------------
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         arrival = time.monotonic()
@@ -247,6 +257,7 @@ class _Serving:
         prompts = [self.prompt(p, with_text=body.echo) for p in body.prompts()]
         self.check_room(prompts, body.max_tokens, "max_tokens")
         params = self.sampling_params(lambda: body.sampling_params(body.max_tokens, body.logprobs))
+        params = self.with_trace_ids(params, body.trace_ids(len(prompts)))
         return await self.generate(request, prompts, params, arrival, body.stream, _CompletionFormat(self, body, prompts))
 
     async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
@@ -261,6 +272,7 @@ class _Serving:
         self.check_room(prompts, body.output_limit, limit_field)
         extra_stops = () if body.ignore_eos else tuple(tok.chat_stop_token_ids)
         params = self.sampling_params(lambda: body.sampling_params(body.output_limit, body.logprobs_count, extra_stops))
+        params = self.with_trace_ids(params, body.trace_ids(len(prompts)))
         return await self.generate(request, prompts, params, arrival, body.stream, _ChatFormat(self, body, prompts))
 
     def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
@@ -482,7 +494,7 @@ class _CompletionFormat(_Format):
             return None
         text, first, end, finish = step
         choice = CompletionChoice(index=index, text=head + text, logprobs=self.logprobs(c, first, end, st),
-                                  finish_reason=finish)
+                                  finish_reason=finish, exit_depths=c.exit_depths[first:end])
         return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=[choice])
 
     def usage_chunk(self, usage: Usage) -> CompletionResponse:
@@ -496,7 +508,7 @@ class _CompletionFormat(_Format):
                 st = self.start(pi)
                 choices.append(CompletionChoice(index=index, text=self.echo_text(pi) + c.text,
                                                 logprobs=self.logprobs(c, 0, len(c.token_ids), st),
-                                                finish_reason=_finish(c.finish_reason)))
+                                                finish_reason=_finish(c.finish_reason), exit_depths=c.exit_depths))
         choices.sort(key=lambda ch: ch.index)
         return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices,
                                   usage=self.usage(outputs))
@@ -533,14 +545,16 @@ class _ChatFormat(_Format):
             return None
         text, first, end, finish = step
         return self.chunk([ChatChunkChoice(index=index, delta=ChatDelta(content=text),
-                                           logprobs=self.logprobs(c, first, end), finish_reason=finish)])
+                                           logprobs=self.logprobs(c, first, end), finish_reason=finish,
+                                           exit_depths=c.exit_depths[first:end])])
 
     def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
         return self.chunk([], usage)
 
     def response(self, outputs: list[RequestOutput]) -> ChatCompletionResponse:
         choices = [ChatChoice(index=c.index, message=ChatMessageOut(content=c.text),
-                              logprobs=self.logprobs(c, 0, len(c.token_ids)), finish_reason=_finish(c.finish_reason))
+                              logprobs=self.logprobs(c, 0, len(c.token_ids)), finish_reason=_finish(c.finish_reason),
+                              exit_depths=c.exit_depths)
                    for c in outputs[0].outputs]
         choices.sort(key=lambda ch: ch.index)
         return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices,

@@ -15,6 +15,7 @@ import logging
 import sys
 import threading
 
+from ...config import EngineConfig
 from ...errors import ConfigError
 from ..engine_args import add_engine_args, engine_kwargs
 
@@ -53,6 +54,7 @@ def main(argv=None) -> int:
 
     try:
         options = engine_kwargs(args)
+        EngineConfig.from_kwargs(**options).validate_static()  # option errors exit here, before the port opens
         config = ServerConfig(
             served_model_name=args.served_model_name or args.model, api_key=args.api_key,
             max_concurrent_requests=args.max_concurrent_requests, max_body_bytes=args.max_body_bytes,

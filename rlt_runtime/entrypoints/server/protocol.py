@@ -5,7 +5,9 @@ fields this server does not know are rejected with 400 naming the field (the Ope
 the same). OpenAI fields the engine has no use for are accepted only at their neutral value
 (`presence_penalty: 0`, `logit_bias: {}`, `tools: []`, ...); anything else is a 400 that says
 the feature is not supported. Extra rlt fields: `min_loops`, `max_loops`, `exit_threshold`,
-`speculative`, `priority`, plus vLLM's `top_k`, `min_p`, `stop_token_ids`, `ignore_eos`.
+`speculative`, `priority`, `trace_id`, plus vLLM's `top_k`, `min_p`, `stop_token_ids`, `ignore_eos`.
+Every response choice (and streamed chunk choice) carries rlt's `exit_depths`: the loops each
+token it adds ran, as `CompletionOutput.exit_depths` offline.
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ class _SamplingFields(_Strict):
                                             description="rlt: exit-gate threshold (1 = fixed depth)")
     speculative: Optional[bool] = Field(True, description="rlt: false opts this request out of speculative decoding")
     priority: Optional[int] = Field(0, description="rlt/vLLM: lower runs first under the priority scheduling policy")
+    trace_id: Optional[Union[NonEmptyStr, list[NonEmptyStr]]] = Field(
+        None, description="rlt: the exit-trace entry each prompt replays or is recorded under (one id per prompt)")
 
     _NULL_DEFAULTS: ClassVar[dict] = {"n": 1, "ignore_eos": False, "stream": False, "speculative": True, "priority": 0}
 
@@ -119,6 +123,17 @@ class _SamplingFields(_Strict):
             max_loops=self.max_loops, exit_threshold=1.0 if self.exit_threshold is None else float(self.exit_threshold),
             priority=self.priority, speculative=self.speculative,
         )
+
+
+    def trace_ids(self, num_prompts: int) -> Optional[list[str]]:
+        """`trace_id` as one id per prompt (a string counts as a list of one), or None."""
+        if self.trace_id is None:
+            return None
+        ids = [self.trace_id] if isinstance(self.trace_id, str) else list(self.trace_id)
+        if len(ids) != num_prompts:
+            raise ApiError(400, f"trace_id must give one trace id per prompt ({num_prompts}), got {len(ids)}",
+                           "trace_id", "invalid_value")
+        return ids
 
 
 PromptInput = Union[str, list[str], list[TokenId], list[list[TokenId]]]
@@ -295,6 +310,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: Optional[CompletionLogprobs] = None
     finish_reason: Optional[Literal["stop", "length"]] = None
+    exit_depths: list[int] = Field(default_factory=list, description="rlt: loops each token of this choice ran")
 
 
 class CompletionResponse(BaseModel):
@@ -330,6 +346,7 @@ class ChatChoice(BaseModel):
     message: ChatMessageOut
     logprobs: Optional[ChatLogprobs] = None
     finish_reason: Literal["stop", "length"]
+    exit_depths: list[int] = Field(default_factory=list, description="rlt: loops each token of this choice ran")
 
 
 class ChatCompletionResponse(BaseModel):
@@ -357,6 +374,7 @@ class ChatChunkChoice(BaseModel):
     delta: ChatDelta
     logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[Literal["stop", "length"]] = None
+    exit_depths: list[int] = Field(default_factory=list, description="rlt: loops each token of this choice ran")
 
 
 class ChatCompletionChunk(BaseModel):
@@ -396,6 +414,7 @@ class DetokenizeResponse(BaseModel):
 
 _UNION_HINTS = {
     "prompt": "prompt must be a string, a list of strings, a list of token ids or a list of token-id lists",
+    "trace_id": "trace_id must be a non-empty string or a list of non-empty strings (one per prompt)",
     "stop": "stop must be a non-empty string or a list of non-empty strings",
 }
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "function-after", "function-before"}

@@ -197,8 +197,10 @@ class EngineWorker:
         self._thread.join(max(deadline - time.monotonic(), 0.0) + 10.0)
 
     # ---- commands (any thread; submit/abort from the stream's event loop) ---------------------------
-    def submit(self, prompts: list, params: SamplingParams, arrival_time: float) -> GenerationStream:
-        """Queue one engine request per prompt (each a token-id list or {"prompt_token_ids", "prompt"})."""
+    def submit(self, prompts: list, params: Union[SamplingParams, list[SamplingParams]],
+               arrival_time: float) -> GenerationStream:
+        """Queue one engine request per prompt (each a token-id list or {"prompt_token_ids", "prompt"});
+        params: one SamplingParams for all prompts or one per prompt."""
         if not self.ready:
             raise WorkerUnavailable(self.status)
         base = uuid.uuid4().hex
@@ -288,14 +290,14 @@ class EngineWorker:
                 except BaseException as exc:  # noqa: BLE001 - handed to the caller
                     fut.set_exception(exc)
 
-    def _add(self, engine: LLMEngine, stream: GenerationStream, prompts: list, params: SamplingParams,
-             arrival: float) -> None:
+    def _add(self, engine: LLMEngine, stream: GenerationStream, prompts: list,
+             params: Union[SamplingParams, list[SamplingParams]], arrival: float) -> None:
         if stream.error is not None:  # timed out or disconnected while queued
             return
         added = []
         for i, (rid, prompt) in enumerate(zip(stream.request_ids, prompts)):
             try:
-                engine.add_request(rid, prompt, params, arrival_time=arrival)
+                engine.add_request(rid, prompt, params[i] if isinstance(params, list) else params, arrival_time=arrival)
             except (RequestError, ConfigError) as exc:
                 error = ApiError(400, str(exc) if len(prompts) == 1 else f"prompt {i}: {exc}",
                                  param_from_message(str(exc)), "invalid_request")

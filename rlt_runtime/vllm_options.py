@@ -1,0 +1,59 @@
+"""vLLM engine option names users type by habit: mapped to rlt's options, or rejected with an error
+that names the vLLM option, the rlt option and the allowed values.
+
+`EngineConfig.from_kwargs` (so `LLM(...)`, `LLMEngine(...)`) and the CLIs' `--enforce-eager`,
+`--tensor-parallel-size`, ... flags go through `translate_vllm_options`. `tokenizer` is not here:
+it is an rlt option of its own (a tokenizer directory other than the model's).
+"""
+
+from __future__ import annotations
+
+from .errors import ConfigError
+
+VLLM_OPTIONS = ("enforce_eager", "tensor_parallel_size", "disable_log_stats", "trust_remote_code", "swap_space",
+                "kv_cache_dtype", "quantization")
+
+
+def _bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} (vLLM option) must be a boolean, got {value!r}")
+    return value
+
+
+def translate_vllm_options(kwargs: dict) -> dict:
+    """`kwargs` with the vLLM names replaced by rlt options (or dropped where they change nothing).
+
+    Raises ConfigError for a vLLM setting rlt does not support, naming both options.
+    """
+    out = {k: v for k, v in kwargs.items() if k not in VLLM_OPTIONS}
+    if _bool("enforce_eager", kwargs.get("enforce_eager", False)):
+        mode = kwargs.get("execution_mode")
+        if mode not in (None, "eager"):
+            raise ConfigError(f"enforce_eager=True (vLLM option) means execution_mode='eager' but execution_mode="
+                              f"{mode!r} was also given; give one of them")
+        out["execution_mode"] = "eager"
+    tp = kwargs.get("tensor_parallel_size", 1)
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp != 1:
+        raise ConfigError(f"tensor_parallel_size (vLLM option) must be 1, got {tp!r}: tensor parallelism is not "
+                          "supported yet; rlt runs one model on one device (choose it with device='cuda:N')")
+    _bool("disable_log_stats", kwargs.get("disable_log_stats", False))  # rlt logs no periodic stats
+    _bool("trust_remote_code", kwargs.get("trust_remote_code", False))  # rlt never runs checkpoint code
+    swap = kwargs.get("swap_space", 0)
+    if not isinstance(swap, (int, float)) or isinstance(swap, bool) or swap != 0:
+        raise ConfigError(f"swap_space (vLLM option) must be 0 or left out, got {swap!r}: rlt has no CPU swap budget; "
+                          "swap preemption is preemption_mode='swap' (host memory as needed; allowed: 'recompute', "
+                          "'swap')")
+    if "swap_space" in kwargs:  # swap_space=0: no swapping
+        if kwargs.get("preemption_mode", "recompute") != "recompute":
+            raise ConfigError(f"swap_space=0 (vLLM option) means no swapping but preemption_mode="
+                              f"{kwargs['preemption_mode']!r} was also given; give one of them")
+        out["preemption_mode"] = "recompute"
+    kv_dtype = kwargs.get("kv_cache_dtype", "auto")
+    if kv_dtype != "auto":
+        raise ConfigError(f"kv_cache_dtype (vLLM option) must be 'auto', got {kv_dtype!r}: rlt stores K/V in the "
+                          "model dtype (option dtype: 'auto', 'float32', 'float16', 'bfloat16', 'float64')")
+    quant = kwargs.get("quantization")
+    if quant is not None:
+        raise ConfigError(f"quantization (vLLM option) must be None, got {quant!r}: rlt runs unquantized weights in "
+                          "the model dtype (option dtype: 'auto', 'float32', 'float16', 'bfloat16', 'float64')")
+    return out
