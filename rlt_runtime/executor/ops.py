@@ -60,6 +60,9 @@ def cublas_linear(x, weight, *, out=None, active_rows=None, activation=None):
 def select_ops(device: torch.device, attention_backend: str, batch_invariant: bool = True) -> SimpleNamespace:
     """The op namespace for a device and attention backend ("auto", "triton", "flash", "torch").
 
+    The backend picks the paged-attention implementation only; every other op runs Triton on CUDA
+    (and under TRITON_INTERPRET=1 with "triton"/"flash") and its torch reference otherwise.
+
     batch_invariant=False swaps the linear layers to cuBLAS on CUDA (results then depend on the
     batch size); everything else is unchanged.
     """
@@ -71,7 +74,7 @@ def select_ops(device: torch.device, attention_backend: str, batch_invariant: bo
             f"attention_backend={attention_backend!r} needs a CUDA device (or TRITON_INTERPRET=1 on CPU); "
             "use 'auto' or 'torch' on CPU"
         )
-    use_triton = (on_cuda and HAS_TRITON and attention_backend != "torch") or attention_backend in ("triton", "flash")
+    use_triton = (on_cuda and HAS_TRITON) or attention_backend in ("triton", "flash")
     if on_cuda and not HAS_TRITON and attention_backend in ("auto", "triton", "flash"):
         if attention_backend != "auto":
             raise ConfigError(f"attention_backend={attention_backend!r} needs the 'triton' package")
