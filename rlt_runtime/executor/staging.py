@@ -1,4 +1,4 @@
-"""Host→device metadata staging: one pinned buffer, one non-blocking copy per step.
+"""Host→device metadata staging: one pinned buffer, one non-blocking copy per upload.
 
 Fields are packed 8-byte aligned into a pinned uint8 host buffer and copied in one transfer
 into a device buffer of the same size; the device-side fields are dtype views into it. With a
