@@ -249,10 +249,10 @@ def capture_failures(stats: dict) -> str:
     return "; ".join(bad)
 
 
-def _free(llm) -> None:
+def _release_memory() -> None:
+    """Return a dropped engine's device memory before the reference engines are built."""
     import torch
 
-    del llm
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -292,7 +292,8 @@ def run_case(case: dict) -> dict:
     if spec and spec["draft_policy"] == "fixed" and not stats["spec_rounds"]:
         problems.append("fixed-K speculation ran no round")
     checks.append("invariants every step, pool full at the end, no failed capture")
-    _free(llm)
+    del llm
+    _release_memory()
     if case.get("plant") == "flip-token":
         got["r0"][0]["token_ids"][-1] ^= 1
     sampled_spec = {w.request_id for w in work if spec and not w.params.greedy}
