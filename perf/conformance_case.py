@@ -5,9 +5,10 @@ bit for bit.
     python -m perf.conformance_case CASE.json RESULT.json
 
 CASE.json is one case of `perf.conformance` (a flat dict of options, see `perf/conformance.py`).
-RESULT.json gets {"status": "pass" | "fail" | "not-applicable", "detail": str, "checks": [...],
-"stats": {...}}. A crash (a Python exception, a device fault, os.abort) leaves no result: the
-runner records the exit code and the stderr tail.
+RESULT.json gets {"status": "pass" | "fail" | "config-error", "detail": the first problem,
+"problems": every problem, "checks": what was compared, "stats": {...}} (the runner turns a
+config-error into not-applicable or fail). A crash (a Python exception, a device fault,
+os.abort) leaves no result: the runner records the exit code and the stderr tail.
 
 Equalities checked (the ones docs/design.md and README.md promise):
 * every request's token ids, exit depths, finish reason and log-probabilities (chosen and top-N,
@@ -30,7 +31,9 @@ import os
 import random
 import sys
 import time
+import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
 # Faults a case may plant to test the harness itself (tests/runtime/test_conformance.py); the
 # matrix never sets one. flip-token: alter one output token of the crowd run before the comparison;
@@ -282,7 +285,9 @@ def run_case(case: dict) -> dict:
     try:
         got, keys = run_crowd(llm, work)
     except AssertionError as exc:
-        return {"status": "fail", "detail": f"crowd run: {exc}", "checks": checks, "stats": _stats(llm.stats())}
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        return {"status": "fail", "detail": f"crowd run: {exc!r} at {Path(where.filename).name}:{where.lineno}",
+                "checks": checks, "stats": _stats(llm.stats())}
     stats = _stats(llm.stats())
     problems = []
     bad = capture_failures(llm.stats())
@@ -305,7 +310,7 @@ def run_case(case: dict) -> dict:
     # order: a request's result must depend neither on its arrival number nor on earlier requests.
     for w in reversed(sorted(work, key=lambda w: w.arrival)):
         diff = first_difference(got[w.request_id], run_alone(refs[w.request_id in sampled_spec], w))
-        if diff and not problems:
+        if diff:
             kind = "alone (eager, sync, same speculation)" if w.request_id in sampled_spec else "alone (eager, sync)"
             problems.append(f"{w.request_id} vs {kind}: {diff}")
     checks.append(f"{len(work) - len(sampled_spec)} requests vs alone eager, {len(sampled_spec)} vs alone speculative")
@@ -313,10 +318,11 @@ def run_case(case: dict) -> dict:
         greedy = [w for w in work if w.params.greedy]
         for w in greedy:
             diff = reference_difference(case, w, keys[w.request_id], got[w.request_id])
-            if diff and not problems:
+            if diff:
                 problems.append(f"{w.request_id}: {diff}")
         checks.append(f"{len(greedy)} greedy requests vs the fp64 dense reference")
-    return {"status": "fail" if problems else "pass", "detail": problems[0] if problems else "", "checks": checks,
+    detail = problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "") if problems else ""
+    return {"status": "fail" if problems else "pass", "detail": detail, "problems": problems, "checks": checks,
             "stats": stats}
 
 
