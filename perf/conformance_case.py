@@ -104,7 +104,8 @@ def engine_options(case: dict, device: str) -> dict:
 
 def alone_options(case: dict, device: str, speculative: bool, num_blocks: int) -> dict:
     """The reference engine: same model, dtype, layout and exit rule; eager, synchronous, default
-    chunking, no prefix cache, an ample pool; speculation only for sampled speculative requests."""
+    chunking and LAST_EXITED reads (both read modes must give the same bits), no prefix cache, an
+    ample pool; speculation only for sampled speculative requests."""
     return dict(
         dtype=case["dtype"], device=device, seed=0, max_model_len=case["max_model_len"], kv_layout=case["kv_layout"],
         exit_mode=case["exit_mode"], exit_criterion_threshold=case["exit_criterion_threshold"],
