@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The GPU suite and every benchmark in one call.
-#   OUT=out bash perf/run_gpu.sh [tests|kernels|gemm-sweep|attn-sweep|engine|compile|spec|serving ...]
-#   (default: all but the sweeps). Narrowing a part: TESTS_K (pytest -k for the GPU tests),
+#   OUT=out bash perf/run_gpu.sh [tests|conformance|kernels|gemm-sweep|attn-sweep|engine|compile|spec|serving ...]
+#   (default: all but the sweeps; `tests` runs the GPU pytest suite and the conformance matrix side by
+#   side on the device, each with its own time limit, PART_TIMEOUT and CONF_TIMEOUT (default 480 s), so
+#   both fit one device call). Narrowing a part: TESTS_K (pytest -k for the GPU tests),
+#   CONF_CASES, CONF_SEED, CONF_WORKERS, CONF_BUDGET, CONF_ONLY (the conformance matrix: perf/conformance.py),
 #   RLT_SWEEP_K (weights of gemm-sweep), RLT_SPEC_CONFIGS (fixed2,fixed4,adaptive), RLT_SPEC_BATCHES,
 #   RLT_SPEC_ACCEPTANCE (measured,0.7,0.9),
 #   RLT_SERVING_MODES (native,speculative), RLT_SERVING_RATES (request rates, e.g. 16,32,inf).
@@ -14,7 +17,16 @@ WORK=${WORK:-/tmp/rlt-gpu-results}
 PART_TIMEOUT=${PART_TIMEOUT:-900}
 mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-} NCCL_NVLS_ENABLE=0
+CONF_TIMEOUT=${CONF_TIMEOUT:-480}
 pack() { tar czf "$OUT/results.tgz" -C "$WORK" . ; }
+conformance() {  # Random engine configurations, each case in its own process, bitwise against its requests
+                 # run alone (docs/gpu_validation.md); the runner keeps to CONF_BUDGET, timeout is the backstop.
+  timeout "$CONF_TIMEOUT" python3 -m perf.conformance --out "$WORK/conformance" --cases "${CONF_CASES:-40}" \
+    --seed "${CONF_SEED:-0}" --workers "${CONF_WORKERS:-6}" --budget-s "${CONF_BUDGET:-420}" ${CONF_ONLY:+--only "$CONF_ONLY"} \
+    > "$WORK/conformance.log" 2>&1
+  echo "conformance exit code $?" | tee -a "$WORK/conformance.log"
+  grep -E -A1 "^ *(fail|crash|timeout) " "$WORK/conformance.log"; grep "^conformance:" "$WORK/conformance.log"
+}
 trap pack EXIT
 parts=${*:-tests kernels engine compile spec serving}
 python3 - <<'PY' | tee "$WORK/env.txt"
@@ -26,10 +38,15 @@ for part in $parts; do
   start=$(date +%s)
   case $part in
     tests)   # Every GPU test, spread over pytest-xdist workers sharing the device (a device fault
-             # takes down one worker, which is replaced; its test is reported as failed).
+             # takes down one worker, which is replaced; its test is reported as failed), and beside it
+             # the conformance matrix.
              timeout "$PART_TIMEOUT" python3 -m pytest tests -m gpu -n "${WORKERS:-6}" -v -p no:cacheprovider -rfE ${TESTS_K:+-k "$TESTS_K"} \
-               --tb=short --junitxml="$WORK/gpu_tests.xml" > "$WORK/gpu_tests.log" 2>&1
+               --tb=short --junitxml="$WORK/gpu_tests.xml" > "$WORK/gpu_tests.log" 2>&1 &
+             tests_pid=$!
+             conformance
+             wait "$tests_pid"
              grep -E "^(FAILED|ERROR)|^=+ .*(passed|failed|error).* =+$" "$WORK/gpu_tests.log" | tee "$WORK/gpu_tests_summary.txt" ;;
+    conformance) conformance ;;
     kernels) timeout "$PART_TIMEOUT" python3 -m pytest perf -q -p no:cacheprovider --benchmark-json="$WORK/kernels.json" \
                -k "not sweep" > "$WORK/kernel_bench.log" 2>&1; tail -n 15 "$WORK/kernel_bench.log"
              python3 -m perf.report_kernels "$WORK/kernels.json" "$WORK" ;;

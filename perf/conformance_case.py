@@ -1,0 +1,355 @@
+"""One conformance case, run in its own process: a crowd of requests through the engine under
+test, then the same requests each alone in eager mode (and the fp64 dense reference), compared
+bit for bit.
+
+    python -m perf.conformance_case CASE.json RESULT.json
+
+CASE.json is one case of `perf.conformance` (a flat dict of options, see `perf/conformance.py`).
+RESULT.json gets {"status": "pass" | "fail" | "config-error", "detail": the first problem,
+"problems": every problem, "checks": what was compared, "stats": {...}} (the runner turns a
+config-error into not-applicable or fail). A crash (a Python exception, a device fault,
+os.abort) leaves no result: the runner records the exit code and the stderr tail.
+
+Equalities checked (the ones docs/design.md and README.md promise):
+* every request's token ids, exit depths, finish reason and log-probabilities (chosen and top-N,
+  compared as exact float bits) equal those of the same request run alone in an eager, synchronous
+  engine without speculation, whatever the batch, arrival pattern, chunk size, prefix cache,
+  preemption, LAST_EXITED read mode, execution mode, async scheduling or greedy speculation;
+* a sampled request under speculation equals itself alone in an eager, synchronous engine with the
+  same speculative config (sampled rounds commit different bits than plain sampling, and its draft
+  counts must be the same, which the matrix guarantees: see `perf.conformance`);
+* fp32 greedy requests produce the fp64 dense reference's tokens and exit depths;
+* the block/slot invariants hold after every step, the KV pool is full again at the end, no graph
+  capture failed (a mode that fell back to eager proves nothing), and fixed-K speculation ran rounds.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import random
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+# Faults a case may plant to test the harness itself (tests/runtime/test_conformance.py); the
+# matrix never sets one. flip-token: alter one output token of the crowd run before the comparison;
+# abort: os.abort() at start; hang: sleep past any time limit.
+PLANTS = ("flip-token", "abort", "hang")
+
+
+@dataclass
+class Work:
+    """One request of the workload: added to the crowd engine at step `arrival`."""
+
+    request_id: str
+    prompt: list
+    arrival: int
+    params: object  # SamplingParams
+
+
+def build_workload(case: dict, vocab: int) -> list[Work]:
+    """The case's requests, a pure function of case["workload_seed"] and its sampling fields.
+
+    Prompts share 16- or 32-token prefixes (whole KV blocks, so the prefix cache can hit), mixed
+    with unrelated prompts of 1..48 tokens; arrivals are staggered over the first steps; every
+    request has its own seed (unseeded requests take a key from their arrival number, which a
+    request run alone cannot reproduce)."""
+    from rlt_runtime import SamplingParams
+
+    rng = random.Random(case["workload_seed"])
+    hi = vocab - 33  # special tokens sit at the top of the vocabulary
+    prefixes = [[rng.randrange(3, hi) for _ in range(rng.choice([16, 32]))] for _ in range(2)]
+    work = []
+    for i in range(case["requests"]):
+        if rng.random() < 0.6:
+            prompt = rng.choice(prefixes) + [rng.randrange(3, hi) for _ in range(rng.randrange(0, 20))]
+        else:
+            prompt = [rng.randrange(3, hi) for _ in range(rng.randrange(1, 49))]
+        greedy = case["sampling"] == "greedy" or (case["sampling"] == "mixed" and rng.random() < 0.5)
+        loops = rng.random() < 0.5 and case["loop_bounds"]
+        params = SamplingParams(
+            n=case["n"], max_tokens=rng.randint(max(4, case["max_tokens"] - 6), case["max_tokens"]),
+            temperature=0.0 if greedy else rng.choice([0.7, 1.0]),
+            top_p=1.0 if greedy else rng.choice([1.0, 0.9]), top_k=-1 if greedy else rng.choice([-1, 20]),
+            seed=rng.randrange(2**31), logprobs=case["logprobs"], ignore_eos=True,
+            stop_token_ids=rng.sample(range(3, hi), 3) if rng.random() < 0.3 else None,
+            exit_threshold=rng.choice(case["exit_thresholds"]) if case["exit_thresholds"] else 1.0,
+            min_loops=2 if loops else None, max_loops=3 if loops else None,
+        )
+        work.append(Work(f"r{i}", prompt, rng.randrange(0, 6), params))
+    return work
+
+
+def engine_options(case: dict, device: str) -> dict:
+    """Options of the engine under test (the crowd), in the engine's own names."""
+    opts = dict(
+        dtype=case["dtype"], device=device, seed=0, max_model_len=case["max_model_len"], kv_layout=case["kv_layout"],
+        last_exited_reads=case["last_exited_reads"], exit_mode=case["exit_mode"],
+        exit_criterion_threshold=case["exit_criterion_threshold"], lookahead_seed=case["lookahead_seed"],
+        enable_prefix_caching=case["prefix_caching"], preemption_mode=case["preemption_mode"],
+        prefill_chunk_size=case["prefill_chunk_size"], max_num_batched_tokens=case["max_num_batched_tokens"],
+        max_num_seqs=case["max_num_seqs"], execution_mode=case["execution_mode"],
+        async_scheduling=case["async_scheduling"], speculative_config=case["speculative_config"],
+    )
+    if case["execution_mode"] != "eager":
+        opts["cuda_graph_sizes"] = case["cuda_graph_sizes"]
+    if device == "cuda":
+        opts["gpu_memory_utilization"] = case["gpu_memory_utilization"]
+    return opts
+
+
+def alone_options(case: dict, device: str, speculative: bool, num_blocks: int) -> dict:
+    """The reference engine: same model, dtype, layout and exit rule; eager, synchronous, default
+    chunking and LAST_EXITED reads (both read modes must give the same bits), no prefix cache, an
+    ample pool; speculation only for sampled speculative requests."""
+    return dict(
+        dtype=case["dtype"], device=device, seed=0, max_model_len=case["max_model_len"], kv_layout=case["kv_layout"],
+        exit_mode=case["exit_mode"], exit_criterion_threshold=case["exit_criterion_threshold"],
+        lookahead_seed=case["lookahead_seed"], enable_prefix_caching=False, execution_mode="eager",
+        async_scheduling=False, max_num_seqs=max(2, case["n"]), num_blocks=num_blocks,
+        speculative_config=case["speculative_config"] if speculative else None,
+    )
+
+
+def lifetime_blocks(case: dict, work: list[Work], block_size: int = 16) -> int:
+    """KV blocks the largest request holds at its end (every plane), from the layout the engine builds."""
+    from rlt_runtime.cache.layout import make_layout
+    from rlt_runtime.models.presets import preset_config
+
+    planes = make_layout(preset_config(case["model"]), case["kv_layout"], preset_config(case["model"]).num_loops).num_planes
+    return max(-(-(len(w.prompt) + w.params.max_tokens) // block_size) for w in work) * planes
+
+
+def _sample(c) -> dict:
+    """A CompletionOutput as plain data; floats as exact hex strings (bitwise comparison)."""
+    lps = None
+    if c.logprobs is not None:
+        lps = [[lp.logprob.hex(), [[t, v.hex()] for t, v in lp.top.items()]] for lp in c.logprobs]
+    return {"token_ids": list(c.token_ids), "exit_depths": list(c.exit_depths), "finish_reason": c.finish_reason,
+            "logprobs": lps}
+
+
+def row_keys(engine, request_id: str) -> list[int]:
+    """The engine's Philox row keys of a just-added request's samples (Huginn's initial state
+    depends on them). Read from the engine itself so the reference follows its key derivation."""
+    return [r.row_key for r in engine._groups[request_id]]
+
+
+def run_crowd(llm, work: list[Work]) -> tuple[dict, dict]:
+    """Add each request at its arrival step and step to the end, checking the block and slot
+    invariants after every step and a full pool at the end. Returns ({request_id: [sample dicts]},
+    {request_id: row keys})."""
+    eng = llm.engine
+    pending = sorted(work, key=lambda w: w.arrival)
+    done, keys, step = {}, {}, 0
+    while pending or eng.has_unfinished_requests():
+        while pending and pending[0].arrival <= step:
+            w = pending.pop(0)
+            eng.add_request(w.request_id, w.prompt, w.params)
+            keys[w.request_id] = row_keys(eng, w.request_id)
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = [_sample(c) for c in sorted(out.outputs, key=lambda c: c.index)]
+        eng.check_invariants()
+        step += 1
+    free, total = eng.kv.pool.num_free, eng.kv.pool.num_blocks
+    assert free == total, f"KV pool not full after the run: {free} of {total} blocks free"
+    return done, keys
+
+
+def run_alone(llm, w: Work) -> list[dict]:
+    """One request alone in the reference engine (nothing else in flight)."""
+    out = llm.generate([{"prompt_token_ids": w.prompt}], w.params, use_tqdm=False)[0]
+    return [_sample(c) for c in sorted(out.outputs, key=lambda c: c.index)]
+
+
+def first_difference(got: list[dict], want: list[dict]) -> str:
+    """'' when equal, else where the first difference is (sample, field, index, values)."""
+    if len(got) != len(want):
+        return f"{len(got)} samples, expected {len(want)}"
+    for s, (g, e) in enumerate(zip(got, want)):
+        for name in ("token_ids", "exit_depths", "logprobs", "finish_reason"):
+            a, b = g[name], e[name]
+            if a == b:
+                continue
+            if isinstance(a, list) and isinstance(b, list):
+                i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                x = a[i] if i < len(a) else "<end>"
+                y = b[i] if i < len(b) else "<end>"
+                return f"sample {s} {name}[{i}]: got {x} expected {y} (lengths {len(a)}/{len(b)})"
+            return f"sample {s} {name}: got {a} expected {b}"
+    return ""
+
+
+def reference_difference(case: dict, w: Work, keys: list[int], got: list[dict]) -> str:
+    """Compare an fp32 greedy request's samples with the fp64 dense reference ('' when equal).
+    A token mismatch reports the reference's top-2 logit gap there (a near tie is worth knowing)."""
+    import torch
+
+    from rlt_runtime.engine.exit_policy import lookahead_head
+    from rlt_runtime.models.dense_reference import RefExit, reference_generate
+    from rlt_runtime.models.huginn import huginn_initial_state
+    from rlt_runtime.models.presets import preset_config
+
+    cfg, weights = _fp64_weights(case["model"])
+    p = w.params
+    common = dict(min_loops=p.min_loops or 1, max_loops=p.max_loops)
+    if cfg.family == "ouro":
+        mode = case["exit_mode"] if p.exit_threshold < 1.0 else "fixed"
+        lw = lb = None
+        if mode == "random_lookahead":
+            lw = lookahead_head(cfg.hidden_size, case["lookahead_seed"], "cpu", torch.float64)[0]
+            lb = torch.zeros((), dtype=torch.float64)
+        rule = RefExit(mode=mode, threshold=p.exit_threshold, lookahead_weight=lw, lookahead_bias=lb, **common)
+        layout = case["kv_layout"]
+    else:
+        rule = RefExit(mode=case["exit_mode"], threshold=case["exit_criterion_threshold"], **common)
+        core = preset_config(case["model"]).n_layers_in_recurrent_block
+        layout = {"last_exited": "full", "shared": f"compress-s{core}"}.get(case["kv_layout"], case["kv_layout"])
+    for s, key in enumerate(keys):
+        init = None
+        if cfg.family == "huginn":
+            std = cfg.init_std * cfg.init_scale
+            init = lambda pos, key=key: huginn_initial_state([key], [pos], cfg.n_embd, std, "cpu", torch.float64)[0]  # noqa: E731
+        ref = reference_generate(cfg, weights, w.prompt, p.max_tokens, exit=rule, kv_layout=layout,
+                                 stop_token_ids=p.stop_token_ids or (), initial_state=init)
+        mine = got[s]
+        if mine["token_ids"] != ref.tokens:
+            i = next((i for i, (x, y) in enumerate(zip(mine["token_ids"], ref.tokens)) if x != y),
+                     min(len(mine["token_ids"]), len(ref.tokens)))
+            gap = ""
+            if i < len(ref.logits):
+                top = ref.logits[i].topk(2).values
+                gap = f"; fp64 top-2 logit gap there {float(top[0] - top[1]):.3g}"
+            return f"sample {s} token_ids vs fp64 reference differ at {i}: got {mine['token_ids']} expected {ref.tokens}{gap}"
+        if mine["exit_depths"] != ref.exit_depths:
+            return f"sample {s} exit_depths vs fp64 reference: got {mine['exit_depths']} expected {ref.exit_depths}"
+    return ""
+
+
+_WEIGHTS: dict = {}
+
+
+def _fp64_weights(preset: str):
+    import torch
+
+    from rlt_runtime.models.presets import preset_config, preset_weights
+
+    if preset not in _WEIGHTS:
+        cfg = preset_config(preset)
+        _WEIGHTS[preset] = cfg, dict(preset_weights(cfg, seed=0, dtype=torch.float64))
+    return _WEIGHTS[preset]
+
+
+def capture_failures(stats: dict) -> str:
+    """'' when every graph bucket captured; else which graph set had failures."""
+    sets = {"graphs": stats.get("graphs"), "prefill_graphs": stats.get("prefill_graphs"),
+            "speculative graphs": (stats.get("speculative") or {}).get("graphs")}
+    bad = [f"{name}: {st['failed_captures']} failed captures" for name, st in sets.items() if st and st["failed_captures"]]
+    return "; ".join(bad)
+
+
+def _release_memory() -> None:
+    """Return a dropped engine's device memory before the reference engines are built."""
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_case(case: dict) -> dict:
+    """Run one case in this process; returns the result dict (see module docstring)."""
+    import torch
+
+    from rlt_runtime import LLM, ConfigError
+    from rlt_runtime.models.presets import preset_config
+
+    device = case["device"]
+    if device == "cpu":
+        torch.set_num_threads(1)
+    vocab = preset_config(case["model"]).vocab_size
+    work = build_workload(case, vocab)
+    opts = engine_options(case, device)
+    try:
+        need = lifetime_blocks(case, work)
+        if case["tiny_pool"]:
+            opts["num_blocks"] = need + case["tiny_pool"]
+        llm = LLM(case["model"], **opts)
+    except ConfigError as exc:
+        return {"status": "config-error", "detail": str(exc), "checks": [], "stats": {}}
+    checks = []
+    try:
+        got, keys = run_crowd(llm, work)
+    except AssertionError as exc:
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        return {"status": "fail", "detail": f"crowd run: {exc!r} at {Path(where.filename).name}:{where.lineno}",
+                "checks": checks, "stats": _stats(llm.stats())}
+    stats = _stats(llm.stats())
+    problems = []
+    bad = capture_failures(llm.stats())
+    if bad:
+        problems.append(bad)
+    spec = case["speculative_config"]
+    if spec and spec["draft_policy"] == "fixed" and not stats["spec_rounds"]:
+        problems.append("fixed-K speculation ran no round")
+    checks.append("invariants every step, pool full at the end, no failed capture")
+    del llm
+    _release_memory()
+    if case.get("plant") == "flip-token":
+        got["r0"][0]["token_ids"][-1] ^= 1
+    sampled_spec = {w.request_id for w in work if spec and not w.params.greedy}
+    ample = need * (case["n"] + 1)
+    refs = {False: LLM(case["model"], **alone_options(case, device, False, ample))}
+    if sampled_spec:
+        refs[True] = LLM(case["model"], **alone_options(case, device, True, ample))
+    # One reference engine serves the requests one at a time, in the reverse of the crowd's admission
+    # order: a request's result must depend neither on its arrival number nor on earlier requests.
+    for w in reversed(sorted(work, key=lambda w: w.arrival)):
+        diff = first_difference(got[w.request_id], run_alone(refs[w.request_id in sampled_spec], w))
+        if diff:
+            kind = "alone (eager, sync, same speculation)" if w.request_id in sampled_spec else "alone (eager, sync)"
+            problems.append(f"{w.request_id} vs {kind}: {diff}")
+    checks.append(f"{len(work) - len(sampled_spec)} requests vs alone eager, {len(sampled_spec)} vs alone speculative")
+    if case["dtype"] == "float32":
+        greedy = [w for w in work if w.params.greedy]
+        for w in greedy:
+            diff = reference_difference(case, w, keys[w.request_id], got[w.request_id])
+            if diff:
+                problems.append(f"{w.request_id}: {diff}")
+        checks.append(f"{len(greedy)} greedy requests vs the fp64 dense reference")
+    detail = problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "") if problems else ""
+    return {"status": "fail" if problems else "pass", "detail": detail, "problems": problems, "checks": checks,
+            "stats": stats}
+
+
+def _stats(st: dict) -> dict:
+    spec = st.get("speculative") or {}
+    return {"steps": st["steps"], "preemptions": st["preemptions"], "prefix_cache_hits": st["prefix_cache_hits"],
+            "kv_blocks": st["kv_blocks"], "spec_rounds": spec.get("rounds", 0), "spec_accepted": spec.get("accepted", 0)}
+
+
+def main(argv: list[str]) -> int:
+    case_path, result_path = argv
+    with open(case_path, encoding="utf-8") as f:
+        case = json.load(f)
+    if case.get("plant") not in (None, *PLANTS):
+        raise ValueError(f"plant must be None or one of {PLANTS}, got {case['plant']!r}")
+    if case.get("plant") == "abort":
+        os.abort()
+    if case.get("plant") == "hang":
+        time.sleep(3600)
+    start = time.monotonic()
+    result = run_case(case)
+    result["duration_s"] = round(time.monotonic() - start, 2)
+    with open(result_path, "w", encoding="utf-8") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
