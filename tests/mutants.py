@@ -1,0 +1,156 @@
+"""Mutation check: inject known bugs into a temporary copy of the repository and confirm that the
+tests chosen to catch each one fail.
+
+    python tests/mutants.py [--clean] [NAME ...]     (from the repository root; default: every mutant)
+
+For each mutant the packages, tests/ and pytest.ini are copied to a temporary directory, one
+source line is replaced there (never in place), and `python -m pytest -x -q <kill tests>` runs in
+that copy with the copy first on PYTHONPATH. A mutant is "killed" when the tests fail (pytest exit
+status 1), "survived" when they pass; any other status (collection error, no tests found) is an
+error. `--clean` runs the same selections on an unmodified copy instead (they must all pass).
+
+Adding a mutant: append a Mutant to MUTANTS with the file, the exact source line to replace
+(compared without its indentation, which the replacement keeps) and the node ids of the few fast
+tests that must catch it; then run the script and check the mutant is reported killed, and that
+`--clean` passes. The line must occur exactly once in the file: when a refactor changes or
+removes it, the script stops with an error naming the mutant, instead of silently testing an
+unmutated copy; re-point the mutant at the line that now carries the code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COPIED = ("rlt_kernels", "rlt_runtime", "tests", "pytest.ini")
+IGNORED = shutil.ignore_patterns("__pycache__", ".hypothesis", ".pytest_cache", "*.egg-info")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str  # file to patch, relative to the repository root
+    line: str  # the exact source line to replace, without indentation
+    replacement: str  # its replacement, without indentation
+    tests: tuple[str, ...]  # pytest node ids that must fail with the mutant applied
+    bug: str  # what the mutant breaks
+
+
+MUTANTS = (
+    Mutant(
+        "speculative-logprobs-zero", "rlt_runtime/executor/speculative.py",
+        "lp[put_r, vj] = chosen",
+        "lp[put_r, vj] = torch.zeros_like(chosen)",
+        ("tests/runtime/test_logprobs.py::test_greedy_speculation_reports_plain_logprobs_bitwise[ouro-tiny-1.0]",),
+        "speculative rounds report log-probability 0 for every committed token",
+    ),
+    Mutant(
+        "decode-logprob-of-argmax", "rlt_runtime/executor/model_runner.py",
+        "chosen, top_ids, top_lp = ops.compute_logprobs(logits, tokens, num_top)",
+        "chosen, top_ids, top_lp = ops.compute_logprobs(logits, logits.argmax(dim=1), num_top)",
+        ("tests/runtime/test_logprobs.py::test_logprobs_match_the_reference[ouro-tiny-0.8-False]",),
+        "plain decoding reports the argmax's log-probability instead of the sampled token's",
+    ),
+    Mutant(
+        "draft-proposal-at-temperature-1", "rlt_runtime/executor/speculative.py",
+        "ops.filtered_probs(logits, temp, top_k, top_p, min_p, out=q[:, j], active_rows=count)",
+        "ops.filtered_probs(logits, torch.ones_like(temp), top_k, top_p, min_p, out=q[:, j], active_rows=count)",
+        ("tests/runtime/test_speculative_distribution.py::test_sampled_speculation_on_peaked_logits",),
+        "rejection sampling uses the draft distribution at temperature 1, not the one the drafts were drawn from",
+    ),
+)
+
+
+class MutantError(RuntimeError):
+    """A mutant that cannot be applied or whose tests could not run."""
+
+
+@dataclass
+class Outcome:
+    mutant: Mutant
+    status: str  # "killed" | "survived" | "passed" | "failed" (the last two: --clean)
+    output: str  # the tail of pytest's output
+
+
+def apply(mutant: Mutant, root: Path) -> None:
+    """Replace the mutant's line in the copy at `root`; exactly one line must match."""
+    path = root / mutant.path
+    lines = path.read_text().splitlines(keepends=True)
+    hits = [i for i, line in enumerate(lines) if line.strip() == mutant.line]
+    if len(hits) != 1:
+        raise MutantError(f"mutant {mutant.name!r}: expected exactly one line {mutant.line!r} in {mutant.path}, "
+                          f"found {len(hits)}; re-point the mutant at the line that now carries this code")
+    old = lines[hits[0]]
+    indent = old[: len(old) - len(old.lstrip())]
+    lines[hits[0]] = indent + mutant.replacement + ("\n" if old.endswith("\n") else "")
+    path.write_text("".join(lines))
+
+
+def copy_repository(dest: Path) -> None:
+    for name in COPIED:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=IGNORED)
+        else:
+            shutil.copy2(src, dest / name)
+
+
+def run(mutant: Mutant, clean: bool = False) -> Outcome:
+    """Run the mutant's kill tests in a temporary copy, mutated unless `clean`."""
+    with tempfile.TemporaryDirectory(prefix=f"rlt-mutant-{mutant.name}-") as tmp:
+        root = Path(tmp)
+        copy_repository(root)
+        if not clean:
+            apply(mutant, root)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([tmp] + [p for p in [env.get("PYTHONPATH")] if p])
+        env.pop("PYTEST_ADDOPTS", None)
+        find = "import importlib.util as u; print(u.find_spec('rlt_runtime').origin)"
+        probe = subprocess.run([sys.executable, "-c", find], cwd=tmp, env=env, capture_output=True, text=True)
+        origin = probe.stdout.strip()
+        if probe.returncode != 0 or not Path(origin).resolve().is_relative_to(root.resolve()):
+            raise MutantError(f"mutant {mutant.name!r}: the copy does not import its own rlt_runtime "
+                              f"({origin or probe.stderr})")
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests],
+                              cwd=tmp, env=env, capture_output=True, text=True)
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    if proc.returncode not in (0, 1):
+        raise MutantError(f"mutant {mutant.name!r}: pytest exited with status {proc.returncode}:\n{tail}")
+    if clean:
+        return Outcome(mutant, "passed" if proc.returncode == 0 else "failed", tail)
+    return Outcome(mutant, "killed" if proc.returncode == 1 else "survived", tail)
+
+
+def select(names: list[str]) -> list[Mutant]:
+    known = {m.name: m for m in MUTANTS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown mutant(s) {', '.join(unknown)}; valid: {', '.join(known)}")
+    return [known[n] for n in names] if names else list(MUTANTS)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
+    parser.add_argument("--clean", action="store_true", help="run the kill tests on an unmodified copy")
+    args = parser.parse_args(argv)
+    good = "passed" if args.clean else "killed"
+    ok = True
+    for mutant in select(args.names):
+        outcome = run(mutant, clean=args.clean)
+        ok &= outcome.status == good
+        print(f"{outcome.status:9s} {mutant.name}: {mutant.bug}")
+        if outcome.status != good:
+            print(outcome.output)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
