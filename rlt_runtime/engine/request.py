@@ -53,6 +53,7 @@ class Request:
     stop_reason: object = None
     metrics: RequestMetrics = None  # set by the engine
     swapped: object = None  # CPU copy of the K/V while swapped out (swap preemption)
+    prompt_block_hashes: Optional[list[int]] = None  # set by the scheduler on first use
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -61,6 +62,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def max_kv_positions(self) -> int:
+        """Positions whose K/V the request can ever hold (the last output is never fed back)."""
+        return self.num_prompt_tokens + self.max_tokens - 1
 
     @property
     def prefill_target(self) -> int:

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from rlt_runtime import LLM, SamplingParams
 from rlt_runtime.engine.exit_policy import lookahead_head
 from rlt_runtime.models.dense_reference import RefExit, reference_generate
-from rlt_runtime.models.huginn import huginn_initial_state
+from rlt_runtime.models.huginn import request_initial_state
 from rlt_runtime.models.presets import preset_config, preset_weights
+from rlt_runtime.stable_hash import prompt_key, sample_key
 from workload import run_workload
 
-_MASK63 = (1 << 63) - 1
 SEED = 11
 
 
@@ -47,10 +47,8 @@ def reference(preset, prompt, max_tokens, *, mode="fixed", threshold=None, layou
         lw = lookahead_head(cfg.hidden_size, lookahead_seed, "cpu", torch.float64)[0]
         lb = torch.zeros((), dtype=torch.float64)
     init = None
-    if cfg.family == "huginn":
-        key = hash((SEED, 0)) & _MASK63
-        std = cfg.init_std * cfg.init_scale
-        init = lambda pos: huginn_initial_state([key], [pos], cfg.n_embd, std, "cpu", torch.float64)[0]  # noqa: E731
+    if cfg.family == "huginn":  # the engines run with seed 0; requests with SamplingParams.seed = SEED
+        init = request_initial_state(cfg, len(prompt), prompt_key(0), sample_key(SEED, 0))
     exit_rule = RefExit(mode=mode, threshold=threshold, min_loops=min_loops, max_loops=max_loops,
                         lookahead_weight=lw, lookahead_bias=lb)
     return reference_generate(cfg, w, list(prompt), max_tokens, exit=exit_rule, kv_layout=layout, initial_state=init)
