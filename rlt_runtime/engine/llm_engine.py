@@ -248,6 +248,8 @@ class LLMEngine:
             )
         max_tokens = min(params.max_tokens or self.max_model_len, self.max_model_len - len(ids))
         lifetime = self.kv.blocks_for(len(ids) + max_tokens - 1) * self.layout.num_planes
+        if not self.cfg.enable_preemption:  # admission reserves this (with in-flight drafts) up front
+            lifetime = self.scheduler.lifetime_blocks(len(ids), max_tokens, params.speculative)
         if lifetime > self.memory_plan.num_blocks:
             raise RequestError(
                 f"request needs {lifetime} KV blocks (prompt {len(ids)} + max_tokens {max_tokens}) but the pool has "

@@ -64,11 +64,6 @@ class Request:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
-    def max_kv_positions(self) -> int:
-        """Positions whose K/V the request can ever hold (the last output is never fed back)."""
-        return self.num_prompt_tokens + self.max_tokens - 1
-
-    @property
     def prefill_target(self) -> int:
         """Tokens that must be in the cache before decoding (re)starts."""
         return self.num_prompt_tokens if not self.output_token_ids else self.num_tokens - 1

@@ -15,8 +15,8 @@ pass it. Under memory pressure the scheduler preempts (recompute: free the block
 request later re-prefills its prompt and outputs at their recorded depths, so no token and no
 output changes): the victim is the lowest-priority, latest-arriving running request. With
 `enable_preemption=False` nothing is ever preempted: admission reserves every block a request can
-grow to (prompt + max_tokens - 1 positions, all planes) on top of what running requests may still
-claim, and a request that does not fit waits.
+grow to (`lifetime_blocks`) on top of what running requests may still claim, and a request that
+does not fit waits.
 
 Only full blocks of a prompt are ever shared (prefix cache, and the n samples of one request): their
 K/V is a function of the tokens alone. Blocks at generated positions depend on the request (its exit
@@ -245,10 +245,20 @@ class Scheduler:
         full = (r.num_prompt_tokens - 1) // self.kv.block_size * self.kv.block_size
         return full > 0 and any(s.group_id == r.group_id and s.num_computed < full for s in self.running)
 
+    def lifetime_blocks(self, num_prompt_tokens: int, max_tokens: int, speculative: bool) -> int:
+        """Physical blocks (all planes) a request can ever allocate: prompt + max_tokens - 1 positions,
+        plus with speculative rounds the drafts of one round still in flight (an async round
+        allocates from an upper bound of the position)."""
+        spec = self.cfg.speculative_config
+        slack = spec.num_speculative_tokens if spec is not None and speculative else 0
+        return self.kv.blocks_for(num_prompt_tokens + max_tokens - 1 + slack) * self.kv.num_planes
+
+    def _lifetime(self, r: Request) -> int:
+        return self.lifetime_blocks(r.num_prompt_tokens, r.max_tokens, r.params.speculative)
+
     def _reserved(self) -> int:
         """Blocks running requests may still allocate before they finish (preemption off)."""
-        return sum(max(0, self.kv.blocks_for(s.max_kv_positions) - len(self.kv.table(s.request_id))) * self.kv.num_planes
-                   for s in self.running)
+        return sum(max(0, self._lifetime(s) - len(self.kv.table(s.request_id)) * self.kv.num_planes) for s in self.running)
 
     def _first_chunk(self, r: Request, cached: int, budget: int) -> int:
         remaining = r.prefill_target - cached
@@ -266,7 +276,7 @@ class Scheduler:
         if not self.cfg.enable_chunked_prefill and not self.shares_planes and cached + chunk < r.prefill_target:
             return False
         if not self.cfg.enable_preemption:
-            lifetime = (self.kv.blocks_for(r.max_kv_positions) - cached // self.kv.block_size) * self.kv.num_planes
+            lifetime = self._lifetime(r) - cached // self.kv.block_size * self.kv.num_planes
             return self._room_for(lifetime + taken + self._reserved())
         return self._room_for((self.kv.blocks_for(cached + chunk) - cached // self.kv.block_size) * self.kv.num_planes)
 
