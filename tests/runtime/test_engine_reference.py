@@ -99,6 +99,24 @@ def test_huginn_layouts_and_criteria(layout, ref_layout, mode, threshold):
     check(llm, "huginn-tiny", PROMPTS[:3], params, mode=mode, threshold=threshold, layout=ref_layout)
 
 
+def test_huginn_preemption_and_prefix_cache_match_reference():
+    """Prompts sharing a cached block, a pool that forces preemption by recompute, early exit:
+    recomputed outputs keep their request's noise key and recorded depths."""
+    llm = engine("huginn-tiny", exit_mode="latent-diff", exit_criterion_threshold=1.2, max_num_seqs=4, num_blocks=25,
+                 max_num_batched_tokens=16)
+    prompts = [list(range(5, 21)) + list(range(100 + 14 * i, 114 + 14 * i)) for i in range(4)]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, seed=SEED, logprobs=0)
+    before = llm.engine.stats()
+    outs = check(llm, "huginn-tiny", prompts, params, mode="latent-diff", threshold=1.2)
+    after = llm.engine.stats()
+    # A wrong noise key moves the K/V only slightly (greedy tokens may survive it): compare log-probabilities.
+    for prompt, out in zip(prompts, outs):
+        ref = reference("huginn-tiny", prompt, 8, mode="latent-diff", threshold=1.2)
+        want = [float(torch.log_softmax(lg, dim=-1)[t]) for lg, t in zip(ref.logits, ref.tokens)]
+        assert [lp.logprob for lp in out.outputs[0].logprobs] == pytest.approx(want, abs=1e-5)
+    assert after["preemptions"] > before["preemptions"] and after["prefix_cache_hits"] > before["prefix_cache_hits"]
+
+
 def test_trace_record_and_replay(tmp_path):
     path = tmp_path / "trace.json"
     params = SamplingParams(max_tokens=8, temperature=0, exit_threshold=0.55, ignore_eos=True)

@@ -25,13 +25,14 @@ def huginn(**options) -> LLM:
 
 
 @functools.lru_cache(maxsize=None)
-def reference(sample_index: int, max_tokens: int) -> tuple[list[int], list[int]]:
-    """Greedy tokens and exit depths of sample `sample_index` of a request seeded with SEED."""
+def reference(sample_index: int, max_tokens: int) -> tuple[list[int], list[int], list[float]]:
+    """Greedy tokens, exit depths and chosen log-probabilities of sample `sample_index` of a
+    request seeded with SEED."""
     cfg = preset_config("huginn-tiny")
     w = dict(preset_weights(cfg, seed=0, dtype=torch.float64))
     init = request_initial_state(cfg, len(PROMPT), prompt_key(0), sample_key(SEED, sample_index))
     ref = reference_generate(cfg, w, PROMPT, max_tokens, initial_state=init)
-    return ref.tokens, ref.exit_depths
+    return ref.tokens, ref.exit_depths, [float(torch.log_softmax(lg, dim=-1)[t]) for lg, t in zip(ref.logits, ref.tokens)]
 
 
 def count_prefill_tokens(llm: LLM) -> list[int]:
@@ -70,9 +71,11 @@ def test_huginn_n_samples_compute_the_prompt_once_and_match_the_reference(prefix
     sample equals the dense reference run alone with its own key (whatever max_num_seqs)."""
     llm = huginn(max_num_seqs=max_num_seqs, enable_prefix_caching=prefix)
     counted = count_prefill_tokens(llm)
-    out = llm.generate([PROMPT], SamplingParams(n=3, max_tokens=4, temperature=0, seed=SEED, ignore_eos=True),
+    out = llm.generate([PROMPT], SamplingParams(n=3, max_tokens=4, temperature=0, seed=SEED, ignore_eos=True, logprobs=0),
                        use_tqdm=False)[0]
     assert sum(counted) == len(PROMPT) + 2 * (len(PROMPT) - SHARED)
     for i, c in enumerate(out.outputs):
-        assert (c.token_ids, c.exit_depths) == reference(i, 4), f"sample {i}"
+        tokens, depths, logprobs = reference(i, 4)
+        assert (c.token_ids, c.exit_depths) == (tokens, depths), f"sample {i}"
+        assert [lp.logprob for lp in c.logprobs] == pytest.approx(logprobs, abs=1e-5), f"sample {i}"
     llm.engine.check_invariants()
