@@ -139,8 +139,9 @@ def test_generated_positions_never_come_from_the_prefix_cache():
 def test_n_samples_compute_the_prompt_once():
     """The samples of one request share the prompt's full blocks (prefix caching on or off): the
     first computes them, the others wait and take them, computing only the last partial block."""
-    for prefix in (True, False):
-        sched, _ = make(block_size=4, max_num_batched_tokens=8, prefill_chunk_size=8, prefix=prefix)
+    for prefix, chunked in [(True, True), (False, True), (True, False)]:
+        sched, _ = make(block_size=4, max_num_batched_tokens=24 - 16 * chunked, prefill_chunk_size=8, prefix=prefix,
+                        enable_chunked_prefill=chunked)
         group = samples(0, range(18), 3, n=3)
         for r in group:
             sched.add(r)
@@ -150,7 +151,7 @@ def test_n_samples_compute_the_prompt_once():
             computed += sum(len(c.token_ids) for c in out.prefills)
             apply(sched, out)
             sched.kv.check_invariant()
-        assert computed == 18 + 2 * (18 - 16), prefix  # full blocks: 16 tokens (the last token never)
+        assert computed == 18 + 2 * (18 - 16), (prefix, chunked)  # full blocks: 16 tokens (the last token never)
         assert [r.metrics.num_cached_tokens for r in group] == [0, 16, 16]
         assert all(len(r.output_token_ids) == 3 for r in group)
 
