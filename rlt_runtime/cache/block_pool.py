@@ -93,6 +93,10 @@ class BlockPool:
     def peek(self, block_hash: int) -> bool:
         return block_hash in self._cached
 
+    def idle_blocks(self, block_hash: int) -> int:
+        """Blocks a lookup of this hash would take out of `num_free` (those of an idle cached entry)."""
+        return len(self._cached[block_hash]) if block_hash in self._idle else 0
+
     def publish(self, block_hash: int, planes: tuple[int, ...]) -> None:
         """Register a request's full logical block (all planes computed) under its hash."""
         if block_hash in self._cached or any(b in self._block_hash for b in planes):

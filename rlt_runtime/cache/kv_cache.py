@@ -7,12 +7,13 @@ is incremental (grow as tokens are scheduled); the device copy of the tables is 
 
 from __future__ import annotations
 
+from ..stable_hash import stable_hash
 from .block_pool import BlockPool
 
 
 def chain_hash(parent: int, tokens: tuple[int, ...], salt: int) -> int:
-    """Hash of a full logical block given its parent's hash (deterministic across runs)."""
-    return hash((parent, tokens, salt))
+    """Hash of a full logical block given its parent's hash (the same in every process)."""
+    return stable_hash(parent, tokens, salt)
 
 
 class KVCacheManager:
@@ -51,7 +52,8 @@ class KVCacheManager:
 
     # ---- prefix cache --------------------------------------------------------------------------
     def block_hashes(self, token_ids: list[int], salt: int) -> list[int]:
-        """Hashes of the full blocks of `token_ids` excluding its last token (never cached)."""
+        """Chained hashes of the full blocks of `token_ids` excluding its last token (never cached:
+        its logits are needed)."""
         hashes, parent = [], 0
         usable = len(token_ids) - 1
         for i in range(usable // self.block_size):
@@ -59,42 +61,41 @@ class KVCacheManager:
             hashes.append(parent)
         return hashes
 
-    def count_cached_prefix(self, token_ids: list[int], salt: int) -> int:
-        """Tokens a new request would find cached (no references taken)."""
-        n = 0
-        for h in self.block_hashes(token_ids, salt):
+    def cached_prefix_cost(self, hashes: list[int]) -> tuple[int, int]:
+        """For a new request with these block hashes: (tokens it would find cached, physical blocks
+        attaching them takes from the free count, i.e. those of idle cached entries). No references taken."""
+        n = taken = 0
+        for h in hashes:
             if not self.pool.peek(h):
                 break
             n += self.block_size
-        return n
+            taken += self.pool.idle_blocks(h)
+        return n, taken
 
-    def attach_prefix(self, request_id: str, slot: int, token_ids: list[int], salt: int) -> int:
+    def attach_prefix(self, request_id: str, slot: int, hashes: list[int]) -> int:
         """Reuse cached leading blocks for a new request; returns the cached token count."""
         assert request_id not in self._tables
         table: list[tuple[int, ...]] = []
-        hashes: list[int] = []
-        for h in self.block_hashes(token_ids, salt):
+        attached: list[int] = []
+        for h in hashes:
             planes = self.pool.lookup(h)
             if planes is None:
                 break
             self._record(slot, len(table), planes)
             table.append(planes)
-            hashes.append(h)
+            attached.append(h)
         self._tables[request_id] = table
-        self._hashes[request_id] = hashes
+        self._hashes[request_id] = attached
         return len(table) * self.block_size
 
-    def publish(self, request_id: str, token_ids: list[int], num_computed: int, salt: int) -> None:
-        """Publish the request's full prompt blocks whose K/V is now computed (all planes)."""
-        table, hashes = self._tables[request_id], self._hashes[request_id]
-        limit = min(num_computed, len(token_ids) - 1) // self.block_size
-        if len(hashes) >= limit:
-            return
-        parent = hashes[-1] if hashes else 0
-        for i in range(len(hashes), limit):
-            parent = chain_hash(parent, tuple(token_ids[i * self.block_size : (i + 1) * self.block_size]), salt)
-            self.pool.publish(parent, table[i])
-            hashes.append(parent)
+    def publish(self, request_id: str, hashes: list[int], num_computed: int) -> None:
+        """Publish the request's blocks with these hashes (`block_hashes` of its prompt) whose K/V
+        is now computed (all planes)."""
+        table, own = self._tables[request_id], self._hashes[request_id]
+        limit = min(num_computed // self.block_size, len(hashes))
+        for i in range(len(own), limit):
+            self.pool.publish(hashes[i], table[i])
+            own.append(hashes[i])
 
     # ---- allocation ----------------------------------------------------------------------------
     def allocate(self, request_id: str, slot: int, num_tokens: int) -> bool:

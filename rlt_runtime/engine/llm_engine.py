@@ -27,15 +27,13 @@ from ..executor.ops import select_ops
 from ..models import load_model
 from ..outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 from ..sampling_params import SamplingParams
+from ..stable_hash import prompt_key, sample_key, stable_hash, unseeded_key
 from .exit_policy import load_trace
 from .request import Request
 from .scheduler import Scheduler
 from .text import TextTracker
 
 logger = logging.getLogger("rlt")
-
-_MASK63 = (1 << 63) - 1
-
 
 def _resolve_device(name: str) -> torch.device:
     if name == "auto":
@@ -137,6 +135,7 @@ class LLMEngine:
             num_blocks=1, block_size=cfg.block_size, max_model_len=self.max_model_len, max_rows=self.max_num_seqs,
             max_tokens=self.max_num_batched_tokens,
             exit_mode=self.exit_mode, criterion_threshold=criterion, lookahead_seed=cfg.lookahead_seed,
+            prompt_key=prompt_key(cfg.seed),
         )
         per_block = block_bytes(self.layout.num_cache_layers, cfg.block_size, mc.kv_heads, mc.head_dim, self.dtype)
         blocks_per_seq = -(-self.max_model_len // cfg.block_size)
@@ -148,7 +147,8 @@ class LLMEngine:
         self.runner.allocate_kv(self.memory_plan.num_blocks)
         logger.info(self.memory_plan.describe())
         self.kv = KVCacheManager(self.memory_plan.num_blocks, cfg.block_size, self.layout.num_planes,
-                                 enable_prefix_caching=cfg.enable_prefix_caching, cache_salt=hash((model, depth, cfg.kv_layout)))
+                                 enable_prefix_caching=cfg.enable_prefix_caching,
+                                 cache_salt=stable_hash("rlt.cache", model, depth, cfg.kv_layout, cfg.seed))
         self.scheduler = Scheduler(cfg, self.kv, depth=depth, shares_planes=self.layout.shares_planes, num_slots=self.max_num_seqs)
         if self.execution_mode != "eager":
             from ..executor.graphs import default_ladder, doubling_ladder
@@ -254,6 +254,8 @@ class LLMEngine:
             )
         max_tokens = min(params.max_tokens or self.max_model_len, self.max_model_len - len(ids))
         lifetime = self.kv.blocks_for(len(ids) + max_tokens - 1) * self.layout.num_planes
+        if not self.cfg.enable_preemption:  # admission reserves this (with in-flight drafts) up front
+            lifetime = self.scheduler.lifetime_blocks(len(ids), max_tokens, params.speculative)
         if lifetime > self.memory_plan.num_blocks:
             raise RequestError(
                 f"request needs {lifetime} KV blocks (prompt {len(ids)} + max_tokens {max_tokens}) but the pool has "
@@ -266,10 +268,7 @@ class LLMEngine:
         now = time.monotonic() if arrival_time is None else arrival_time
         group = []
         for i in range(params.n):
-            if params.seed is not None:
-                key = hash((params.seed, i)) & _MASK63
-            else:
-                key = hash((self.cfg.seed, arrival, i, "rlt")) & _MASK63
+            key = sample_key(params.seed, i) if params.seed is not None else unseeded_key(self.cfg.seed, arrival, i)
             req = Request(
                 request_id=request_id if params.n == 1 else f"{request_id}[{i}]", prompt_token_ids=list(ids), params=params,
                 arrival_index=arrival, row_key=key, max_tokens=max_tokens,
@@ -384,8 +383,7 @@ class LLMEngine:
             n = len(chunk.token_ids)
             req.num_computed += n
             req.num_inflight -= n
-            if self.cfg.enable_prefix_caching or req.params.n > 1:
-                self.kv.publish(req.request_id, req.prompt_token_ids, req.num_computed, self.scheduler._salt(req))
+            self.scheduler.publish(req)
         if res is None:
             return
         accepted, drafted = [], []
@@ -457,10 +455,12 @@ class LLMEngine:
 
     def _finish(self, req: Request, reason: str, stop_reason) -> None:
         self.scheduler.finish(req)
+        if reason != "stop" or not isinstance(stop_reason, str):
+            hit = self._trackers[id(req)].finish()
+            if hit is not None and reason == "length":  # the final flush completed a stop string
+                reason, stop_reason = "stop", hit
         req.finish_reason, req.stop_reason = reason, stop_reason
         req.metrics.finished_time = time.monotonic()
-        if reason != "stop" or not isinstance(stop_reason, str):
-            self._trackers[id(req)].finish()
         if self.cfg.record_exit_trace:
             self._recorded_trace[self._trace_key(req)] = list(req.exit_depths)
             self._write_trace()

@@ -53,6 +53,7 @@ class Request:
     stop_reason: object = None
     metrics: RequestMetrics = None  # set by the engine
     swapped: object = None  # CPU copy of the K/V while swapped out (swap preemption)
+    prompt_block_hashes: Optional[list[int]] = None  # set by the scheduler on first use
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -13,7 +13,15 @@ priority: lower value first, then arrival). A request that cannot be admitted co
 request admitted ahead of it; once it has been bypassed `max_admission_bypasses` times nobody may
 pass it. Under memory pressure the scheduler preempts (recompute: free the blocks, re-queue; the
 request later re-prefills its prompt and outputs at their recorded depths, so no token and no
-output changes): the victim is the lowest-priority, latest-arriving running request.
+output changes): the victim is the lowest-priority, latest-arriving running request. With
+`enable_preemption=False` nothing is ever preempted: admission reserves every block a request can
+grow to (`lifetime_blocks`) on top of what running requests may still claim, and a request that
+does not fit waits.
+
+Only full blocks of a prompt are ever shared (prefix cache, and the n samples of one request): their
+K/V is a function of the tokens alone. Blocks at generated positions depend on the request (its exit
+depths; Huginn's per-request initial-state noise) and are never looked up. A sample whose sibling is
+still computing the prompt's full blocks waits for them and then takes them from the cache.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..cache.kv_cache import KVCacheManager
+from ..stable_hash import stable_hash
 from .request import Request, Status
 
 
@@ -138,6 +147,9 @@ class Scheduler:
     def _allocate(self, r: Request, num_tokens: int, out: SchedulerOutput) -> bool:
         """Grow r to num_tokens positions, preempting lower-ranked requests if needed."""
         while not self.kv.allocate(r.request_id, r.slot, num_tokens):
+            if not self.cfg.enable_preemption:
+                # Admission reserved the request's whole lifetime, so this cannot happen.
+                raise AssertionError(f"{r.request_id}: KV blocks reserved at admission are missing")
             victim = self._victim(out, exclude=r)
             if victim is None or self._order_key(victim) < self._order_key(r):
                 return False
@@ -222,7 +234,31 @@ class Scheduler:
         return n
 
     def _can_admit_any(self) -> bool:
-        return bool(self.free_slots) and any(self._fits(r, self.cfg.max_num_batched_tokens) for r in self.waiting[: self.cfg.admission_scan_limit])
+        return bool(self.free_slots) and any(not self._waits_for_sibling(r) and self._fits(r, self.cfg.max_num_batched_tokens)
+                                             for r in self.waiting[: self.cfg.admission_scan_limit])
+
+    def _waits_for_sibling(self, r: Request) -> bool:
+        """Whether a running sample of r's request is still computing the prompt's full blocks
+        (r takes them from the cache once they are published instead of computing them again)."""
+        if r.swapped is not None or r.params.n == 1:
+            return False
+        full = (r.num_prompt_tokens - 1) // self.kv.block_size * self.kv.block_size
+        return full > 0 and any(s.group_id == r.group_id and s.num_computed < full for s in self.running)
+
+    def lifetime_blocks(self, num_prompt_tokens: int, max_tokens: int, speculative: bool) -> int:
+        """Physical blocks (all planes) a request can ever allocate: prompt + max_tokens - 1 positions,
+        plus with speculative rounds the drafts of one round still in flight (an async round
+        allocates from an upper bound of the position)."""
+        spec = self.cfg.speculative_config
+        slack = spec.num_speculative_tokens if spec is not None and speculative else 0
+        return self.kv.blocks_for(num_prompt_tokens + max_tokens - 1 + slack) * self.kv.num_planes
+
+    def _lifetime(self, r: Request) -> int:
+        return self.lifetime_blocks(r.num_prompt_tokens, r.max_tokens, r.params.speculative)
+
+    def _reserved(self) -> int:
+        """Blocks running requests may still allocate before they finish (preemption off)."""
+        return sum(max(0, self._lifetime(s) - len(self.kv.table(s.request_id)) * self.kv.num_planes) for s in self.running)
 
     def _first_chunk(self, r: Request, cached: int, budget: int) -> int:
         remaining = r.prefill_target - cached
@@ -233,13 +269,15 @@ class Scheduler:
             saved = r.swapped["num_computed"]
             chunk = self._first_chunk(r, saved, budget) if saved < r.prefill_target else 0
             return self._room_for(self.kv.blocks_for(saved + max(chunk, 1)) * self.kv.num_planes)
-        cached = self.kv.count_cached_prefix(r.all_token_ids()[: r.prefill_target + 1], self._salt(r)) if self.kv.enable_prefix_caching else 0
-        cached = min(cached, r.prefill_target - 1) // self.kv.block_size * self.kv.block_size if cached else 0
+        cached, taken = self.kv.cached_prefix_cost(self.prompt_hashes(r))
         chunk = self._first_chunk(r, cached, budget)
         if chunk <= 0:
             return False
         if not self.cfg.enable_chunked_prefill and not self.shares_planes and cached + chunk < r.prefill_target:
             return False
+        if not self.cfg.enable_preemption:
+            lifetime = self._lifetime(r) - cached // self.kv.block_size * self.kv.num_planes
+            return self._room_for(lifetime + taken + self._reserved())
         return self._room_for((self.kv.blocks_for(cached + chunk) - cached // self.kv.block_size) * self.kv.num_planes)
 
     def _room_for(self, need: int) -> bool:
@@ -247,8 +285,22 @@ class Scheduler:
         reserve = int(self.cfg.watermark * self.kv.pool.num_blocks) if self.running else 0
         return self.kv.num_free_blocks - need >= reserve
 
-    def _salt(self, r: Request) -> int:
-        return self.kv.cache_salt if self.kv.enable_prefix_caching else hash((self.kv.cache_salt, r.group_id))
+    def prompt_hashes(self, r: Request) -> list[int]:
+        """Cache keys of r's shareable blocks: the prompt's full blocks (never its last token). With
+        prefix caching off they are salted by the request id, so only its own samples share them;
+        a lone sample then shares nothing (empty list)."""
+        if not self.kv.enable_prefix_caching and r.params.n == 1:
+            return []
+        if r.prompt_block_hashes is None:
+            salt = self.kv.cache_salt if self.kv.enable_prefix_caching else stable_hash(self.kv.cache_salt, r.group_id)
+            r.prompt_block_hashes = self.kv.block_hashes(r.prompt_token_ids, salt)
+        return r.prompt_block_hashes
+
+    def publish(self, r: Request) -> None:
+        """Register r's shareable blocks whose K/V has been computed (after a step's results)."""
+        hashes = self.prompt_hashes(r)
+        if hashes:
+            self.kv.publish(r.request_id, hashes, r.num_computed)
 
     def _admit(self, budget: int, out: SchedulerOutput) -> int:
         blocked: list[Request] = []
@@ -257,6 +309,8 @@ class Scheduler:
                 break
             if any(b.bypass_count >= self.cfg.max_admission_bypasses for b in blocked):
                 break
+            if self._waits_for_sibling(r):
+                continue
             if not self.free_slots and not self._preempt_for_priority(r, out):
                 blocked.append(r)
                 continue
@@ -294,9 +348,8 @@ class Scheduler:
             if not r.is_prefilling:
                 return  # decodes from the next step on
         else:
-            tokens = r.all_token_ids()[: r.prefill_target + 1]
-            cached = self.kv.attach_prefix(r.request_id, r.slot, tokens, self._salt(r))
-            r.num_computed = min(cached, r.prefill_target - 1) // self.kv.block_size * self.kv.block_size if cached else 0
+            # Prompt blocks only (see the module docstring); never the prompt's last token.
+            r.num_computed = self.kv.attach_prefix(r.request_id, r.slot, self.prompt_hashes(r))
         if r.metrics is not None and r.metrics.num_cached_tokens == 0:
             r.metrics.num_cached_tokens = r.num_computed
         if self._schedule_prefill(r, budget, out) == 0 and r in self.running and r.swapped is None:

@@ -43,12 +43,14 @@ class TextTracker:
         self._text += self._detok.add(token_id)
         return self._check(before)
 
-    def finish(self) -> None:
-        """Flush characters held back by the detokenizer (end of generation)."""
-        if self._detok is not None and self.stopped_by is None:
-            before = len(self.text)
-            self._text += self._detok.flush()
-            self._check(before)
+    def finish(self) -> Optional[str]:
+        """Flush characters held back by the detokenizer (end of generation); returns the stop
+        string the flushed characters completed, if any (the text is cut before it as usual)."""
+        if self._detok is None or self.stopped_by is not None:
+            return None
+        before = len(self.text)
+        self._text += self._detok.flush()
+        return self._check(before)
 
     def _check(self, before: int) -> Optional[str]:
         if not self._stop:

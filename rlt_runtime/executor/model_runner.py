@@ -113,8 +113,12 @@ class StepHandle:
 class ModelRunner:
     def __init__(self, model, model_config, layout: KVLayout, *, ops, device, dtype, num_slots: int, num_blocks: int,
                  block_size: int, max_model_len: int, max_rows: int, max_tokens: int, exit_mode: str, criterion_threshold,
-                 lookahead_seed: int):
+                 lookahead_seed: int, prompt_key: int = 0):
         self.model, self.cfg, self.layout, self.ops = model, model_config, layout, ops
+        # Huginn's initial-state noise key at prompt positions: the same for every request, so a
+        # prompt's K/V depends on its tokens only (prefix-cache blocks are shared across requests).
+        # Generated positions, also when recomputed after a preemption, use the request's row key.
+        self.prompt_key = prompt_key
         self.device, self.dtype = torch.device(device), dtype
         self.family = model_config.family
         self.depth = layout.depth
@@ -330,7 +334,8 @@ class ModelRunner:
             positions += range(c.start, c.start + n)
             token_slots += [c.request.slot] * n
             limits += c.depths
-            keys += [c.request.row_key] * n
+            num_prompt = c.request.num_prompt_tokens
+            keys += [self.prompt_key if p < num_prompt else c.request.row_key for p in range(c.start, c.start + n)]
             seq_slots.append(c.request.slot)
             seq_lens.append(c.start + n)
             qsl.append(qsl[-1] + n)

@@ -1,7 +1,8 @@
 """Huginn-0125 as stage functions: prelude, one recurrence of the core, coda.
 
-Math (reference/MODELS.md §2.2): e = prelude(wte(ids) * sqrt(h)); s_0 ~ truncated normal (per
-request and position, counter-based); each recurrence s = core(adapter([s, e])); then
+Math (reference/MODELS.md §2.2): e = prelude(wte(ids) * sqrt(h)); s_0 ~ truncated normal
+(counter-based, by position and key: one engine-wide key at prompt positions, so prompt K/V can be
+shared, and the request's row key at generated positions); each recurrence s = core(adapter([s, e])); then
 x = ln_f(s), coda blocks, ln_f again, tied LM head in fp32. Blocks add the residual first and
 normalise the sum: x = n2(x + attn(n1 x)); x = n4(x + mlp(n3 x)). Prelude and coda K/V live in
 plane 0 (cache layers 0..P-1 and P..P+C-1); core layer j at recurrence i writes cache layer j
@@ -52,6 +53,20 @@ def huginn_initial_state(keys, positions, hidden: int, std: float, device, dtype
     if std == 0.0 or keys.shape[0] == 0:
         return torch.zeros((keys.shape[0], hidden), dtype=dtype, device=device)
     return _truncated_normal_state(keys, positions, hidden, float(std), dtype)
+
+
+def request_initial_state(config: HuginnConfig, num_prompt_tokens: int, prompt_key: int, row_key: int,
+                          dtype: torch.dtype = torch.float64):
+    """s_0 of one request as the engine draws it, by position (the `initial_state` callable of
+    `reference_generate`): prompt positions use the engine's prompt key (`stable_hash.prompt_key`),
+    generated positions the request's row key. Returns position -> [hidden] on the CPU."""
+    std = config.init_std * config.init_scale
+
+    def state(position: int) -> torch.Tensor:
+        key = prompt_key if position < num_prompt_tokens else row_key
+        return huginn_initial_state([key], [position], config.n_embd, std, "cpu", dtype)[0]
+
+    return state
 
 
 @torch.library.custom_op("rlt::huginn_initial_state", mutates_args=())

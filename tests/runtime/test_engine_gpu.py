@@ -9,7 +9,9 @@ import torch
 from rlt_runtime import LLM, SamplingParams
 from rlt_runtime.executor.profiling import count_host_syncs
 from rlt_runtime.models.dense_reference import RefExit, reference_generate
+from rlt_runtime.models.huginn import request_initial_state
 from rlt_runtime.models.presets import preset_config, preset_weights
+from rlt_runtime.stable_hash import prompt_key, sample_key
 from workload import run_workload
 
 pytestmark = pytest.mark.gpu
@@ -49,13 +51,10 @@ def test_fp32_triton_engine_matches_reference(preset, mode, threshold):
                             exit_threshold=threshold if cfg.family == "ouro" else 1.0, seed=11)
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     init = None
-    if cfg.family == "huginn":
-        from rlt_runtime.models.huginn import huginn_initial_state
-
-        key = hash((11, 0)) & ((1 << 63) - 1)
-        init = lambda pos: huginn_initial_state([key], [pos], cfg.n_embd, cfg.init_std, "cpu", torch.float64)[0]  # noqa: E731
     ref_mode = mode if (cfg.family == "huginn" or threshold < 1) else "fixed"
     for p, o in zip(PROMPTS, outs):
+        if cfg.family == "huginn":  # the engine's seed is 0 (the default)
+            init = request_initial_state(cfg, len(p), prompt_key(0), sample_key(11, 0))
         r = reference_generate(cfg, w, p, 10, exit=RefExit(mode=ref_mode, threshold=threshold), initial_state=init)
         assert (o.outputs[0].token_ids, o.outputs[0].exit_depths) == (r.tokens, r.exit_depths)
 

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from rlt_runtime import LLM, SamplingParams
 from rlt_runtime.engine.exit_policy import lookahead_head
 from rlt_runtime.models.dense_reference import RefExit, reference_generate
-from rlt_runtime.models.huginn import huginn_initial_state
+from rlt_runtime.models.huginn import request_initial_state
 from rlt_runtime.models.presets import preset_config, preset_weights
+from rlt_runtime.stable_hash import prompt_key, sample_key
 from workload import run_workload
 
-_MASK63 = (1 << 63) - 1
 SEED = 11
 
 
@@ -47,10 +47,8 @@ def reference(preset, prompt, max_tokens, *, mode="fixed", threshold=None, layou
         lw = lookahead_head(cfg.hidden_size, lookahead_seed, "cpu", torch.float64)[0]
         lb = torch.zeros((), dtype=torch.float64)
     init = None
-    if cfg.family == "huginn":
-        key = hash((SEED, 0)) & _MASK63
-        std = cfg.init_std * cfg.init_scale
-        init = lambda pos: huginn_initial_state([key], [pos], cfg.n_embd, std, "cpu", torch.float64)[0]  # noqa: E731
+    if cfg.family == "huginn":  # the engines run with seed 0; requests with SamplingParams.seed = SEED
+        init = request_initial_state(cfg, len(prompt), prompt_key(0), sample_key(SEED, 0))
     exit_rule = RefExit(mode=mode, threshold=threshold, min_loops=min_loops, max_loops=max_loops,
                         lookahead_weight=lw, lookahead_bias=lb)
     return reference_generate(cfg, w, list(prompt), max_tokens, exit=exit_rule, kv_layout=layout, initial_state=init)
@@ -99,6 +97,24 @@ def test_huginn_layouts_and_criteria(layout, ref_layout, mode, threshold):
                  enable_prefix_caching=False)
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, seed=SEED)
     check(llm, "huginn-tiny", PROMPTS[:3], params, mode=mode, threshold=threshold, layout=ref_layout)
+
+
+def test_huginn_preemption_and_prefix_cache_match_reference():
+    """Prompts sharing a cached block, a pool that forces preemption by recompute, early exit:
+    recomputed outputs keep their request's noise key and recorded depths."""
+    llm = engine("huginn-tiny", exit_mode="latent-diff", exit_criterion_threshold=1.2, max_num_seqs=4, num_blocks=25,
+                 max_num_batched_tokens=16)
+    prompts = [list(range(5, 21)) + list(range(100 + 14 * i, 114 + 14 * i)) for i in range(4)]
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, seed=SEED, logprobs=0)
+    before = llm.engine.stats()
+    outs = check(llm, "huginn-tiny", prompts, params, mode="latent-diff", threshold=1.2)
+    after = llm.engine.stats()
+    # A wrong noise key moves the K/V only slightly (greedy tokens may survive it): compare log-probabilities.
+    for prompt, out in zip(prompts, outs):
+        ref = reference("huginn-tiny", prompt, 8, mode="latent-diff", threshold=1.2)
+        want = [float(torch.log_softmax(lg, dim=-1)[t]) for lg, t in zip(ref.logits, ref.tokens)]
+        assert [lp.logprob for lp in out.outputs[0].logprobs] == pytest.approx(want, abs=1e-5)
+    assert after["preemptions"] > before["preemptions"] and after["prefix_cache_hits"] > before["prefix_cache_hits"]
 
 
 def test_trace_record_and_replay(tmp_path):

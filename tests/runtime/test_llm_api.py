@@ -8,9 +8,14 @@ import os
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
 
 from rlt_runtime import LLM, ConfigError, RequestError, SamplingParams
+from rlt_runtime.models.tokenizer import IncrementalDetokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @functools.lru_cache(maxsize=None)
@@ -74,6 +79,72 @@ def test_stop_strings_are_cut_from_the_text():
                      use_tqdm=False)[0].outputs[0]
     assert out.finish_reason == "stop" and out.stop_reason == probe
     assert out.text == text[: text.index(probe)] and probe not in out.text
+
+
+def test_stop_string_completed_by_the_final_flush_reports_stop():
+    """The last token leaves an incomplete UTF-8 character that only the end-of-generation flush
+    emits (as U+FFFD); a stop string it completes is cut and reported like any other."""
+    m = llm()
+    p = dict(temperature=1.0, seed=3, ignore_eos=True)
+    base = m.generate(["flush"], SamplingParams(max_tokens=32, **p), use_tqdm=False)[0]
+    ids = base.outputs[0].token_ids
+    for j in range(1, len(ids) + 1):
+        detok = IncrementalDetokenizer(m.tokenizer, base.prompt_token_ids)
+        shown = "".join(detok.add(t) for t in ids[:j])
+        held = detok.flush()
+        stop = shown[-1:] + held
+        if held and shown and (shown + held).find(stop) == len(shown) - 1:
+            break
+    else:
+        raise AssertionError("no output prefix of this seed ends inside a character; pick another seed")
+    out = m.generate(["flush"], SamplingParams(max_tokens=j, stop=[stop], **p), use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == ids[:j]
+    assert (out.finish_reason, out.stop_reason, out.text) == ("stop", stop, shown[:-1])
+
+
+def test_without_preemption_requests_wait_and_match_a_large_pool():
+    """enable_preemption=False with a pool that holds one request's lifetime at a time: requests
+    wait for room instead of being preempted, and the outputs equal those of a large pool."""
+    prompts = [list(range(10 + 7 * i, 20 + 7 * i)) for i in range(6)]  # one block per plane each
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)  # 21 positions: two blocks
+    expected = [(o.outputs[0].token_ids, o.outputs[0].exit_depths) for o in llm().generate(prompts, params, use_tqdm=False)]
+    tiny = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, block_size=16, num_blocks=12, enable_preemption=False)
+    eng = tiny.engine
+    for i, prompt in enumerate(prompts):
+        eng.add_request(str(i), prompt, params)
+    done, most = {}, 0
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                done[int(out.request_id)] = (out.outputs[0].token_ids, out.outputs[0].exit_depths)
+        most = max(most, len(eng.scheduler.running))
+        eng.check_invariants()
+    assert eng.stats()["preemptions"] == 0 and most == 1  # 4 planes x 2 blocks each: one lifetime fits in 12
+    assert [done[i] for i in range(len(prompts))] == expected
+
+
+_UNSEEDED = """
+import json
+from rlt_runtime import LLM, SamplingParams
+m = LLM("ouro-tiny", dtype="float32", max_num_seqs=4)
+outs = m.generate([[5, 6, 7] * 12, "unseeded"], SamplingParams(n=2, max_tokens=6, temperature=1.0, ignore_eos=True),
+                  use_tqdm=False)
+print(json.dumps([[c.token_ids for c in o.outputs] for o in outs]))
+"""
+
+
+def test_unseeded_sampling_is_reproducible_across_processes():
+    """Unseeded requests draw keys from the engine seed: two fresh processes with different
+    PYTHONHASHSEED produce the same tokens (and the samples of a request still differ)."""
+    runs = []
+    for hash_seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=str(ROOT))
+        res = subprocess.run([sys.executable, "-c", _UNSEEDED], capture_output=True, text=True, timeout=300, env=env,
+                             cwd=str(ROOT))
+        assert res.returncode == 0, res.stderr
+        runs.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    assert runs[0] == runs[1]
+    assert all(o[0] != o[1] for o in runs[0])
 
 
 def test_logprobs_shape():

@@ -34,6 +34,19 @@ def request(i, prompt, max_tokens, priority=0):
     return r
 
 
+def samples(i, prompt, max_tokens, n):
+    """The n sequences of one request with n samples (as the engine builds them)."""
+    params = SamplingParams(n=n)
+    group = []
+    for k in range(n):
+        r = Request(request_id=f"r{i}[{k}]", prompt_token_ids=list(prompt), params=params, arrival_index=i,
+                    row_key=100 * i + k, max_tokens=max_tokens, depth_limit=DEPTH, min_loops=1, group_id=f"r{i}",
+                    sample_index=k)
+        r.metrics = RequestMetrics(arrival_time=0.0)
+        group.append(r)
+    return group
+
+
 def apply(sched: Scheduler, out) -> list[Request]:
     """What the engine does with a step's results (every output token is 7, depth 2)."""
     done = []
@@ -41,7 +54,7 @@ def apply(sched: Scheduler, out) -> list[Request]:
         r = c.request
         r.num_computed += len(c.token_ids)
         r.num_inflight -= len(c.token_ids)
-        sched.kv.publish(r.request_id, r.prompt_token_ids, r.num_computed, sched._salt(r))
+        sched.publish(r)
         if c.sample:
             r.inflight_outputs -= 1
             r.output_token_ids.append(7)
@@ -103,6 +116,64 @@ def test_prefix_hit_skips_cached_blocks():
     out = sched.schedule()
     chunk = out.prefills[0]
     assert chunk.start == 16 and second.metrics.num_cached_tokens == 16
+
+
+def test_generated_positions_never_come_from_the_prefix_cache():
+    """A request re-admitted after a preemption by recompute takes only its prompt's blocks from the
+    cache, even where another request's cached prompt holds its generated tokens: their K/V there
+    ran at full depth (and with the prompt noise key), the request's own at its recorded depths."""
+    sched, _ = make(block_size=4)
+    other = request(0, list(range(12)) + [50], 1)
+    sched.add(other)
+    while sched.has_work():
+        apply(sched, sched.schedule())
+    back = request(1, range(5), 10)  # generated 5..11 and 60 before it was preempted
+    back.output_token_ids = list(range(5, 12)) + [60]
+    back.exit_depths = [DEPTH, 1, 2, 3, 1, 2, 3, 1]
+    sched.add(back)
+    out = sched.schedule()
+    assert back.num_computed == 4 and out.prefills[0].start == 4  # the prompt's one full block only
+    assert out.prefills[0].depths[1:] == back.exit_depths[1:]  # outputs recompute at their recorded depths
+
+
+def test_n_samples_compute_the_prompt_once():
+    """The samples of one request share the prompt's full blocks (prefix caching on or off): the
+    first computes them, the others wait and take them, computing only the last partial block."""
+    for prefix, chunked in [(True, True), (False, True), (True, False)]:
+        sched, _ = make(block_size=4, max_num_batched_tokens=24 - 16 * chunked, prefill_chunk_size=8, prefix=prefix,
+                        enable_chunked_prefill=chunked)
+        group = samples(0, range(18), 3, n=3)
+        for r in group:
+            sched.add(r)
+        computed = 0
+        while sched.has_work():
+            out = sched.schedule()
+            computed += sum(len(c.token_ids) for c in out.prefills)
+            apply(sched, out)
+            sched.kv.check_invariant()
+        assert computed == 18 + 2 * (18 - 16), (prefix, chunked)  # full blocks: 16 tokens (the last token never)
+        assert [r.metrics.num_cached_tokens for r in group] == [0, 16, 16]
+        assert all(len(r.output_token_ids) == 3 for r in group)
+
+
+def test_without_preemption_requests_wait_for_their_whole_lifetime():
+    """enable_preemption=False: admission reserves prompt + max_tokens - 1 positions on every
+    plane for each running request; nothing is ever preempted and all requests finish."""
+    sched, _ = make(num_blocks=3 * DEPTH, block_size=4, max_num_seqs=4, enable_preemption=False, prefix=False)
+    # Prompts take one block per plane, lifetimes (3 + 6 - 1 positions) two.
+    reqs = [request(i, range(10 * i, 10 * i + 3), 6) for i in range(6)]
+    for r in reqs:
+        sched.add(r)
+    most = 0
+    while sched.has_work():
+        out = sched.schedule()
+        assert not out.preempted
+        most = max(most, len(sched.running))
+        apply(sched, out)
+        sched.kv.check_invariant()
+        assert sched._reserved() <= sched.kv.num_free_blocks
+    assert sched.num_preemptions == 0 and most == 1  # two lifetimes (16 blocks) never fit in 12
+    assert all(len(r.output_token_ids) == 6 for r in reqs)
 
 
 def test_bypass_bound_protects_a_blocked_request():
@@ -175,11 +246,14 @@ def test_priority_preempts_only_lower_priority():
     prefix=st.booleans(),
     policy=st.sampled_from(["fcfs", "priority"]),
     abort_seed=st.integers(0, 1000),
+    preemption=st.booleans(),
 )
-def test_random_workloads_finish_without_leaks(lens, num_blocks, max_seqs, budget, chunk, prefix, policy, abort_seed):
+def test_random_workloads_finish_without_leaks(lens, num_blocks, max_seqs, budget, chunk, prefix, policy, abort_seed,
+                                               preemption):
     budget = max(budget, max_seqs)
     sched, cfg = make(num_blocks=num_blocks, block_size=4, max_num_seqs=max_seqs, max_num_batched_tokens=budget,
-                      prefill_chunk_size=chunk, prefix=prefix, scheduling_policy=policy, max_admission_bypasses=3)
+                      prefill_chunk_size=chunk, prefix=prefix, scheduling_policy=policy, max_admission_bypasses=3,
+                      enable_preemption=preemption)
     rng = random.Random(abort_seed)
     reqs = []
     for i, (plen, mtok, prio) in enumerate(lens):
@@ -187,9 +261,11 @@ def test_random_workloads_finish_without_leaks(lens, num_blocks, max_seqs, budge
         need = -(-(plen + mtok) // 4) * DEPTH
         if need > num_blocks:
             continue
-        r = request(i, [rng.randrange(8) for _ in range(plen)], mtok, priority=prio)
-        reqs.append(r)
-        sched.add(r)
+        prompt = [rng.randrange(8) for _ in range(plen)]
+        group = samples(i, prompt, mtok, n=1 + i % 3) if prio == 3 else [request(i, prompt, mtok, priority=prio)]
+        reqs += group
+        for r in group:
+            sched.add(r)
     aborted = set()
     for _ in range(2000):
         if not sched.has_work():
@@ -204,6 +280,8 @@ def test_random_workloads_finish_without_leaks(lens, num_blocks, max_seqs, budge
             aborted.add(victim.request_id)
         sched.kv.check_invariant()
         assert len(sched.free_slots) + len(sched.running) == max_seqs
+        if not preemption:
+            assert not out.preempted and sched._reserved() <= sched.kv.num_free_blocks
     assert not sched.has_work(), "scheduler made no progress"
     assert sched.kv.pool.num_free == num_blocks
     for r in reqs:

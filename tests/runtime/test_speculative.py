@@ -65,6 +65,22 @@ def test_greedy_speculation_is_bitwise_identical(work, k, d, policy, threshold, 
     assert fast == plain
 
 
+@pytest.mark.parametrize("async_mode", [False, True])
+def test_speculation_without_preemption_reserves_its_drafts(async_mode):
+    """enable_preemption=False: admission reserves a request's lifetime plus one round of drafts in
+    flight (async rounds allocate from an upper bound of the position), so rounds never run out of
+    blocks and nothing is preempted; outputs equal plain decoding."""
+    work = [(list(range(5 + 9 * i, 15 + 9 * i)), 0) for i in range(5)]  # 10-token prompts, all at once
+    # 10 + 23 - 1 = 32 positions fill two blocks exactly; the 3 drafts of a round in flight need a third.
+    params = SamplingParams(max_tokens=23, temperature=0, ignore_eos=True)
+    # 16 blocks hold two lifetimes of 2 blocks x 4 planes, but only one with the drafts' third block.
+    common = dict(num_blocks=16, block_size=16, max_num_batched_tokens=16, enable_preemption=False)
+    plain = run(engine(**common), work, params)
+    llm = engine(speculative_config=tuple(spec(3, 1).items()), async_scheduling=async_mode, **common)
+    assert run(llm, work, params) == plain
+    assert llm.stats()["preemptions"] == 0 and llm.stats()["speculative"]["rounds"] > 0
+
+
 def test_speculation_is_used_and_counted():
     llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, speculative_config=spec(3, 2))
     llm.generate([[5, 6, 7], [9, 10]], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True), use_tqdm=False)

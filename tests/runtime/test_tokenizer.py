@@ -6,6 +6,7 @@ import os
 import pytest
 from hypothesis import assume, given, settings, strategies as st
 
+from rlt_runtime.engine.text import TextTracker
 from rlt_runtime.errors import CheckpointError, RequestError
 from rlt_runtime.models.checkpoint import save_checkpoint
 from rlt_runtime.models.presets import preset_config, preset_weights
@@ -169,6 +170,20 @@ def test_incremental_detokenizer_with_prompt_specials_and_flush():
     partial = OURO.encode("é")[:1]
     deltas, rest = _stream(OURO, OURO.encode("ok") + partial)
     assert "".join(deltas) == "ok" and rest == "\ufffd"
+
+
+def test_text_tracker_reports_a_stop_string_completed_by_the_flush():
+    """Bytes of an incomplete character are held back until the final flush; a stop string they
+    complete is reported by `finish` (not only cut from the text)."""
+    prompt = OURO.encode("日本")
+    tracker = TextTracker(OURO, ["k\ufffd"], prompt)
+    assert [tracker.add(t) for t in OURO.encode("ok") + OURO.encode("é")[:1]] == [None, None, None]
+    assert tracker.text == "ok"
+    assert tracker.finish() == "k\ufffd" and tracker.text == "o" and tracker.stopped_by == "k\ufffd"
+    plain = TextTracker(OURO, ["zz"], prompt)
+    for t in OURO.encode("ok") + OURO.encode("é")[:1]:
+        plain.add(t)
+    assert plain.finish() is None and plain.text == "ok\ufffd"
 
 
 @settings(max_examples=25)
