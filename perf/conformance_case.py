@@ -192,8 +192,9 @@ def reference_difference(case: dict, w: Work, keys: list[int], got: list[dict]) 
 
     from rlt_runtime.engine.exit_policy import lookahead_head
     from rlt_runtime.models.dense_reference import RefExit, reference_generate
-    from rlt_runtime.models.huginn import huginn_initial_state
+    from rlt_runtime.models.huginn import request_initial_state
     from rlt_runtime.models.presets import preset_config
+    from rlt_runtime.stable_hash import prompt_key
 
     cfg, weights = _fp64_weights(case["model"])
     p = w.params
@@ -213,8 +214,7 @@ def reference_difference(case: dict, w: Work, keys: list[int], got: list[dict]) 
     for s, key in enumerate(keys):
         init = None
         if cfg.family == "huginn":
-            std = cfg.init_std * cfg.init_scale
-            init = lambda pos, key=key: huginn_initial_state([key], [pos], cfg.n_embd, std, "cpu", torch.float64)[0]  # noqa: E731
+            init = request_initial_state(cfg, len(w.prompt), prompt_key(engine_options(case, "cpu")["seed"]), key)
         ref = reference_generate(cfg, weights, w.prompt, p.max_tokens, exit=rule, kv_layout=layout,
                                  stop_token_ids=p.stop_token_ids or (), initial_state=init)
         mine = got[s]
