@@ -53,6 +53,7 @@ class Request:
     stop_reason: object = None
     metrics: RequestMetrics = None  # set by the engine
     swapped: object = None  # CPU copy of the K/V while swapped out (swap preemption)
+    draft: object = None  # DraftState of a speculative request (its own history decides its draft counts)
 
     @property
     def num_prompt_tokens(self) -> int:
