@@ -18,9 +18,9 @@ Ties go to the smaller k. a_i is the request's own estimate: drafts offered and 
 i, counts decayed by FORGET per draft offered there, over a prior of PRIOR_WEIGHT drafts at the
 estimate of position i - 1 (position 1: 1/2), so deeper positions start from what the shallower
 ones showed. A fresh request whose estimate picks k = 0 probes with one draft (the cheapest round
-that measures a_1); after every round with drafts that leaves k = 0 the winner, the next probe
-waits twice as many of the request's own rounds at k = 0 (PROBE_EVERY first, at most
-MAX_PROBE_EVERY); a round with drafts that pay resets the wait.
+that measures a_1). Every round with drafts that leaves k = 0 the winner doubles the number of the
+request's own rounds at k = 0 before its next probe (from PROBE_EVERY, so 32, 64, ... up to
+MAX_PROBE_EVERY); a round with drafts that pay resets it to PROBE_EVERY.
 
 Timing of information: with async scheduling a request's round m is planned while round m - 1 is
 still in flight, so round m's count uses the request's results through round m - 2 (round 0 is
@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 FORGET = 1 / 16  # decay of a position's counts per draft offered there (about 16 drafts of memory)
 PRIOR_WEIGHT = 2.0  # pseudo-drafts behind each position's prior
 PRIOR_ACCEPT = 0.5  # the prior of the first position
-PROBE_EVERY = 16  # rounds at k = 0 before the first re-probe waits twice this
-MAX_PROBE_EVERY = 1024
+PROBE_EVERY = 16  # the wait while drafts pay; each round with drafts that do not pay doubles it (32, 64, ...)
+MAX_PROBE_EVERY = 1024  # the longest wait, in the request's rounds at k = 0
 
 
 @dataclass(frozen=True)

@@ -90,3 +90,20 @@ def test_a_row_without_drafts_in_a_round_decodes_plainly():
     llm = make()
     assert crowded(llm, [0, 1, 0, 0])[name] == expected
     assert llm.stats()["speculative"]["rounds"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("execution_mode", ["eager", "graphs"])
+def test_reproducible_on_the_gpu(execution_mode):
+    """On CUDA (bf16, graph buckets padded to the batch, async scheduling by default): the target
+    alone, among neighbours, a second time on the same engine and in sync mode commits the same
+    tokens."""
+    def gpu(**options):
+        return LLM("ouro-tiny", device="cuda", dtype="bfloat16", max_num_seqs=4, gpu_memory_utilization=0.08,
+                   execution_mode=execution_mode, speculative_config=dict(ADAPTIVE), **options)
+
+    llm = gpu()
+    reference = drive(llm, [TARGET + (0,)])["t"]
+    assert crowded(llm, [0, 4, 9, 2])["t"] == reference
+    assert drive(llm, [TARGET + (0,)])["t"] == reference
+    assert crowded(gpu(async_scheduling=False), [6, 3, 0, 1])["t"] == reference
