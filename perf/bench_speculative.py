@@ -122,6 +122,7 @@ def run(out: str, quick: bool) -> dict:
         for acc in acceptances:
             spec = {"num_speculative_tokens": k, "draft_loops": 2, "draft_policy": policy, "synthetic_acceptance": acc}
             llm = LLM(model, speculative_config=spec, **common)
+            llm.engine.runner.record_device_time = True
             end_to_end(llm, 2, "warm")
             key = f"{name}@{'measured' if acc is None else acc}"
             res["spec"][key] = {}

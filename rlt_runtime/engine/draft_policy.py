@@ -1,27 +1,34 @@
-"""How many tokens to draft per speculative round (plain Python).
+"""How many tokens each request drafts in a speculative round (plain Python).
 
-`fixed` always drafts K. `adaptive` picks k in [0, K] maximising expected committed tokens per
-unit of predicted round time:
+Sampled speculation commits tokens distributed exactly as plain sampling, but which random draws
+are made depends on how many drafts were taken. So that a seeded request commits the same tokens
+whatever else the engine runs, a request's draft count is a function of its own committed
+results and of the engine configuration only: never of measured timings, nor of its batch
+neighbours (batch size and graph bucket included). A round runs with the largest count its rows
+take; a row drafting fewer (or none) is unaffected by that.
 
-    E(k) = 1 + sum_{j=1..k} prod_{i<=j} a_i        (a_i: acceptance of draft i given i-1 passed)
-    T(k) = measured device time of a round with k drafts at this batch bucket
-           (k = 0 is a plain decode step)
+`fixed` drafts K. `adaptive` picks k in [0, K] maximising expected committed tokens per unit of a
+static cost, in decode steps, from the configuration (draft loops d of depth D):
 
-Per-position acceptance is the running mean of what was observed, from a prior of one passed and
-one rejected draft (a run of early rejections must not pin an estimate at exactly 0, where a round
-costing no more than a step would lose the tie to k = 0 for good), until it settles into
-exponential forgetting; a position seen fewer than MIN_SAMPLES times is counted optimistically
-(see `expected_tokens`). Round times are moving averages of device-measured rounds; a draft count
-not measured yet at a bucket is extrapolated from the nearest measured one (each draft pass costs
-draft_loops/D of a decode step) or, before any round was measured there, taken from a cost model
-(k + 1 draft passes and a verify pass of (D - draft_loops)/D of a step).
+    E(k) = 1 + sum_{j=1..k} a_1 * ... * a_j   (a_i: acceptance of draft i given the earlier passed)
+    C(k) = 1 + k * d / D                      (k + 1 draft passes of d/D of a step each, and a
+                                               verify pass of (D - d)/D; k = 0 is a decode step)
 
-When some k > 0 wins, its neighbours k - 1 and k + 1 are each tried once at that bucket, so their
-times get measured rather than extrapolated. To keep learning while k = 0 wins, a probe round with
-one draft (the cheapest round that still measures the first draft's acceptance) runs after
-`probe_every` native steps; each probe that leaves k = 0 the winner doubles the interval, up to
-`MAX_PROBE_EVERY`, and the interval resets as soon as the policy itself picks k > 0. With drafts
-that never pass, probes then cost about half a decode step per thousand steps.
+Ties go to the smaller k. a_i is the request's own estimate: drafts offered and passed at position
+i, counts decayed by FORGET per draft offered there, over a prior of PRIOR_WEIGHT drafts at the
+estimate of position i - 1 (position 1: 1/2), so deeper positions start from what the shallower
+ones showed. A fresh request whose estimate picks k = 0 probes with one draft (the cheapest round
+that measures a_1). Every round with drafts that leaves k = 0 the winner doubles the number of the
+request's own rounds at k = 0 before its next probe (from PROBE_EVERY, so 32, 64, ... up to
+MAX_PROBE_EVERY); a round with drafts that pay resets it to PROBE_EVERY.
+
+Timing of information: with async scheduling a request's round m is planned while round m - 1 is
+still in flight, so round m's count uses the request's results through round m - 2 (round 0 is
+the token its prefill sampled) and the count round m - 1 took. Sync scheduling follows the same
+rule, so both take the same counts. Near max_tokens, k is at most what round m can still commit if
+round m - 1 committed everything it drafted: max_tokens - (tokens through round m - 2) -
+(k_{m-1} + 1) - 1. Preemption discards rounds in flight and keeps the committed history, so the
+counts continue as if it had not happened.
 """
 
 from __future__ import annotations
@@ -29,95 +36,114 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-FORGET = 0.02  # weight of the newest observation once an estimate has settled
-MIN_SAMPLES = 16  # drafts offered at a position before its estimate is taken at face value
-PRIOR_SAMPLES = 2  # pseudo-drafts (one passed, one rejected) each estimate starts from
-MAX_PROBE_EVERY = 1024  # native steps between probes, at most
+FORGET = 1 / 16  # decay of a position's counts per draft offered there (about 16 drafts of memory)
+PRIOR_WEIGHT = 2.0  # pseudo-drafts behind each position's prior
+PRIOR_ACCEPT = 0.5  # the prior of the first position
+PROBE_EVERY = 16  # the wait while drafts pay; each round with drafts that do not pay doubles it (32, 64, ...)
+MAX_PROBE_EVERY = 1024  # the longest wait, in the request's rounds at k = 0
+
+
+@dataclass(frozen=True)
+class DraftHistory:
+    """A request's committed rounds through `round`, folded into what later counts depend on."""
+
+    round: int  # the last committed round (0: the prefill's sampled token, -1: none yet)
+    tokens: int  # output tokens committed through `round`
+    offered: tuple  # [K] decayed drafts offered per position
+    passed: tuple  # [K] decayed drafts passed per position
+    zero_run: int  # rounds at k = 0 in a row, ending at `round`
+    wait: int  # rounds at k = 0 before the next probe
+    best: tuple  # [K + 1] best[c]: the winning draft count among 0..c (adaptive only)
+
+
+@dataclass
+class DraftState:
+    """Per request: its history after the last committed round and after the one before, and the
+    counts its recent rounds were given (round index -> k)."""
+
+    max_tokens: int
+    current: DraftHistory
+    previous: DraftHistory
+    decided: dict = field(default_factory=dict)
 
 
 @dataclass
 class DraftPolicy:
-    max_drafts: int
+    max_drafts: int  # K (already capped so that one round fits the token budget)
     draft_loops: int
     depth: int
     adaptive: bool = True
-    probe_every: int = 32
-    accept: list = field(default_factory=list)  # a_1..a_K estimates
-    _offered: list = field(default_factory=list)  # drafts offered per position so far
-    _times: dict = field(default_factory=dict)  # (bucket, k) -> ms
-    _tried: set = field(default_factory=set)  # (bucket, k) neighbours already tried once
-    _since_probe: int = 0
-    _probe_interval: int = 0
-    chosen: dict = field(default_factory=lambda: defaultdict(int))  # k -> rounds (histogram)
+    chosen: dict = field(default_factory=lambda: defaultdict(int))  # k -> committed request-rounds (a stat)
 
-    def __post_init__(self):
-        if not self.accept:
-            self.accept = [0.5] * self.max_drafts  # the prior: PRIOR_SAMPLES drafts, half passed
-        self._offered = [0] * self.max_drafts
-        self._probe_interval = self.probe_every
+    def new_state(self, max_tokens: int) -> DraftState:
+        zeros = (0.0,) * self.max_drafts
+        start = DraftHistory(round=-1, tokens=0, offered=zeros, passed=zeros, zero_run=PROBE_EVERY, wait=PROBE_EVERY,
+                             best=self._best(zeros, zeros))
+        return DraftState(max_tokens, start, start)
 
-    def expected_tokens(self, k: int) -> float:
-        """Committed tokens per request of a round with k drafts. A position offered n <
-        MIN_SAMPLES times counts as a + (1 - a)(1 - n / MIN_SAMPLES): optimism that fades as it is
-        measured, so no position is written off on a few unlucky drafts."""
-        total, run = 1.0, 1.0
-        for i in range(k):
-            a = self.accept[i]
-            run *= a + (1.0 - a) * max(0.0, 1.0 - self._offered[i] / MIN_SAMPLES)
-            total += run
-        return total
+    def cost(self, k: int) -> float:
+        """Static cost of a round with k drafts, in decode steps."""
+        return 1.0 + k * self.draft_loops / self.depth
 
-    def predicted_ms(self, bucket: int, k: int) -> float:
-        """Device time of a round with k drafts at this bucket: measured, else extrapolated from the
-        nearest measured round (each draft adds draft_loops/D of a step), else the cost model."""
-        measured = self._times.get((bucket, k))
-        if measured is not None:
-            return measured
-        step = self._times.get((bucket, 0))
-        if step is None:
-            step = 1.0
-        draft = self.draft_loops / self.depth
-        if k > 0:
-            known = [j for j in range(1, self.max_drafts + 1) if (bucket, j) in self._times]
-            if known:
-                j = min(known, key=lambda j: abs(j - k))
-                return max(self._times[(bucket, j)] + (k - j) * draft * step, 1e-9)
-        verify = (self.depth - self.draft_loops) / self.depth
-        return step * ((k + 1) * draft + verify * (1.0 + 0.05 * k))
+    @staticmethod
+    def acceptance(offered, passed) -> list[float]:
+        """The estimates a_1..a_K from decayed counts per position."""
+        out, prior = [], PRIOR_ACCEPT
+        for n, p in zip(offered, passed):
+            prior = (p + PRIOR_WEIGHT * prior) / (n + PRIOR_WEIGHT)
+            out.append(prior)
+        return out
 
-    def choose(self, bucket: int) -> int:
-        """Drafts for the next round at this row bucket."""
+    def _best(self, offered: tuple, passed: tuple) -> tuple:
         if not self.adaptive:
-            k = self.max_drafts
+            return ()
+        best, best_k, best_rate, expected, run = [0], 0, 1.0, 1.0, 1.0
+        for k, a in enumerate(self.acceptance(offered, passed), start=1):
+            run *= a
+            expected += run
+            rate = expected / self.cost(k)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+            best.append(best_k)
+        return tuple(best)
+
+    def drafts(self, state: DraftState, in_flight: int) -> int:
+        """Drafts for the request's next round; in_flight: its rounds submitted whose results have
+        not arrived (0 or 1; its prefill's sampled token counts as round 0)."""
+        if in_flight not in (0, 1):
+            raise ValueError(f"a request has 0 or 1 rounds in flight, got {in_flight}")
+        m = state.current.round + 1 + in_flight
+        base = state.current if in_flight else state.previous
+        assert base.round == m - 2, (base.round, m)
+        k_prev = 0 if m == 1 else state.decided[m - 1]
+        cap = min(self.max_drafts, state.max_tokens - base.tokens - k_prev - 2)
+        if cap <= 0:
+            k = 0
+        elif not self.adaptive:
+            k = cap
         else:
-            k = max(range(self.max_drafts + 1), key=lambda j: self.expected_tokens(j) / self.predicted_ms(bucket, j))
-            if k > 0:
-                self._since_probe, self._probe_interval = 0, self.probe_every
-                # Try the neighbouring draft counts once per bucket: their predicted times are only
-                # extrapolations, and a wrong guess would otherwise never be corrected.
-                untried = [j for j in (k - 1, k + 1) if 1 <= j <= self.max_drafts
-                           and (bucket, j) not in self._times and (bucket, j) not in self._tried]
-                if untried:
-                    k = untried[0]
-                    self._tried.add((bucket, k))
-            else:
-                self._since_probe += 1
-                if self._since_probe >= self._probe_interval and self.max_drafts > 0:
-                    self._since_probe, k = 0, 1
-                    self._probe_interval = min(2 * self._probe_interval, MAX_PROBE_EVERY)
-        self.chosen[k] += 1
+            k = base.best[cap]
+            zero_run = base.zero_run + 1 if k_prev == 0 else 0
+            if k == 0 and zero_run >= base.wait:
+                k = 1
+        state.decided[m] = k
+        state.decided.pop(m - 3, None)  # rounds m - 1 and m may still be planned again after a preemption
         return k
 
-    def observe_round(self, bucket: int, k: int, accepted: list[int], drafted: list[int], device_ms) -> None:
-        """Update from one round: per request, drafts offered and accepted; the round's device time."""
-        for i in range(k):
-            offered = sum(1 for a, d in zip(accepted, drafted) if d > i and a >= i)
-            passed = sum(1 for a, d in zip(accepted, drafted) if d > i and a > i)
-            if offered:
-                self._offered[i] += offered
-                weight = max(FORGET, offered / (self._offered[i] + PRIOR_SAMPLES))  # running mean, then forgetting
-                self.accept[i] += weight * (passed / offered - self.accept[i])
-        if device_ms is not None:
-            key = (bucket, k)
-            old = self._times.get(key)
-            self._times[key] = device_ms if old is None else old + 0.2 * (device_ms - old)
+    def observe(self, state: DraftState, k: int, committed: int) -> None:
+        """Fold one committed round of the request: k drafts, `committed` tokens (accepted + 1)."""
+        h = state.current
+        accepted = committed - 1
+        offered, passed = list(h.offered), list(h.passed)
+        for i in range(min(k, accepted + 1)):  # draft i + 1 was tested: the i before it passed
+            offered[i] = offered[i] * (1.0 - FORGET) + 1.0
+            passed[i] = passed[i] * (1.0 - FORGET) + float(accepted > i)
+        best = self._best(tuple(offered), tuple(passed))
+        wait = h.wait
+        if k > 0 and self.adaptive:
+            wait = PROBE_EVERY if best[-1] > 0 else min(2 * wait, MAX_PROBE_EVERY)
+        state.previous = h
+        state.current = DraftHistory(round=h.round + 1, tokens=h.tokens + committed, offered=tuple(offered),
+                                     passed=tuple(passed), zero_run=h.zero_run + 1 if k == 0 else 0, wait=wait, best=best)
+        if h.round >= 0:
+            self.chosen[k] += 1

@@ -197,22 +197,13 @@ class LLMEngine:
             from ..executor.graphs import doubling_ladder
 
             self.runner.spec.enable_graphs(self.execution_mode, self.cfg.cuda_graph_sizes or doubling_ladder(self.max_num_seqs))
-        self.policy = DraftPolicy(spec.num_speculative_tokens, d, self.depth, adaptive=spec.draft_policy == "adaptive")
-        self.runner.record_device_time = self.device.type == "cuda"
+        # At most one round of K drafts must fit the token budget (rows never draft less to fit).
+        k_max = min(spec.num_speculative_tokens, self.max_num_batched_tokens - 1)
+        self.policy = DraftPolicy(k_max, d, self.depth, adaptive=spec.draft_policy == "adaptive")
+        self.scheduler.draft_policy = self.policy
         self.spec_stats = {"rounds": 0, "drafted": 0, "accepted": 0, "committed": 0, "verify_rows": 0,
                            "accepted_per_position": [0] * spec.num_speculative_tokens,
                            "drafted_per_position": [0] * spec.num_speculative_tokens}
-
-    def _round_k(self) -> tuple[int, int]:
-        """Drafts per row for this step's round, and the graph bucket of its decode rows (0, 0: no round)."""
-        if self.policy is None:
-            return 0, 0
-        n = self.scheduler.decode_ready()
-        if n == 0:
-            return 0, 0
-        graphs = self.runner.spec.graphs
-        bucket = (graphs.bucket(n) if graphs is not None else None) or n
-        return self.policy.choose(bucket), bucket
 
     # ---- capacity ------------------------------------------------------------------------------
     def _profile_peak(self) -> int:
@@ -274,6 +265,7 @@ class LLMEngine:
                 arrival_index=arrival, row_key=key, max_tokens=max_tokens,
                 depth_limit=min(params.max_loops or self.depth, self.depth), min_loops=params.min_loops or 1,
                 group_id=request_id, sample_index=i, prompt=text, trace_depths=trace,
+                draft=self.policy.new_state(max_tokens) if self.policy is not None and params.speculative else None,
             )
             req.metrics = RequestMetrics(arrival_time=now, num_prompt_tokens=len(ids))
             self._trackers[id(req)] = TextTracker(self.tokenizer, params.stop_list, list(ids))
@@ -344,15 +336,12 @@ class LLMEngine:
         t0 = time.perf_counter()
         self._wait_s = 0.0
         self._profile_tick()
-        round_k, bucket = self._round_k()
-        sched = self.scheduler.schedule(round_k)
+        sched = self.scheduler.schedule()
         now = time.monotonic()
         for r in sched.admitted:
             if r.metrics.first_scheduled_time is None:
                 r.metrics.first_scheduled_time = now
         handle = self.runner.execute(sched) if not sched.is_empty else None
-        if handle is not None:
-            handle.bucket = bucket
         self.num_steps += 1
         touched: dict[str, None] = {}
         if self.async_scheduling:
@@ -386,20 +375,18 @@ class LLMEngine:
             self.scheduler.publish(req)
         if res is None:
             return
-        accepted, drafted = [], []
         counts = (res.tokens >= 0).sum(axis=1).tolist()
         tokens, depths = res.tokens.tolist(), res.depths.tolist()
         for i, (req, gen, kind, k) in enumerate(handle.rows):
             committed = counts[i]
-            if kind == "decode" and handle.round_k:
-                accepted.append(committed - 1)
-                drafted.append(k)
             if gen != req.generation or req.finished:
                 continue
             if kind == "decode":
                 req.num_computed += committed
                 req.num_inflight -= 1 + k
             req.inflight_outputs -= 1
+            if req.draft is not None:  # a decode round, or the token its prefill sampled (round 0)
+                self.policy.observe(req.draft, k, committed)
             for j in range(committed):
                 lp = None
                 if res.logprobs is not None and req.params.logprobs is not None:
@@ -410,17 +397,13 @@ class LLMEngine:
                 if req.finished:
                     break
             touched[req.group_id] = None
-        if self.policy is not None and any(kind == "decode" for _, _, kind, _ in handle.rows):
-            self._observe_round(handle, accepted, drafted)
+        if self.policy is not None and handle.round_k:
+            rounds = [(k, counts[i] - 1) for i, (_, _, kind, k) in enumerate(handle.rows) if kind == "decode"]
+            self._count_round(rounds)
 
-    def _observe_round(self, handle: StepHandle, accepted: list[int], drafted: list[int]) -> None:
-        k = handle.round_k
-        # A step that also ran prefill chunks says nothing about what a round (or a plain decode
-        # step) costs: its time would make every later choice at this bucket look cheap or dear.
-        device_ms = None if handle.prefills else handle.device_ms()
-        self.policy.observe_round(handle.bucket or len(accepted), k, accepted, drafted, device_ms)
-        if k == 0:
-            return
+    def _count_round(self, rounds: list[tuple[int, int]]) -> None:
+        """Stats of one round that ran: (drafts, accepted) per decode row."""
+        drafted, accepted = [k for k, _ in rounds], [a for _, a in rounds]
         st = self.spec_stats
         st["rounds"] += 1
         st["drafted"] += sum(drafted)
@@ -539,7 +522,6 @@ class LLMEngine:
             return None
         st = dict(self.spec_stats)
         st["chosen_k"] = dict(self.policy.chosen)
-        st["acceptance_estimate"] = list(self.policy.accept)
         graphs = self.runner.spec.graphs
         st["graphs"] = graphs.stats.as_dict() if graphs is not None else None
         return st

@@ -54,6 +54,7 @@ class Request:
     metrics: RequestMetrics = None  # set by the engine
     swapped: object = None  # CPU copy of the K/V while swapped out (swap preemption)
     prompt_block_hashes: Optional[list[int]] = None  # set by the scheduler on first use
+    draft: object = None  # DraftState of a speculative request (its own history decides its draft counts)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -82,6 +82,7 @@ class Scheduler:
         self._rotation = 0
         self._consecutive_prefill_steps = 0
         self.num_preemptions = 0
+        self.draft_policy = None  # DraftPolicy when speculative decoding is on
 
     # ---- queue management ----------------------------------------------------------------------
     def _order_key(self, r: Request):
@@ -164,13 +165,11 @@ class Scheduler:
             return 1 << 62
         return self.cfg.prefill_chunk_size
 
-    def decode_ready(self) -> int:
-        """Running requests that will take a decode row in the next step (an estimate for policies)."""
-        return sum(1 for r in self.running if not r.is_prefilling)
-
-    def schedule(self, round_k: int = 0) -> SchedulerOutput:
-        """Plan one step. round_k > 0: decode rows become speculative rounds of up to round_k drafts."""
-        out = SchedulerOutput(round_k=round_k)
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step. With a draft policy, decode rows of speculative requests draft the count
+        their own history gives (never cut to fit the batch: a row whose round does not fit this
+        step's token budget waits, one that cannot get its blocks is preempted)."""
+        out = SchedulerOutput()
         budget = self.cfg.max_num_batched_tokens
         prefill_only = (
             not self.cfg.enable_chunked_prefill
@@ -185,13 +184,12 @@ class Scheduler:
                 if len(r.output_token_ids) + r.inflight_outputs >= r.max_tokens or budget < 1:
                     continue
                 pos = r.num_computed + r.num_inflight
-                remaining = r.max_tokens - len(r.output_token_ids) - r.inflight_outputs
-                k = min(round_k, remaining - 1, budget - 1) if r.params.speculative else 0
+                k = self.draft_policy.drafts(r.draft, r.inflight_outputs) if r.draft is not None else 0
+                if 1 + k > budget:
+                    continue
                 if not self._allocate(r, pos + k + 1, out):
-                    k = 0
-                    if not self._allocate(r, pos + 1, out):
-                        self._preempt(r, out)
-                        continue
+                    self._preempt(r, out)
+                    continue
                 out.decodes.append(r)
                 out.num_drafts.append(k)
                 budget -= 1 + k
@@ -208,8 +206,9 @@ class Scheduler:
         if not out.preempted and (self.cfg.enable_chunked_prefill or prefill_only or not out.decodes):
             budget = self._admit(budget, out)
         self._consecutive_prefill_steps = self._consecutive_prefill_steps + 1 if (out.prefills and not out.decodes) else 0
-        # A round drafts what its rows can: rows that opted out or sit one token short of max_tokens
-        # draft nothing, and a round of such rows only is a plain decode step.
+        # A round runs with the most drafts any of its rows takes; rows that draft none (opted out,
+        # close to max_tokens, or their policy says so) decode plainly in it, and a round of such
+        # rows only is a plain decode step.
         out.round_k = max(out.num_drafts, default=0)
         out.block_updates = self.kv.take_updates()
         for r, k in zip(out.decodes, out.num_drafts):

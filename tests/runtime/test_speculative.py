@@ -111,24 +111,6 @@ def test_rounds_draft_only_what_their_rows_can():
     assert llm.stats()["speculative"]["rounds"] == len(rounds)
 
 
-def test_round_costs_are_learned_from_decode_only_steps(monkeypatch):
-    """A step that also ran a prefill chunk must not teach the adaptive policy what a round costs."""
-    from rlt_runtime.executor.model_runner import StepHandle
-
-    monkeypatch.setattr(StepHandle, "device_ms", lambda self: 1000.0 if self.prefills else 5.0)
-    llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, speculative_config=spec(3, 1, "adaptive"))
-    eng = llm.engine
-    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    for i, prompt in enumerate([[5, 6, 7], list(range(10, 40)), [9, 10], list(range(50, 70))]):
-        eng.add_request(f"r{i}", prompt, params)
-        for _ in range(3):  # later prompts prefill beside earlier requests' decode rows and rounds
-            eng.step()
-    while eng.has_unfinished_requests():
-        eng.step()
-    times = eng.policy._times
-    assert times and set(times.values()) == {5.0}
-
-
 def test_per_request_opt_out_matches_plain():
     llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, speculative_config=spec(3, 1))
     p = SamplingParams(max_tokens=10, temperature=0.9, seed=4, ignore_eos=True, speculative=False)
