@@ -45,7 +45,7 @@ def _plane_sharing(case: dict) -> bool:
 # by design. A ConfigError outside this list fails the case.
 EXPECTED_REJECTIONS = [
     ("speculation with a plane-sharing layout (shared, compress-sN)",
-     lambda c: bool(c["speculative_config"]) and _plane_sharing(c), r"specul"),
+     lambda c: bool(c["speculative_config"]) and _plane_sharing(c), r"speculative_config needs a layout with one plane per loop"),
     ("graphs/compile need CUDA", lambda c: c["device"] == "cpu" and c["execution_mode"] != "eager",
      r"needs a CUDA device"),
     ("copy reads need one plane per loop", lambda c: c["last_exited_reads"] == "copy" and c["kv_layout"] != "last_exited",
@@ -146,23 +146,7 @@ def draw_case(index: int, seed: int, device: str) -> dict:
         # 16 and 32, no speculation (its rounds are more programs still).
         f["cuda_graph_sizes"], f["max_num_batched_tokens"] = [min(4, f["max_num_seqs"])], 32
         f["speculative_config"] = None
-    if f["speculative_config"] and f["sampling"] != "greedy":
-        _sampled_speculation_reproducible(f)
     return complete(index, f)
-
-
-def _sampled_speculation_reproducible(f: dict) -> None:
-    """A sampled request's speculative tokens depend on its draft counts (a token committed as an
-    accepted draft, a correction or a bonus comes from different random draws). Alone they equal
-    the crowd's only when no outside influence changes those counts, so sampled speculation runs
-    with the fixed policy (adaptive draft counts follow the whole batch's acceptance and timing),
-    synchronously (async rounds plan drafts from a step-old output count), with a pool that never
-    refuses draft blocks and a token budget that covers every row's drafts."""
-    f["speculative_config"]["draft_policy"] = "fixed"
-    f["async_scheduling"] = False
-    f["tiny_pool"] = 0
-    f["max_num_batched_tokens"] = max(f["max_num_batched_tokens"],
-                                      f["max_num_seqs"] * (f["speculative_config"]["num_speculative_tokens"] + 1))
 
 
 def crowd_case(index: int, seed: int) -> dict:

@@ -12,11 +12,11 @@ import torch
 
 from rlt_runtime import LLM, SamplingParams
 from rlt_runtime.models.dense_reference import reference_generate
-from rlt_runtime.models.huginn import huginn_initial_state
+from rlt_runtime.models.huginn import request_initial_state
 from rlt_runtime.models.presets import preset_config, preset_weights
+from rlt_runtime.stable_hash import prompt_key, sample_key
 from workload import run_workload
 
-_MASK63 = (1 << 63) - 1
 SEED = 5
 TOP_N = 3
 TOL = 1e-4  # fp32 engine vs the fp64 reference: errors < 1e-6 seen; another token's logprob is > 0.1 away
@@ -36,9 +36,7 @@ def reference_logprobs(preset: str, prompt: list[int], tokens: list[int], seed: 
     cfg, w = _weights(preset)
     init = None
     if cfg.family == "huginn":
-        key = hash((seed, 0)) & _MASK63
-        std = cfg.init_std * cfg.init_scale
-        init = lambda pos: huginn_initial_state([key], [pos], cfg.n_embd, std, "cpu", torch.float64)[0]  # noqa: E731
+        init = request_initial_state(cfg, len(prompt), prompt_key(0), sample_key(seed, 0))
     return [torch.log_softmax(reference_generate(cfg, w, prompt + tokens[:i], 1, initial_state=init).logits[0], -1)
             for i in range(len(tokens))]
 
