@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not interpreter_active(), reason="CPU runs use t
 
 @pytest.fixture
 def standin(request, monkeypatch):
-    """FlashAttention 2 or 3 (the test's `version` parameter) replaced by its pure-torch stand-in."""
+    """FlashAttention 2 or 3 (this fixture's parameter, "fa3" by default) replaced by its pure-torch stand-in."""
     version = getattr(request, "param", "fa3")
     flash_standin.install(monkeypatch, version)
     yield version
