@@ -6,19 +6,33 @@ Install one of:
 * FlashAttention 3 (Hopper): build ``hopper/`` of the flash-attention repository
   (``cd hopper && python setup.py install``); it provides the ``flash_attn_interface`` module.
 
-`flash_available()` says whether either imports on a machine with CUDA. FA3 is preferred.
+`flash_version()` says which one imports ("fa3" is preferred, then "fa2"; None for neither).
 
-Supported: the plain mode -- bf16/fp16 q and caches, block tables [S_rows, max_blocks] (or a
-single plane [1, S_rows, max_blocks]), ``seq_slots``, ``scale``, ``out``; causal with bottom-right
-alignment, GQA/MQA, ``seq_len == 0`` rows give zeros, rows no sequence owns keep out's values.
-The loop-depth options (``query_depth``, ``key_depth``, ``plane_offset``, ``plane_modulus``,
-several planes) and ``active_seqs`` raise ValueError naming the option: use the Triton kernel.
-``workspace`` and ``split_size`` are accepted and ignored (FlashAttention manages its own).
+What maps onto FlashAttention's paged API: every call whose keys all come from one block-table
+plane per sequence. The plane of sequence s is ``plane_offset + query_depth[s] % plane_modulus``
+(0 without depth options), its table row is ``block_tables[plane, seq_slots[s]]``; the adapter
+gathers these rows into a plain [S, max_blocks] table and makes one depth-free call:
 
-Differences from the Triton kernel: results agree to rounding, not bit for bit. FA3 runs with
-``num_splits=1`` so a row's result does not depend on the batch; FA2's varlen path picks its
-own key splits for single-query GQA batches and needs block_size to be a multiple of 256. The
-call allocates (the result and small metadata), so it is not allocation-free under CUDA graphs.
+* FA2: ``flash_attn_varlen_func(q, k_cache, v_cache, query_start_loc, cu_seqlens_k, max_seqlen_q,
+  max_seqlen_k, causal=True, block_table=...)`` for every pass (decode, chunked prefill,
+  verification). FA2's ``flash_attn_with_kvcache`` takes queries as [batch, seqlen_q] and the
+  interface does not say statically that a call has one query per sequence, so decode uses the
+  varlen call too; ``max_seqlen_q`` is at least 2 so FA2 never takes its single-query GQA
+  transpose (that path needs exactly one q row per sequence). FA2's paged kernels need
+  ``block_size`` to be a multiple of 256 (a ValueError names it otherwise).
+* FA3: ``flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=..., page_table=...,
+  cu_seqlens_q=query_start_loc, max_seqlen_q=T, causal=True)``; any block size.
+
+``key_depth`` (per-key plane indirection) has no FlashAttention equivalent and raises ValueError:
+LAST_EXITED runs with copy-based reads (``last_exited_reads="copy"``) on this backend.
+``active_seqs`` is honoured on the device: sequences at or past it get no keys (``seq_len`` 0,
+table rows of slot 0) and their rows, like rows no sequence owns, keep out's values (zeros when
+out is None). ``workspace`` and ``split_size`` are accepted and ignored. Causal alignment is
+bottom-right, GQA maps query head h to kv head ``h // (H // KVH)``, default scale 1/sqrt(D), and
+``seq_len == 0`` rows give zeros, all as in the Triton kernel. Dtypes and devices are
+FlashAttention's (bf16/fp16 on CUDA); results agree with the Triton kernel to rounding, and the
+kernels FlashAttention picks may depend on the batch shape (no batch-invariance guarantee). The
+call allocates the result and small metadata.
 """
 
 from __future__ import annotations
@@ -46,9 +60,47 @@ def _flash_module():
         return None
 
 
+def flash_version():
+    """"fa3" or "fa2" for the FlashAttention module that imports (FA3 preferred), else None."""
+    found = _flash_module()
+    return None if found is None else found[0]
+
+
 def flash_available() -> bool:
-    """True when CUDA is present and FlashAttention 3 or 2 imports."""
-    return torch.cuda.is_available() and _flash_module() is not None
+    """True when FlashAttention 3 or 2 imports."""
+    return _flash_module() is not None
+
+
+def block_size_problem(block_size: int):
+    """Why the installed FlashAttention cannot page a cache with this block size, or None."""
+    if flash_version() == "fa2" and block_size % 256:
+        return f"FlashAttention 2's paged kernels need block_size to be a multiple of 256, got {block_size}"
+    return None
+
+
+def read_tables(block_tables, n_seqs, *, seq_slots=None, query_depth=None, plane_offset=0, plane_modulus=None,
+                live=None):
+    """The block-table row each sequence reads: int32 [S, max_blocks].
+
+    block_tables int32 [S_rows, max_blocks] or [P, S_rows, max_blocks]; query_depth None, an int
+    or int32 [S]; live bool [S] or None (dead sequences read slot 0's row).
+    """
+    tables = block_tables if block_tables.dim() == 3 else block_tables.unsqueeze(0)
+    num_planes = tables.shape[0]
+    modulus = (num_planes - plane_offset) if plane_modulus is None else int(plane_modulus)
+    if plane_offset < 0 or modulus < 1 or plane_offset + modulus > num_planes:
+        raise ValueError(f"planes plane_offset..plane_offset+plane_modulus-1 ({plane_offset}, "
+                         f"{modulus}) must lie within the {num_planes} block-table planes")
+    dev = tables.device
+    slots = torch.arange(n_seqs, device=dev) if seq_slots is None else seq_slots[:n_seqs].long()
+    if live is not None:
+        slots = torch.where(live, slots, torch.zeros_like(slots))
+    if isinstance(query_depth, torch.Tensor):
+        planes = plane_offset + torch.remainder(query_depth[:n_seqs].long(), modulus)
+    else:
+        depth = 0 if query_depth is None else int(query_depth)
+        planes = torch.full((n_seqs,), plane_offset + depth % modulus, dtype=torch.long, device=dev)
+    return tables[planes, slots].contiguous()
 
 
 def paged_attention(
@@ -56,55 +108,57 @@ def paged_attention(
     scale=None, out=None, workspace=None, seq_slots=None, query_depth=None, key_depth=None,
     plane_offset=0, plane_modulus=None, active_seqs=None, split_size=None,
 ):
-    """`rlt_kernels.attention.paged_attention` through FlashAttention (plain mode only).
+    """`rlt_kernels.attention.paged_attention` through FlashAttention (see the module docstring).
 
-    q [T, H, D] bf16/fp16; k/v_cache [num_blocks, block_size, KVH, D]; block_tables int32
-    [S_rows, max_blocks] or [1, S_rows, max_blocks]; seq_lens int32 [S]; query_start_loc int32
-    [S + 1]. Returns out [T, H, D].
+    q [T, H, D]; k/v_cache [num_blocks, block_size, KVH, D]; block_tables int32 [S_rows, max_blocks]
+    or [P, S_rows, max_blocks]; seq_lens int32 [S]; query_start_loc int32 [S + 1]; active_seqs int32
+    [1] or None. Returns out [T, H, D].
     """
     del workspace, split_size
-    unsupported = [name for name, used in (
-        ("query_depth", query_depth is not None),
-        ("key_depth", key_depth is not None),
-        ("plane_offset", plane_offset != 0),
-        ("plane_modulus", plane_modulus is not None),
-        ("active_seqs", active_seqs is not None),
-        ("block_tables with several planes", block_tables.dim() == 3 and block_tables.shape[0] != 1),
-    ) if used]
-    if unsupported:
-        raise ValueError(f"the FlashAttention backend does not support {', '.join(unsupported)}; "
-                         "use rlt_kernels.attention.paged_attention")
-    if q.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"the FlashAttention backend needs bf16 or fp16 inputs, got {q.dtype}")
-    backend = _flash_module()
-    if backend is None or not q.is_cuda:
-        raise RuntimeError("FlashAttention is not available: it needs CUDA tensors and the flash-attn "
-                           "package (pip install -e .[flash]) or FlashAttention 3 (flash_attn_interface)")
-    kind, fa = backend
-    tables = block_tables[0] if block_tables.dim() == 3 else block_tables
-    n_seqs = seq_lens.shape[0]
-    tables = tables.index_select(0, seq_slots[:n_seqs].long()) if seq_slots is not None else tables[:n_seqs]
-    tables = tables.contiguous()
+    if key_depth is not None:
+        raise ValueError("the FlashAttention backend cannot read planes through key_depth (per-key plane "
+                         "indirection); run LAST_EXITED with copy-based reads or use rlt_kernels.attention")
+    found = _flash_module()
+    if found is None:
+        raise RuntimeError("FlashAttention is not available: install the flash-attn package "
+                           "(pip install -e .[flash]) or FlashAttention 3 (flash_attn_interface)")
+    kind, fa = found
     t_total, _, d = q.shape
     block_size = k_cache.shape[1]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    problem = block_size_problem(block_size)
+    if problem:
+        raise ValueError(problem)
+    n_seqs = seq_lens.shape[0]
+    if query_start_loc.shape[0] != n_seqs + 1:
+        raise ValueError(f"query_start_loc must have {n_seqs + 1} entries, got {query_start_loc.shape[0]}")
+    live = None
+    key_lens = seq_lens
+    if active_seqs is not None:
+        live = torch.arange(n_seqs, device=q.device) < active_seqs[:1]
+        key_lens = torch.where(live, seq_lens, torch.zeros_like(seq_lens))
+    tables = read_tables(block_tables, n_seqs, seq_slots=seq_slots, query_depth=query_depth,
+                         plane_offset=plane_offset, plane_modulus=plane_modulus, live=live)
+    if out is None:
+        out = torch.zeros_like(q)
+    if t_total == 0 or n_seqs == 0:
+        return out
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     if kind == "fa3":
         res = fa.flash_attn_with_kvcache(
-            q, k_cache, v_cache, cache_seqlens=seq_lens, page_table=tables, cu_seqlens_q=query_start_loc,
-            max_seqlen_q=t_total, softmax_scale=scale, causal=True, num_splits=1,
+            q, k_cache, v_cache, cache_seqlens=key_lens, page_table=tables, cu_seqlens_q=query_start_loc,
+            max_seqlen_q=t_total, softmax_scale=scale, causal=True,
         )
     else:
-        if block_size % 256:
-            raise ValueError(f"FlashAttention 2 needs block_size to be a multiple of 256, got {block_size}")
         cu_seqlens_k = torch.zeros(n_seqs + 1, dtype=torch.int32, device=q.device)
-        cu_seqlens_k[1:] = torch.cumsum(seq_lens, 0)
+        cu_seqlens_k[1:] = torch.cumsum(key_lens, 0)
         res = fa.flash_attn_varlen_func(
-            q, k_cache, v_cache, query_start_loc, cu_seqlens_k, t_total, tables.shape[1] * block_size,
+            q, k_cache, v_cache, query_start_loc, cu_seqlens_k, max(t_total, 2), tables.shape[1] * block_size,
             softmax_scale=scale, causal=True, block_table=tables,
         )
-    if out is None:
-        return res
+    n_live = torch.full((1,), n_seqs, dtype=torch.long, device=q.device)
+    if active_seqs is not None:
+        n_live = active_seqs[:1].long().clamp(0, n_seqs)
     tokens = torch.arange(t_total, device=q.device)
-    owned = (tokens >= query_start_loc[0]) & (tokens < query_start_loc[n_seqs])
+    owned = (tokens >= query_start_loc[0]) & (tokens < query_start_loc.index_select(0, n_live))
     out.copy_(torch.where(owned[:, None, None], res.to(out.dtype), out))
     return out

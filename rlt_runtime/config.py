@@ -164,6 +164,9 @@ class EngineConfig:
             raise _fail("async_scheduling", "a boolean or None", self.async_scheduling)
         if not isinstance(self.batch_invariant, bool):
             raise _fail("batch_invariant", "a boolean", self.batch_invariant)
+        if self.attention_backend == "flash" and self.batch_invariant:
+            raise ConfigError("attention_backend='flash' cannot honour batch_invariant=True (FlashAttention picks its "
+                              "kernels and key splits from the batch shape); set batch_invariant=False")
         if self.cuda_graph_sizes is not None:
             if not isinstance(self.cuda_graph_sizes, (list, tuple)) or not self.cuda_graph_sizes or any(
                 not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in self.cuda_graph_sizes

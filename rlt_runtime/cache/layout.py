@@ -45,6 +45,11 @@ class KVLayout:
         return self.core_offset + self.core_planes
 
     @property
+    def use_key_depth_reads(self) -> bool:
+        """Looped layers read exited keys through the key-depth table (several planes, no copies)."""
+        return self.core_planes > 1 and not self.copy_reads
+
+    @property
     def shares_planes(self) -> bool:
         """Loops overwrite each other's K/V: prefill must advance position by position."""
         return self.core_planes < self.depth
@@ -56,7 +61,7 @@ class KVLayout:
             query_depth=t,
             plane_offset=self.core_offset,
             plane_modulus=self.core_planes,
-            use_key_depth=self.core_planes > 1 and not self.copy_reads,
+            use_key_depth=self.use_key_depth_reads,
         )
 
     def boundary(self) -> PlaneSpec:

@@ -23,7 +23,7 @@ from ..cache.memory import block_bytes, plan_kv_cache
 from ..config import HUGINN_CRITERION_DEFAULTS, EngineConfig
 from ..errors import ConfigError, RequestError
 from ..executor.model_runner import ModelRunner, StepHandle
-from ..executor.ops import select_ops
+from ..executor.ops import check_flash_setup, select_ops
 from ..models import load_model
 from ..outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 from ..sampling_params import SamplingParams
@@ -117,6 +117,8 @@ class LLMEngine:
         cfg.prefill_chunk_size = cfg.prefill_chunk_size or self.max_num_batched_tokens
         self.async_scheduling = on_cuda if cfg.async_scheduling is None else cfg.async_scheduling
         self.ops = select_ops(self.device, cfg.attention_backend, cfg.batch_invariant)
+        if cfg.attention_backend == "flash":
+            check_flash_setup(self.layout, self.device, self.dtype, cfg.block_size)
 
         from ..models import build_model
 

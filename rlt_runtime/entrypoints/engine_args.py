@@ -39,7 +39,8 @@ HELP = {
     "record_exit_trace": "write every request's exit depths to this JSON file",
     "lookahead_seed": "seed of random_lookahead's frozen head",
     "exit_criterion_threshold": "threshold of Huginn's zero-shot exit criterion",
-    "attention_backend": "auto, triton, flash or torch (an explicit choice never falls back)",
+    "attention_backend": "auto, triton, flash or torch (an explicit choice never falls back; flash needs "
+                         "batch_invariant=False, docs/options.md)",
     "last_exited_reads": "indirect (key-depth table in the attention kernel) or copy (finalize copies); default "
                          "indirect, copy with the flash backend",
     "execution_mode": "eager, graphs (CUDA graphs) or compile (torch.compile reduce-overhead)",

@@ -90,3 +90,24 @@ def select_ops(device: torch.device, attention_backend: str, batch_invariant: bo
     if on_cuda and not batch_invariant:
         ops["linear"] = cublas_linear
     return SimpleNamespace(backend="triton" if use_triton else "torch", attention=attention_backend, **ops)
+
+
+def check_flash_setup(layout, device: torch.device, dtype: torch.dtype, block_size: int) -> None:
+    """Raise ConfigError for engine settings attention_backend='flash' cannot run.
+
+    FlashAttention reads one block-table plane per query (rlt_kernels.flash): a layout whose
+    loops share planes without one plane per loop needs the key-depth indirection it lacks."""
+    if layout.use_key_depth_reads:
+        raise ConfigError(
+            f"attention_backend='flash' reads one cache plane per loop; kv_layout={layout.name!r} keeps "
+            f"{layout.core_planes} planes for {layout.depth} loops, which needs the key-depth reads "
+            "(last_exited_reads='indirect') only the Triton kernel has: use kv_layout 'last_exited' (copy reads), "
+            "'shared', compress-sN with one plane or one per loop, or attention_backend='triton'"
+        )
+    if device.type == "cuda" and dtype not in (torch.bfloat16, torch.float16):
+        raise ConfigError(f"attention_backend='flash' needs dtype 'bfloat16' or 'float16' on CUDA, got {dtype}")
+    from rlt_kernels.flash import block_size_problem
+
+    problem = block_size_problem(block_size)
+    if problem:
+        raise ConfigError(f"attention_backend='flash': {problem}; set block_size=256 or use attention_backend='triton'")
