@@ -126,8 +126,13 @@ class KVCacheManager:
             self.pending_updates.append((p, slot, logical, b))
 
     def take_updates(self) -> list[tuple[int, int, int, int]]:
-        updates, self.pending_updates = self.pending_updates, []
-        return updates
+        """The step's table writes, one per (plane, slot, logical block): the last one recorded. A
+        slot freed and reused within a step (a preempted request's, then a new one's) records its
+        entries twice, and the device applies the writes as one scatter whose duplicate indices
+        would land in no defined order."""
+        last = {(p, s, l): b for p, s, l, b in self.pending_updates}
+        self.pending_updates = []
+        return [(p, s, l, b) for (p, s, l), b in last.items()]
 
     def check_invariant(self) -> None:
         self.pool.check_invariant()

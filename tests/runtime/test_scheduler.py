@@ -287,3 +287,19 @@ def test_random_workloads_finish_without_leaks(lens, num_blocks, max_seqs, budge
     for r in reqs:
         if r.request_id not in aborted:
             assert len(r.output_token_ids) == r.max_tokens
+
+
+def test_a_step_writes_each_table_entry_once_with_its_last_value():
+    """A slot freed and reused within one step (a preempted request's entries, then the next
+    occupant's) must reach the device as one write per entry: duplicate indices in the device's
+    scatter land in no defined order on the GPU (a request then read another's blocks)."""
+    kv = KVCacheManager(32, 4, 2, enable_prefix_caching=False)
+    assert kv.allocate("a", 1, 6)
+    kv.free("a")
+    assert kv.allocate("b", 1, 3)
+    updates = kv.take_updates()
+    keys = [(p, s, l) for p, s, l, _ in updates]
+    assert len(keys) == len(set(keys))
+    final = {(p, s, l): b for p, s, l, b in updates}
+    for logical, planes in enumerate(kv.table("b")):
+        assert all(final[(p, 1, logical)] == b for p, b in enumerate(planes))
