@@ -107,3 +107,17 @@ def server():
     """One shared server per test module (default limits)."""
     with live_server() as live:
         yield live
+
+
+@pytest.fixture
+def submitted_params(server, monkeypatch) -> list:
+    """The SamplingParams of every submission the shared server's worker receives in the test."""
+    seen = []
+    submit = server.worker.submit
+
+    def spy(prompts, params, arrival_time):
+        seen.append(params)
+        return submit(prompts, params, arrival_time)
+
+    monkeypatch.setattr(server.worker, "submit", spy)
+    return seen

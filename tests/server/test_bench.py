@@ -83,15 +83,8 @@ def test_offline_subcommands_dispatch(monkeypatch, capsys):
     assert bench.main(["nonsense"]) == 2
 
 
-def test_serve_sampling_and_loop_flags_reach_the_engine(server, tmp_path, monkeypatch):
-    seen = []
-    submit = server.worker.submit
-
-    def spy(prompts, params, arrival_time):
-        seen.append(params)
-        return submit(prompts, params, arrival_time)
-
-    monkeypatch.setattr(server.worker, "submit", spy)
+def test_serve_sampling_and_loop_flags_reach_the_engine(server, tmp_path, submitted_params):
+    seen = submitted_params
     report = _run(["--base-url", server.url, "--num-prompts", "2", "--num-warmups", "0", "--random-input-len", "4",
                    "--random-output-len", "3", "--ignore-eos", "--top-p", "0.9", "--top-k", "7", "--sampling-seed", "4",
                    "--exit-threshold", "0.3", "--min-loops", "2", "--max-loops", "3"], tmp_path)

@@ -158,15 +158,8 @@ def test_chat_n_and_logprobs(client):
         assert all(len(t.top_logprobs) == 2 for t in choice.logprobs.content)
 
 
-def test_chat_stops_on_end_of_turn(client, server, monkeypatch):
-    seen = []
-    submit = server.worker.submit
-
-    def spy(prompts, params, arrival_time):
-        seen.append(params)
-        return submit(prompts, params, arrival_time)
-
-    monkeypatch.setattr(server.worker, "submit", spy)
+def test_chat_stops_on_end_of_turn(client, server, submitted_params):
+    seen = submitted_params
     msgs = [{"role": "user", "content": "Hi"}]
     client.chat.completions.create(model=MODEL, messages=msgs, max_completion_tokens=1,
                                    extra_body={"stop_token_ids": [7]})
