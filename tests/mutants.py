@@ -65,6 +65,27 @@ MUTANTS = (
         ("tests/runtime/test_speculative_distribution.py::test_sampled_speculation_on_peaked_logits",),
         "rejection sampling uses the draft distribution at temperature 1, not the one the drafts were drawn from",
     ),
+    Mutant(
+        "round-logprob-ids-unmasked", "rlt_runtime/executor/speculative.py",
+        "committed = torch.where(in_use & (out_tokens[vr, vj] >= 0), out_tokens[vr, vj], torch.zeros_like(vr))",
+        "committed = out_tokens[vr, vj].clamp(min=0)",
+        ("tests/runtime/test_speculative.py::test_rounds_pass_only_in_range_ids_to_kernels_when_no_row_is_written",),
+        "rows acceptance did not write (a capture's warm-up) reach the logprobs kernel as token ids",
+    ),
+    Mutant(
+        "table-writes-duplicated", "rlt_runtime/cache/kv_cache.py",
+        "return [(p, s, l, b) for (p, s, l), b in last.items()]",
+        "return updates",
+        ("tests/runtime/test_scheduler.py::test_a_step_writes_each_table_entry_once_with_its_last_value",),
+        "a slot reused within a step sends duplicate block-table writes (undefined order on the GPU)",
+    ),
+    Mutant(
+        "huginn-prompt-noise-per-request", "rlt_runtime/executor/model_runner.py",
+        "keys += [self.prompt_key if p < num_prompt else c.request.row_key for p in range(c.start, c.start + n)]",
+        "keys += [c.request.row_key for p in range(c.start, c.start + n)]",
+        ("tests/runtime/test_prefix_sharing.py::test_huginn_prefix_cache_hit_equals_a_fresh_engine",),
+        "Huginn's prompt K/V depends on the request's noise key, and cached prompt blocks leak it",
+    ),
 )
 
 

@@ -130,8 +130,8 @@ class KVCacheManager:
         slot freed and reused within a step (a preempted request's, then a new one's) records its
         entries twice, and the device applies the writes as one scatter whose duplicate indices
         would land in no defined order."""
-        last = {(p, s, l): b for p, s, l, b in self.pending_updates}
-        self.pending_updates = []
+        updates, self.pending_updates = self.pending_updates, []
+        last = {(p, s, l): b for p, s, l, b in updates}
         return [(p, s, l, b) for (p, s, l), b in last.items()]
 
     def check_invariant(self) -> None:
