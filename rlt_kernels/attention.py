@@ -195,11 +195,14 @@ def _locate_tile(qsl_ptr, active_ptr, seq_lens_ptr, n_seqs, QPT: tl.constexpr, H
 
 @triton.jit
 def _mma(a, b, acc, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):
-    """tl.dot with fp32 accumulation. DOT_UPCAST (interpreter + bf16 only): the Triton
-    interpreter multiplies bf16 bit patterns as integers, so exact fp32 copies go in instead."""
+    """tl.dot with fp32 accumulation. DOT_UPCAST (the interpreter only): the interpreter hands
+    tl.dot to numpy, which multiplies bf16 bit patterns as integers and whose fp32 matmul (BLAS)
+    rounds a row differently depending on where it sits in the tile. There the product is taken
+    in fp64 (exact products, an error far below fp32's) and rounded once to fp32, so a row's
+    result does not depend on its tile position, as on the GPU."""
     if DOT_UPCAST:
-        a = a.to(tl.float32)
-        b = b.to(tl.float32)
+        prod = tl.dot(a.to(tl.float64), b.to(tl.float64), input_precision="ieee").to(tl.float32)
+        return prod if acc is None else acc + prod
     return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
 
@@ -572,7 +575,7 @@ def paged_attention(
     ml_base = t_total * h * num_ranges * d
 
     qdepth_tensor = isinstance(query_depth, torch.Tensor)
-    upcast = interpreter_active() and q.dtype == torch.bfloat16
+    upcast = interpreter_active()
     common = dict(HAS_ACTIVE=active_seqs is not None, **cfg)
     active = active_seqs if active_seqs is not None else seq_lens
     _paged_attention_kernel[(tile_programs, kvh, num_ranges if split_launch else 1)](
