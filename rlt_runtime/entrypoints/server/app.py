@@ -98,6 +98,7 @@ def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLM
     app = FastAPI(title="rlt OpenAI-compatible server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.worker = worker
     app.state.config = config
+    app.state.serving = serving  # admission counters (inflight, inflight_sequences), for inspection
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
