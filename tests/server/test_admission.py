@@ -3,6 +3,7 @@ bodies (UTF-8, nesting depth), preparation off the event loop with a bounded que
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
@@ -13,6 +14,8 @@ import pytest
 
 from rlt_runtime.entrypoints.server.cli import api_key_from, build_parser, warn_if_exposed
 from rlt_runtime.entrypoints.server.json_body import nesting_depth
+from rlt_runtime.entrypoints.server.preparation import Preparer
+from rlt_runtime.entrypoints.server.protocol import ApiError
 
 MODEL = "ouro-tiny"
 KEY = "admission-key"
@@ -146,6 +149,19 @@ def test_full_preparation_queue_is_503(start_server, monkeypatch):
             first.join(60)
         assert results[0].status_code == 200
         assert httpx.post(live.url + "/tokenize", json={"prompt": "x"}, timeout=30).status_code == 200
+
+
+def test_preparation_after_shutdown_is_503():
+    async def after_shutdown():
+        preparer = Preparer(threads=1, max_pending=2)
+        assert await preparer.run(lambda x: x + 1, 1) == 2
+        preparer.shutdown()
+        with pytest.raises(ApiError) as err:
+            await preparer.run(lambda: 1)
+        return err.value, preparer.pending
+
+    err, pending = asyncio.run(after_shutdown())
+    assert (err.status, err.code, pending) == (503, "shutting_down", 0)
 
 
 # ---- JSON bodies ---------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ class ServerConfig:
     max_sequences_per_request: int = 1024  # prompts x n in one request; more get 400
     max_json_depth: int = 32  # arrays/objects nested deeper in a body get 400 invalid_json
     prepare_threads: int = 2  # threads that parse, validate and tokenize requests off the event loop
-    max_pending_preparations: int = 64  # preparations queued or running; more get 503 + Retry-After
+    max_pending_preparations: int = 1024  # preparations queued or running; more get 503 + Retry-After
     max_body_bytes: int = 1 << 20  # larger request bodies get 413
     request_timeout: float = 600.0  # seconds from arrival; later gets 504 (or an error event when streaming)
     shutdown_timeout: float = 30.0  # grace period for in-flight requests at shutdown

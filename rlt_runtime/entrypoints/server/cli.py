@@ -51,8 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="deepest array/object nesting of a request body, else 400 (default 32)")
     p.add_argument("--prepare-threads", type=int, default=2,
                    help="threads that parse, validate and tokenize requests off the event loop (default 2)")
-    p.add_argument("--max-pending-preparations", type=int, default=64,
-                   help="requests queued or running in preparation before 503 (default 64)")
+    p.add_argument("--max-pending-preparations", type=int, default=1024,
+                   help="requests queued or running in preparation before 503 (default 1024)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body limit, else 413 (default 1 MiB)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request, else 504 (default 600)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,

@@ -28,9 +28,13 @@ class Preparer:
         if self.pending >= self.max_pending:
             raise ApiError(503, f"the server already prepares {self.max_pending} requests (parsing, tokenization); "
                            "retry later", None, "overloaded", headers={"Retry-After": "1"})
+        try:
+            job = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        except RuntimeError:  # the pool was shut down: the server is stopping
+            raise ApiError(503, "the server is shutting down", None, "shutting_down") from None
         self.pending += 1
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+            return await job
         finally:
             self.pending -= 1
 
