@@ -671,8 +671,8 @@ class _ChatFormat(_Format):
 # ---- ASGI guard: API key and body size --------------------------------------------------------------
 
 class _Guard:
-    """Answers 401 (missing/wrong API key on protected paths; the scheme "Bearer" in any case) and 413 (body over the limit) before
-    the app reads anything; the body is read once here and replayed to the app."""
+    """Answers 401 (missing/wrong API key on protected paths; the scheme "Bearer" in any case) and 413
+    (body over the limit) before the app reads anything; the body is read once here and replayed to the app."""
 
     def __init__(self, app, api_key: Optional[str], max_body_bytes: int):
         self.app = app
