@@ -98,6 +98,83 @@ def test_soak_streams_with_random_disconnects(soak_server, caplog):
     assert elapsed < 120
 
 
+FAN_OUT_REQUESTS = 48
+STOP_STRINGS = ["a", "e", " ", "the", "xx", "\n", "k"]
+
+
+async def _fan_out_one(client: httpx.AsyncClient, i: int, rng: random.Random, gate: asyncio.Semaphore) -> int:
+    """A prompt list x n with stop strings, streamed or not; retried after 429 until slots free up.
+    Returns the number of 429s it got."""
+    prompts = [f"fan-out {i}.{j} " + "y" * rng.randint(0, 20) for j in range(rng.randint(1, 3))]
+    n = rng.randint(1, 2)
+    stop = rng.sample(STOP_STRINGS, rng.randint(1, 3))
+    streaming = rng.random() < 0.6
+    disconnect = streaming and rng.random() < 0.3
+    body = {"model": MODEL, "prompt": prompts, "n": n, "stop": stop, "max_tokens": rng.randint(2, 4),
+            "temperature": 0.8, "seed": i, "stream": streaming}
+    texts: dict[int, str] = {}
+    refused = 0
+    async with gate:
+        while True:
+            async with client.stream("POST", "/v1/completions", json=body) as resp:
+                if resp.status_code == 429:
+                    refused += 1
+                    assert refused < 500, f"request {i}: no sequence slot freed up"
+                    await resp.aread()
+                    await asyncio.sleep(0.02)
+                    continue
+                assert resp.status_code == 200, await resp.aread()
+                if disconnect:
+                    return refused
+                if not streaming:
+                    choices = json.loads(await resp.aread())["choices"]
+                    texts = {c["index"]: c["text"] for c in choices}
+                    break
+                async for line in resp.aiter_lines():
+                    if line == "data: [DONE]":
+                        break
+                    if line.startswith("data: "):
+                        assert '"error"' not in line, line
+                        for c in json.loads(line[6:])["choices"]:
+                            texts[c["index"]] = texts.get(c["index"], "") + c["text"]
+                else:
+                    raise AssertionError(f"request {i}: the stream ended without [DONE]")
+                break
+    assert sorted(texts) == list(range(len(prompts) * n))
+    for text in texts.values():  # text ends before the first stop string
+        assert not any(s in text for s in stop), (text, stop)
+    return refused
+
+
+async def _fan_out_storm(url: str, n: int, concurrency: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    gate = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+        return await asyncio.gather(*[_fan_out_one(client, i, rng, gate) for i in range(n)])
+
+
+def test_soak_fan_out_stop_strings_and_slot_reuse(start_server, caplog):
+    """Prompt lists x n with stop strings under a small sequence budget: slots are taken, refused
+    (429) and reused; afterwards every slot, KV block and scheduler queue is back at idle."""
+    caplog.set_level(logging.WARNING)
+    with start_server(engine_options={"max_num_seqs": 16, "num_blocks": 1024}, max_concurrent_sequences=12,
+                      max_sequences_per_request=6) as live:
+        refusals = asyncio.run(_fan_out_storm(live.url, FAN_OUT_REQUESTS, concurrency=16, seed=3))
+        live.wait_idle(timeout=60)
+        assert sum(refusals) > 0  # the budget was contended: requests waited for freed slots
+        serving = live.server.config.app.state.serving
+        assert (serving.inflight, serving.inflight_sequences, serving.preparer.pending) == (0, 0, 0)
+        assert live.kv_full() and live.worker.num_active == 0
+        assert _counter(live.url, "vllm:num_requests_running") == 0
+        assert _counter(live.url, "vllm:num_requests_waiting") == 0
+        full = httpx.post(live.url + "/v1/completions", timeout=60,
+                          json={"model": MODEL, "prompt": ["a", "b", "c"], "n": 2, "max_tokens": 2})
+        assert full.status_code == 200 and len(full.json()["choices"]) == 6
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert not errors, [r.getMessage() for r in errors]
+
+
 @pytest.fixture(scope="module")
 def limited(start_server):
     # A CPU decode step takes milliseconds: 1000 tokens take seconds, far past the 1 s timeout.

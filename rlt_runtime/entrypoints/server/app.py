@@ -1,9 +1,10 @@
 """The OpenAI-compatible FastAPI app: `create_app(engine_or_worker, config)`.
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions, GET /v1/models[/{id}], GET /health,
-GET /metrics, POST /tokenize, POST /detokenize (see docs/serving.md). Handlers validate and
-tokenize on the event loop, then hand token ids to the EngineWorker and await its outputs;
-nothing here waits for an engine step.
+GET /metrics, POST /tokenize, POST /detokenize (see docs/serving.md). Handlers parse, validate and
+tokenize on a bounded thread pool (the event loop keeps streaming meanwhile), count the request's
+sequences (prompts x n) against the limits before tokenizing, then hand token ids to the
+EngineWorker and await its outputs; nothing here waits for an engine step.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from typing import AsyncIterator, Callable, Optional, Union
 
 import anyio
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...engine.llm_engine import LLMEngine
@@ -35,10 +36,13 @@ from .protocol import (
     DetokenizeRequest, DetokenizeResponse, ErrorResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
     TokenLogprobOut, TopLogprob, Usage, param_from_message, sse, template_messages, validation_error,
 )
+from .json_body import parse_json_body
+from .preparation import Preparer
 from .worker import EngineWorker, GenerationStream, WorkerUnavailable
 
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 503, 504)}
+REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest)
 
 
 @dataclass
@@ -48,13 +52,20 @@ class ServerConfig:
     served_model_name: Optional[str] = None  # default: the engine's model name
     api_key: Optional[str] = None  # required as "Authorization: Bearer <key>" on /v1/*, /tokenize, /detokenize
     max_concurrent_requests: int = 1024  # generation requests in flight; more get 429 + Retry-After
+    max_concurrent_sequences: int = 4096  # engine sequences (prompts x n) in flight; more get 429 + Retry-After
+    max_prompts_per_request: int = 128  # prompts in one completions request; more get 400
+    max_sequences_per_request: int = 1024  # prompts x n in one request; more get 400
+    max_json_depth: int = 32  # arrays/objects nested deeper in a body get 400 invalid_json
+    prepare_threads: int = 2  # threads that parse, validate and tokenize requests off the event loop
+    max_pending_preparations: int = 1024  # preparations queued or running; more get 503 + Retry-After
     max_body_bytes: int = 1 << 20  # larger request bodies get 413
     request_timeout: float = 600.0  # seconds from arrival; later gets 504 (or an error event when streaming)
     shutdown_timeout: float = 30.0  # grace period for in-flight requests at shutdown
     cors_origins: tuple = ()  # no CORS headers unless origins are given ("*" allows any)
 
     def validate(self) -> None:
-        for name in ("max_concurrent_requests", "max_body_bytes"):
+        for name in ("max_concurrent_requests", "max_body_bytes", "max_concurrent_sequences", "max_prompts_per_request",
+                     "max_sequences_per_request", "max_json_depth", "prepare_threads", "max_pending_preparations"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -62,6 +73,9 @@ class ServerConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.max_sequences_per_request > self.max_concurrent_sequences:
+            raise ConfigError(f"max_sequences_per_request ({self.max_sequences_per_request}) must not exceed "
+                              f"max_concurrent_sequences ({self.max_concurrent_sequences})")
         if self.api_key is not None and not self.api_key:
             raise ConfigError("api_key must be a non-empty string or None")
 
@@ -79,38 +93,33 @@ def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLM
         worker.start()
         yield
         await asyncio.to_thread(worker.shutdown, config.shutdown_timeout)
+        serving.preparer.shutdown()
 
     app = FastAPI(title="rlt OpenAI-compatible server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.worker = worker
     app.state.config = config
+    app.state.serving = serving  # admission counters (inflight, inflight_sequences), for inspection
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError):
-        content_type = request.headers.get("content-type", "")
-        if request.method == "POST" and "json" not in content_type:  # FastAPI only parses JSON bodies
-            err = ApiError(400, f"send the body as JSON with 'Content-Type: application/json' (got {content_type!r})",
-                           None, "invalid_content_type")
-        else:
-            err = validation_error(list(exc.errors()))
-        return JSONResponse(err.body(), status_code=err.status)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
         err = ApiError(exc.status_code, str(exc.detail), None, None)
         return JSONResponse(err.body(), status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
-    @app.post("/v1/completions", response_model=None, responses={200: {"model": CompletionResponse}, **ERROR_RESPONSES})
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await serving.completions(body, request)
+    # Bodies are parsed by the handlers (off the event loop), so each route declares its body schema.
+    @app.post("/v1/completions", response_model=None, responses={200: {"model": CompletionResponse}, **ERROR_RESPONSES},
+              openapi_extra=_json_body(CompletionRequest))
+    async def completions(request: Request) -> Response:
+        return await serving.completions(request)
 
     @app.post("/v1/chat/completions", response_model=None,
-              responses={200: {"model": ChatCompletionResponse}, **ERROR_RESPONSES})
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await serving.chat(body, request)
+              responses={200: {"model": ChatCompletionResponse}, **ERROR_RESPONSES},
+              openapi_extra=_json_body(ChatCompletionRequest))
+    async def chat_completions(request: Request) -> Response:
+        return await serving.chat(request)
 
     @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
     async def models() -> ModelList:
@@ -121,13 +130,17 @@ def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLM
         serving.check_model(model_id)
         return serving.model_card()
 
-    @app.post("/tokenize", response_model=TokenizeResponse, responses=ERROR_RESPONSES)
-    async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
-        return serving.tokenize(body)
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=ERROR_RESPONSES,
+              openapi_extra=_json_body(TokenizeRequest))
+    async def tokenize(request: Request) -> TokenizeResponse:
+        body = await serving.parse(request, TokenizeRequest)
+        return await serving.preparer.run(serving.tokenize, body)
 
-    @app.post("/detokenize", response_model=DetokenizeResponse, responses=ERROR_RESPONSES)
-    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
-        return serving.detokenize(body)
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=ERROR_RESPONSES,
+              openapi_extra=_json_body(DetokenizeRequest))
+    async def detokenize(request: Request) -> DetokenizeResponse:
+        body = await serving.parse(request, DetokenizeRequest)
+        return await serving.preparer.run(serving.detokenize, body)
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> Response:
@@ -139,11 +152,40 @@ def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLM
     async def metrics() -> Response:
         return Response(worker.metrics.render(), media_type=CONTENT_TYPE)
 
+    _declare_request_schemas(app, REQUEST_MODELS)
     app.add_middleware(_Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
     if config.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["*"])
     return app
+
+
+def _json_body(model: type[BaseModel]) -> dict:
+    """OpenAPI `requestBody` of a route that parses `model` itself."""
+    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _declare_request_schemas(app: FastAPI, models: tuple) -> None:
+    """Add the request models (and the models they use) to the app's OpenAPI components."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            components = generate().setdefault("components", {}).setdefault("schemas", {})
+            for model in models:
+                schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(schema.pop("$defs", {}))
+                components[model.__name__] = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+
+def _is_json(content_type: str) -> bool:
+    """Whether a Content-Type header announces JSON (a missing header is read as JSON)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return not media or media == "application/json" or media.endswith("+json")
 
 
 # ---- request handling --------------------------------------------------------------------------------
@@ -155,7 +197,9 @@ class _Serving:
         self.worker = worker
         self.config = config
         self.created = int(time.time())
-        self.inflight = 0
+        self.inflight = 0  # generation requests holding a slot
+        self.inflight_sequences = 0  # their engine sequences (prompts x n)
+        self.preparer = Preparer(config.prepare_threads, config.max_pending_preparations)
         self._token_strs: dict[int, tuple[str, int]] = {}
 
     # ---- identity and access ---------------------------------------------------------------------
@@ -247,23 +291,86 @@ class _Serving:
         per_prompt = [dataclasses.replace(params, trace_id=t) for t in trace_ids]
         return per_prompt[0] if len(per_prompt) == 1 else per_prompt
 
+    # ---- admission ---------------------------------------------------------------------------------
+    async def parse(self, request: Request, model: type[BaseModel]):
+        """The validated request body (JSON parsing and validation run on the preparation pool)."""
+        content_type = request.headers.get("content-type", "")
+        if not _is_json(content_type):
+            raise ApiError(400, f"send the body as JSON with 'Content-Type: application/json' (got {content_type!r})",
+                           None, "invalid_content_type")
+        return await self.preparer.run(self._validate, await request.body(), model)
+
+    def _validate(self, raw: bytes, model: type[BaseModel]):
+        data = parse_json_body(raw, self.config.max_json_depth)
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            raise validation_error(exc.errors()) from None
+
+    def count_sequences(self, num_prompts: int, n: int) -> int:
+        """prompts x n, checked against the per-request caps (400 naming the field and the limit)."""
+        cap = self.config.max_prompts_per_request
+        if num_prompts > cap:
+            raise ApiError(400, f"prompt has {num_prompts} prompts; at most {cap} are accepted per request "
+                           "(--max-prompts-per-request)", "prompt", "too_many_prompts")
+        cap = self.config.max_sequences_per_request
+        if num_prompts * n > cap:
+            raise ApiError(400, f"{num_prompts} prompts x n={n} make {num_prompts * n} sequences; at most {cap} are "
+                           "accepted per request (--max-sequences-per-request)", "n", "too_many_sequences")
+        return num_prompts * n
+
+    def reserve(self, sequences: int) -> None:
+        """Take a request slot and `sequences` sequence slots, or raise 429; `release` gives them back."""
+        limit = self.config.max_concurrent_requests
+        if self.inflight >= limit:
+            raise ApiError(429, f"the server is at its limit of {limit} concurrent requests; retry later", None,
+                           "too_many_requests", headers={"Retry-After": "1"})
+        limit = self.config.max_concurrent_sequences
+        if self.inflight_sequences + sequences > limit:
+            raise ApiError(429, f"the server runs {self.inflight_sequences} of at most {limit} concurrent sequences "
+                           f"and this request needs {sequences}; retry later", None, "too_many_requests",
+                           headers={"Retry-After": "1"})
+        self.inflight += 1
+        self.inflight_sequences += sequences
+
+    async def admit(self, request: Request, body, num_prompts: int, prepare: Callable, fmt: Callable,
+                    arrival: float) -> Response:
+        """Reserve the request's slots, run `prepare(body)` -> (prompts, params) on the pool, generate."""
+        sequences = self.count_sequences(num_prompts, body.n)
+        self.reserve(sequences)
+        try:
+            prompts, params = await self.preparer.run(prepare, body)
+        except BaseException:
+            self.release(None, sequences)
+            raise
+        return await self.generate(request, prompts, params, arrival, body.stream, fmt(self, body, prompts), sequences)
+
     # ---- endpoints -------------------------------------------------------------------------------
-    async def completions(self, body: CompletionRequest, request: Request) -> Response:
+    async def completions(self, request: Request) -> Response:
         arrival = time.monotonic()
+        body = await self.parse(request, CompletionRequest)
         self.check_model(body.model)
         body.check_neutral()
         if body.echo:
             self.tokenizer("echo")
+        return await self.admit(request, body, len(body.prompts()), self._prepare_completion, _CompletionFormat,
+                                arrival)
+
+    def _prepare_completion(self, body: CompletionRequest) -> tuple[list[dict], object]:
         prompts = [self.prompt(p, with_text=body.echo) for p in body.prompts()]
         self.check_room(prompts, body.max_tokens, "max_tokens")
         params = self.sampling_params(lambda: body.sampling_params(body.max_tokens, body.logprobs))
-        params = self.with_trace_ids(params, body.trace_ids(len(prompts)))
-        return await self.generate(request, prompts, params, arrival, body.stream, _CompletionFormat(self, body, prompts))
+        return prompts, self.with_trace_ids(params, body.trace_ids(len(prompts)))
 
-    async def chat(self, body: ChatCompletionRequest, request: Request) -> Response:
+    async def chat(self, request: Request) -> Response:
         arrival = time.monotonic()
+        body = await self.parse(request, ChatCompletionRequest)
         self.check_model(body.model)
         body.check_neutral()
+        self.tokenizer("chat")
+        return await self.admit(request, body, 1, self._prepare_chat, _ChatFormat, arrival)
+
+    def _prepare_chat(self, body: ChatCompletionRequest) -> tuple[list[dict], object]:
         tok = self.tokenizer("chat")
         text = self._render(tok, body.template_messages(), True)
         prompts = [self.prompt(self._encode(tok, text, "messages", add_special_tokens=False))]
@@ -272,8 +379,7 @@ class _Serving:
         self.check_room(prompts, body.output_limit, limit_field)
         extra_stops = () if body.ignore_eos else tuple(tok.chat_stop_token_ids)
         params = self.sampling_params(lambda: body.sampling_params(body.output_limit, body.logprobs_count, extra_stops))
-        params = self.with_trace_ids(params, body.trace_ids(len(prompts)))
-        return await self.generate(request, prompts, params, arrival, body.stream, _ChatFormat(self, body, prompts))
+        return prompts, self.with_trace_ids(params, body.trace_ids(len(prompts)))
 
     def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
         if body.model is not None:
@@ -314,24 +420,22 @@ class _Serving:
 
     # ---- the generation lifecycle ----------------------------------------------------------------
     async def generate(self, request: Request, prompts: list[dict], params, arrival: float, streaming: bool,
-                       fmt: "_Format") -> Response:
-        if self.inflight >= self.config.max_concurrent_requests:
-            raise ApiError(429, f"the server is at its limit of {self.config.max_concurrent_requests} concurrent "
-                           "requests; retry later", None, "too_many_requests", headers={"Retry-After": "1"})
-        try:
-            stream = self.worker.submit(prompts, params, arrival)
-        except WorkerUnavailable as exc:
-            raise ApiError(503, f"the engine is not accepting requests ({exc})", None, "not_ready") from None
-        self.inflight += 1
-        stream.set_deadline(max(self.config.request_timeout - (time.monotonic() - arrival), 0.0))
+                       fmt: "_Format", sequences: int) -> Response:
+        """Run a request that holds its slots (see `reserve`); they are released when it ends."""
+        stream: Optional[GenerationStream] = None
         handed_over = False
         try:
+            try:
+                stream = self.worker.submit(prompts, params, arrival)
+            except WorkerUnavailable as exc:
+                raise ApiError(503, f"the engine is not accepting requests ({exc})", None, "not_ready") from None
+            stream.set_deadline(max(self.config.request_timeout - (time.monotonic() - arrival), 0.0))
             error = await stream.admitted
             if error is not None:
                 raise error
             if streaming:
                 handed_over = True
-                return _EventStream(fmt.events(stream), on_close=lambda: self.release(stream))
+                return _EventStream(fmt.events(stream), on_close=lambda: self.release(stream, sequences))
             watcher = asyncio.ensure_future(_watch_disconnect(request, stream))
             try:
                 await stream.wait_done()
@@ -340,11 +444,14 @@ class _Serving:
             return Response(fmt.response(stream.outputs).model_dump_json(), media_type="application/json")
         finally:
             if not handed_over:
-                self.release(stream)
+                self.release(stream, sequences)
 
-    def release(self, stream: GenerationStream) -> None:
-        """End of an API request: free its slot and abort what is still running in the engine."""
+    def release(self, stream: Optional[GenerationStream], sequences: int) -> None:
+        """End of an API request: free its slots and abort what is still running in the engine."""
         self.inflight -= 1
+        self.inflight_sequences -= sequences
+        if stream is None:
+            return
         stream.cancel_deadline()
         if not stream.finished:
             self.worker.abort(stream)
@@ -564,8 +671,8 @@ class _ChatFormat(_Format):
 # ---- ASGI guard: API key and body size --------------------------------------------------------------
 
 class _Guard:
-    """Answers 401 (missing/wrong API key on protected paths) and 413 (body over the limit) before
-    the app reads anything; the body is read once here and replayed to the app."""
+    """Answers 401 (missing/wrong API key on protected paths; the scheme "Bearer" in any case) and 413
+    (body over the limit) before the app reads anything; the body is read once here and replayed to the app."""
 
     def __init__(self, app, api_key: Optional[str], max_body_bytes: int):
         self.app = app
@@ -577,10 +684,9 @@ class _Guard:
             await self.app(scope, receive, send)
             return
         if self.api_key is not None and scope["method"] != "OPTIONS" and scope["path"].startswith(PROTECTED_PREFIXES):
-            auth = _header(scope, b"authorization")
-            if not hmac.compare_digest(auth.encode("latin-1"), f"Bearer {self.api_key}".encode()):
+            if not self._authorized(_header(scope, b"authorization")):
                 await _send_error(send, ApiError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
-                                                 None, "invalid_api_key"))
+                                                 None, "invalid_api_key", headers={"WWW-Authenticate": "Bearer"}))
                 return
         declared = _header(scope, b"content-length")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
@@ -609,6 +715,11 @@ class _Guard:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    def _authorized(self, header: str) -> bool:
+        scheme, _, credentials = header.strip().partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip().encode("latin-1"),
+                                                                  self.api_key.encode())
 
     def _too_large(self) -> ApiError:
         return ApiError(413, f"the request body exceeds the server's limit of {self.max_body_bytes} bytes", None,

@@ -1,7 +1,7 @@
 """rlt-serve: the OpenAI-compatible HTTP server.
 
     rlt-serve --model ouro-1.4b --port 8000
-    rlt-serve --model ./Ouro-1.4B --api-key secret --max-num-seqs 128 --speculative-tokens 4
+    RLT_API_KEY=secret rlt-serve --model ./Ouro-1.4B --max-num-seqs 128 --speculative-tokens 4
 
 The HTTP port opens at once and answers /health with 503 while the model loads on the engine
 thread; if loading fails the server exits with status 1. SIGINT/SIGTERM stop accepting, give
@@ -11,14 +11,19 @@ in-flight requests --shutdown-timeout seconds, then abort the rest.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
+import os
 import sys
 import threading
+from typing import Mapping, Optional
 
 from ...config import EngineConfig
 from ...errors import ConfigError
 from ..engine_args import add_engine_args, engine_kwargs
 
+API_KEY_ENV = "RLT_API_KEY"
+logger = logging.getLogger("rlt.server")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,9 +33,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: local only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: --model)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize")
+    keys = p.add_mutually_exclusive_group()
+    keys.add_argument("--api-key", default=None,
+                      help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize (visible in ps: "
+                      f"prefer --api-key-file or ${API_KEY_ENV})")
+    keys.add_argument("--api-key-file", default=None,
+                      help=f"read the API key from this file (surrounding whitespace dropped); default: ${API_KEY_ENV}")
     p.add_argument("--max-concurrent-requests", type=int, default=1024,
                    help="generation requests in flight before 429 (default 1024)")
+    p.add_argument("--max-concurrent-sequences", type=int, default=4096,
+                   help="engine sequences (prompts x n) in flight before 429 (default 4096)")
+    p.add_argument("--max-prompts-per-request", type=int, default=128,
+                   help="prompts in one completions request, else 400 (default 128)")
+    p.add_argument("--max-sequences-per-request", type=int, default=1024,
+                   help="prompts x n in one request, else 400 (default 1024)")
+    p.add_argument("--max-json-depth", type=int, default=32,
+                   help="deepest array/object nesting of a request body, else 400 (default 32)")
+    p.add_argument("--prepare-threads", type=int, default=2,
+                   help="threads that parse, validate and tokenize requests off the event loop (default 2)")
+    p.add_argument("--max-pending-preparations", type=int, default=1024,
+                   help="requests queued or running in preparation before 503 (default 1024)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body limit, else 413 (default 1 MiB)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request, else 504 (default 600)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
@@ -41,6 +63,38 @@ def build_parser() -> argparse.ArgumentParser:
                    help="log every HTTP request (default off)")
     add_engine_args(p)
     return p
+
+
+def api_key_from(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """The API key: --api-key, else the contents of --api-key-file, else $RLT_API_KEY, else None."""
+    if args.api_key is not None:
+        return args.api_key
+    if args.api_key_file is not None:
+        try:
+            with open(args.api_key_file, encoding="utf-8") as f:
+                key = f.read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--api-key-file: cannot read {args.api_key_file!r}: {exc}") from None
+        if not key:
+            raise ConfigError(f"--api-key-file: {args.api_key_file!r} is empty")
+        return key
+    return environ.get(API_KEY_ENV) or None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps the server local to this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
+
+
+def warn_if_exposed(host: str, api_key: Optional[str]) -> None:
+    if api_key is None and not is_loopback(host):
+        logger.warning("rlt-serve: binding %s without an API key: anyone who can reach this address can use the "
+                       "server; set --api-key-file or $%s", host, API_KEY_ENV)
 
 
 def main(argv=None) -> int:
@@ -56,15 +110,19 @@ def main(argv=None) -> int:
         options = engine_kwargs(args)
         EngineConfig.from_kwargs(**options).validate_static()  # option errors exit here, before the port opens
         config = ServerConfig(
-            served_model_name=args.served_model_name or args.model, api_key=args.api_key,
+            served_model_name=args.served_model_name or args.model, api_key=api_key_from(args),
             max_concurrent_requests=args.max_concurrent_requests, max_body_bytes=args.max_body_bytes,
             request_timeout=args.request_timeout, shutdown_timeout=args.shutdown_timeout,
-            cors_origins=tuple(args.cors_origins),
+            cors_origins=tuple(args.cors_origins), max_concurrent_sequences=args.max_concurrent_sequences,
+            max_prompts_per_request=args.max_prompts_per_request,
+            max_sequences_per_request=args.max_sequences_per_request, max_json_depth=args.max_json_depth,
+            prepare_threads=args.prepare_threads, max_pending_preparations=args.max_pending_preparations,
         )
         config.validate()
     except ConfigError as exc:
         print(f"rlt-serve: error: {exc}", file=sys.stderr)
         return 2
+    warn_if_exposed(args.host, config.api_key)
     worker = EngineWorker(lambda: LLMEngine(args.model, **options))
     app = create_app(worker, config)
     server = uvicorn.Server(uvicorn.Config(

@@ -444,9 +444,6 @@ def validation_error(errors: list[dict]) -> ApiError:
     """A 400 ApiError from FastAPI/pydantic validation errors, naming the first offending field."""
     first = errors[0]
     kind, loc = first.get("type"), _loc(first)
-    if kind == "json_invalid":
-        detail = (first.get("ctx") or {}).get("error", first.get("msg", ""))
-        return ApiError(400, f"the request body is not valid JSON ({detail})", None, "invalid_json")
     if not loc:
         return ApiError(400, "the request body must be a JSON object", None, "invalid_body")
     param = _param(loc) or None
