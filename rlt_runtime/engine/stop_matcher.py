@@ -9,6 +9,7 @@ matched suffix by at least one character, so failure moves never outnumber chara
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from typing import Optional, Sequence
 
@@ -17,45 +18,52 @@ class StopAutomaton:
     """The trie of the stop strings with failure links.
 
     State 0 is the root (the empty prefix); every other state is a distinct prefix of some stop
-    string. `_fail[q]` is the state of the longest proper suffix of q's prefix that is itself a
-    prefix; `_longest[q]` is the index (into `stops`, first in list order among duplicates) of the
-    longest stop string that ends q's prefix, or -1.
+    string. `_edges` maps `state << 21 | ord(ch)` (code points are below 2**21) to the child state:
+    one dict for the whole trie, about 100 bytes per state. `_fail[q]` is the state of the longest
+    proper suffix of q's prefix that is itself a prefix; `_longest[q]` is the index (into `stops`,
+    first in list order among duplicates) of the longest stop string that ends q's prefix, or -1;
+    `_depth[q]` is the length of q's prefix. These are int32 arrays (4 bytes per state each).
     """
 
     def __init__(self, stops: Sequence[str]):
         self.stops = list(stops)
-        self._edges: list[dict[str, int]] = [{}]
-        self._depth = [0]
-        self._longest = [-1]
+        edges: dict[int, int] = {}
+        children: list[list[int]] = [[]]  # per state: its children, for the breadth-first pass
+        depth, longest = array("i", [0]), array("i", [-1])
         for index, stop in enumerate(self.stops):
             state = 0
             for ch in stop:
-                child = self._edges[state].get(ch)
+                key = state << 21 | ord(ch)
+                child = edges.get(key)
                 if child is None:
-                    child = len(self._edges)
-                    self._edges[state][ch] = child
-                    self._edges.append({})
-                    self._depth.append(self._depth[state] + 1)
-                    self._longest.append(-1)
+                    child = edges[key] = len(depth)
+                    children[state].append(child)
+                    children.append([])
+                    depth.append(depth[state] + 1)
+                    longest.append(-1)
                 state = child
-            if self._longest[state] < 0:
-                self._longest[state] = index
-        self._fail = [0] * len(self._edges)
-        queue = deque(self._edges[0].values())  # depth-1 states fall back to the root
+            if longest[state] < 0:
+                longest[state] = index
+        label = array("i", [0]) * len(depth)  # the code point of the edge into each state
+        for key, child in edges.items():
+            label[child] = key & 0x1FFFFF
+        fail = array("i", [0]) * len(depth)
+        queue = deque(children[0])  # depth-1 states fall back to the root
         while queue:  # breadth first: a state's failure target is shallower, so already final
             state = queue.popleft()
-            if self._longest[state] < 0:
-                self._longest[state] = self._longest[self._fail[state]]
-            for ch, child in self._edges[state].items():
-                back = self._fail[state]
-                while back and ch not in self._edges[back]:
-                    back = self._fail[back]
-                self._fail[child] = self._edges[back].get(ch, 0)
+            if longest[state] < 0:
+                longest[state] = longest[fail[state]]
+            for child in children[state]:
+                code, back = label[child], fail[state]
+                while back and (back << 21 | code) not in edges:
+                    back = fail[back]
+                fail[child] = edges.get(back << 21 | code, 0)
                 queue.append(child)
+        self._edges, self._fail, self._longest, self._depth = edges, fail, longest, depth
 
     @property
     def num_states(self) -> int:
-        return len(self._edges)
+        return len(self._depth)
 
 
 class StopMatcher:
@@ -79,10 +87,11 @@ class StopMatcher:
         edges, fail, longest, depth = a._edges, a._fail, a._longest, a._depth
         state, steps, best = self._state, self.steps, None
         for end, ch in enumerate(piece, self.scanned):
-            while state and ch not in edges[state]:
+            code = ord(ch)
+            while state and (state << 21 | code) not in edges:
                 state = fail[state]
                 steps += 1
-            state = edges[state].get(ch, 0)
+            state = edges.get(state << 21 | code, 0)
             steps += 1
             index = longest[state]
             if index >= 0:
