@@ -105,7 +105,7 @@ class EngineConfig:
     speculative_config: Optional[Union[dict, SpeculativeConfig]] = None
     # Stop strings: per request, bounded so that building their automaton stays cheap.
     max_stop_strings: int = 128
-    max_stop_chars: int = 16384  # total characters of a request's stop strings
+    max_stop_chars: int = 4096  # total characters of a request's stop strings
     # Profiling.
     profile_dir: Optional[str] = None
     profile_steps: tuple = (2, 4)  # (first step to record, number of steps)

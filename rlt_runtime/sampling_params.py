@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+from .engine.stop_matcher import StopAutomaton
 from .errors import ConfigError
 
 MAX_LOGPROBS = 20
@@ -59,6 +60,7 @@ class SamplingParams:
     speculative: bool = True
     trace_id: Optional[str] = None
     stop_list: list[str] = field(init=False, repr=False, default_factory=list)
+    _stop_automaton: Optional[StopAutomaton] = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self):
         _check(_is_int(self.n) and 1 <= self.n <= 64, "n", "an integer in 1..64", self.n)
@@ -95,6 +97,13 @@ class SamplingParams:
         _check(isinstance(self.speculative, bool), "speculative", "a boolean", self.speculative)
         _check(self.trace_id is None or (isinstance(self.trace_id, str) and self.trace_id != ""), "trace_id",
                "None or a non-empty string", self.trace_id)
+
+    def stop_automaton(self) -> StopAutomaton:
+        """The matcher automaton of `stop_list`, built on first use and kept: every prompt and
+        sample of a request given this SamplingParams shares one."""
+        if self._stop_automaton is None:
+            self._stop_automaton = StopAutomaton(self.stop_list)
+        return self._stop_automaton
 
     @property
     def greedy(self) -> bool:

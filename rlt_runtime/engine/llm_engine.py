@@ -31,7 +31,6 @@ from ..stable_hash import prompt_key, sample_key, stable_hash, unseeded_key
 from .exit_policy import load_trace
 from .request import Request
 from .scheduler import Scheduler
-from .stop_matcher import StopAutomaton
 from .text import TextTracker
 
 logger = logging.getLogger("rlt")
@@ -261,7 +260,7 @@ class LLMEngine:
             trace = self._trace_for(request_id, max_tokens, params)
         arrival = next(self._arrivals)
         now = time.monotonic() if arrival_time is None else arrival_time
-        stops = StopAutomaton(params.stop_list)  # one automaton for the request's n samples
+        stops = params.stop_automaton()  # built once, shared by the prompts and samples using params
         group = []
         for i in range(params.n):
             key = sample_key(params.seed, i) if params.seed is not None else unseeded_key(self.cfg.seed, arrival, i)

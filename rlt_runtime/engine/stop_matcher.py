@@ -1,7 +1,8 @@
 """Stop-string matching with one Aho–Corasick automaton over all of a request's stop strings.
 
-`StopAutomaton` is built once per request (O(total characters of the stop strings)) and shared by
-its n samples; each sample scans its text with its own `StopMatcher`. Scanning costs amortized
+`StopAutomaton` is built once per SamplingParams (`SamplingParams.stop_automaton`, O(total
+characters of the stop strings)) and shared by every prompt and sample using it; each sequence
+scans its text with its own `StopMatcher`. Scanning costs amortized
 O(1) state moves per character, independent of how many stop strings there are or how long they
 are: a character takes one trie edge (or stays at the root), and each failure move shortens the
 matched suffix by at least one character, so failure moves never outnumber characters scanned.

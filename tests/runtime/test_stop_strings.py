@@ -141,16 +141,16 @@ def llm(**options) -> LLM:
     return LLM("ouro-tiny", dtype="float32", max_num_seqs=4, **options)
 
 
-def test_default_limits_accept_128_strings_and_16_kib():
+def test_default_limits_accept_128_strings_and_4096_characters():
     m = llm()
     p = dict(max_tokens=4, temperature=0, ignore_eos=True)
-    ok = m.generate([[5, 6, 7]], SamplingParams(stop=["x" * 127 + chr(0x4E00 + i) for i in range(128)], **p),
+    ok = m.generate([[5, 6, 7]], SamplingParams(stop=["x" * 31 + chr(0x4E00 + i) for i in range(128)], **p),
                     use_tqdm=False)[0].outputs[0]
     assert ok.finish_reason == "length"
     with pytest.raises(RequestError, match=r"^stop has 129 strings .* at most 128 .*max_stop_strings"):
         m.generate([[5, 6, 7]], SamplingParams(stop=[chr(0x4E00 + i) for i in range(129)], **p), use_tqdm=False)
-    with pytest.raises(RequestError, match=r"^stop has 16385 characters .* at most 16384 .*max_stop_chars"):
-        m.generate([[5, 6, 7]], SamplingParams(stop=["x" * 16000, "y" * 385], **p), use_tqdm=False)
+    with pytest.raises(RequestError, match=r"^stop has 4097 characters .* at most 4096 .*max_stop_chars"):
+        m.generate([[5, 6, 7]], SamplingParams(stop=["x" * 4000, "y" * 97], **p), use_tqdm=False)
     assert not m.engine.has_unfinished_requests()
 
 
@@ -173,8 +173,27 @@ def test_many_stop_strings_stop_where_the_matching_one_occurs():
     p = dict(max_tokens=24, temperature=1.0, seed=3, ignore_eos=True)
     text = m.generate(["text"], SamplingParams(**p), use_tqdm=False)[0].outputs[0].text
     probe = text[4:6]
-    decoys = ["\u4e00" * 100 + chr(0x4E00 + i) + probe[:1] for i in range(127)]
+    decoys = ["\u4e00" * 28 + chr(0x4E00 + i) + probe[:1] for i in range(127)]
     alone = m.generate(["text"], SamplingParams(stop=[probe], **p), use_tqdm=False)[0].outputs[0]
     many = m.generate(["text"], SamplingParams(stop=decoys + [probe], **p), use_tqdm=False)[0].outputs[0]
     assert (many.text, many.finish_reason, many.stop_reason) == (alone.text, "stop", probe)
     assert many.text == text[:text.index(probe)]
+
+
+def test_one_automaton_per_sampling_params(monkeypatch):
+    """A prompt list with n samples each, sharing one SamplingParams, builds the automaton once
+    (building it per prompt or per sample would multiply the engine thread's work)."""
+    import rlt_runtime.sampling_params as sampling_params
+
+    built = []
+
+    class Counted(StopAutomaton):
+        def __init__(self, stops):
+            built.append(list(stops))
+            super().__init__(stops)
+
+    monkeypatch.setattr(sampling_params, "StopAutomaton", Counted)
+    p = SamplingParams(n=2, max_tokens=3, temperature=1.0, seed=1, ignore_eos=True, stop=["\u4e00\u4e01", "zz"])
+    outs = llm().generate([[5, 6], [7, 8], [9, 10]], p, use_tqdm=False)
+    assert all(len(o.outputs) == 2 and o.finished for o in outs)
+    assert built == [["\u4e00\u4e01", "zz"]]
