@@ -2,10 +2,10 @@
 
 `StopAutomaton` is built once per SamplingParams (`SamplingParams.stop_automaton`, O(total
 characters of the stop strings)) and shared by every prompt and sample using it; each sequence
-scans its text with its own `StopMatcher`. Scanning costs amortized
-O(1) state moves per character, independent of how many stop strings there are or how long they
-are: a character takes one trie edge (or stays at the root), and each failure move shortens the
-matched suffix by at least one character, so failure moves never outnumber characters scanned.
+scans its text with its own `StopMatcher`. Scanning costs amortized O(1) state moves per
+character, independent of how many stop strings there are or how long they are: a character
+takes one trie edge (or stays at the root), and each failure move shortens the matched suffix by
+at least one character, so failure moves never outnumber characters scanned.
 """
 
 from __future__ import annotations
@@ -62,10 +62,6 @@ class StopAutomaton:
                 queue.append(child)
         self._edges, self._fail, self._longest, self._depth = edges, fail, longest, depth
 
-    @property
-    def num_states(self) -> int:
-        return len(self._depth)
-
 
 class StopMatcher:
     """Scans one sequence's text, piece by piece, for the stop strings of an automaton.
@@ -85,7 +81,7 @@ class StopMatcher:
         first among those ending inside `piece` (ties: first in the stop list), start counted
         from the text's beginning; None if no stop string ends inside `piece`."""
         a = self.automaton
-        edges, fail, longest, depth = a._edges, a._fail, a._longest, a._depth
+        edges, fail, longest = a._edges, a._fail, a._longest
         state, steps, best = self._state, self.steps, None
         for end, ch in enumerate(piece, self.scanned):
             code = ord(ch)

@@ -35,8 +35,9 @@ class LLM:
                  trace_ids: Optional[Sequence[str]] = None) -> list[RequestOutput]:
         """Generate for one prompt or a list; returns one RequestOutput per prompt, in order.
 
-        A prompt is a string, a list of token ids, or {"prompt_token_ids": [...]}. sampling_params
-        is one SamplingParams for all prompts or one per prompt. trace_ids (one per prompt) set each
+        A prompt is a string, a list (or tuple) of token ids, or {"prompt_token_ids": [...]}.
+        sampling_params is one SamplingParams for all prompts or one per prompt. Other types are a
+        RequestError naming `prompts` or `sampling_params`. trace_ids (one per prompt) set each
         prompt's SamplingParams.trace_id: the exit-trace entry it replays or is recorded under.
         """
         if not isinstance(prompts, (str, dict, list, tuple)):
