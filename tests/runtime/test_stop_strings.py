@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from rlt_runtime import LLM, ConfigError, RequestError, SamplingParams
 from rlt_runtime.engine.stop_matcher import StopAutomaton, StopMatcher
@@ -19,6 +19,9 @@ OURO = builtin_tokenizer(preset_config("ouro-tiny"))
 ALPHABET = "abcé"
 STOPS = st.lists(st.text(ALPHABET, min_size=1, max_size=5), min_size=1, max_size=8)
 PIECES = st.lists(st.text(ALPHABET, max_size=4), max_size=25)
+# Two letters: stop strings that are suffixes of one another's prefixes (deep failure chains).
+BINARY_STOPS = st.lists(st.text("ab", min_size=1, max_size=7), min_size=1, max_size=12)
+BINARY_PIECES = st.lists(st.text("ab", max_size=3), max_size=30)
 
 
 def naive_stop(pieces: list[str], stops: list[str]):
@@ -43,7 +46,8 @@ def naive_pending(text: str, stops: list[str]) -> int:
 
 
 @settings(max_examples=300, deadline=None)
-@given(STOPS, PIECES)
+@given(st.one_of(STOPS, BINARY_STOPS), st.one_of(PIECES, BINARY_PIECES))
+@example(["abcxq", "bcy", "cxz"], ["abcx", "z"])  # "cxz" is found through two failure moves
 def test_matcher_equals_the_naive_reference(stops, pieces):
     matcher = StopMatcher(StopAutomaton(stops))
     want_k, want_text, want_stop = naive_stop(pieces, stops)
