@@ -199,15 +199,16 @@ def _positive(cfg, *names):
 
 
 def _token_ids(cfg, *names):
-    """Special-token id fields: an id in [0, vocab_size); eos_token_id may be a non-empty list of ids."""
+    """Special-token id fields: a non-negative integer; eos_token_id may be a non-empty list of them.
+    (An id past the vocabulary is allowed: such a token is never produced, so it never matches.)"""
     def is_id(v):
-        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < cfg.vocab_size
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
     for name in names:
         value = getattr(cfg, name)
         many = name == "eos_token_id"
         if not (is_id(value) or (many and isinstance(value, (list, tuple)) and value and all(is_id(v) for v in value))):
-            allowed = f"a token id (an integer in [0, {cfg.vocab_size}))" + (" or a non-empty list of them" if many else "")
+            allowed = "a token id (a non-negative integer)" + (" or a non-empty list of them" if many else "")
             raise ConfigError(f"{name} must be {allowed}, got {value!r}")
 
 
