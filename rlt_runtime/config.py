@@ -103,6 +103,9 @@ class EngineConfig:
     batch_invariant: bool = True
     cuda_graph_sizes: Optional[list[int]] = None
     speculative_config: Optional[Union[dict, SpeculativeConfig]] = None
+    # Stop strings: per request, bounded so that building their automaton stays cheap.
+    max_stop_strings: int = 128
+    max_stop_chars: int = 4096  # total characters of a request's stop strings
     # Profiling.
     profile_dir: Optional[str] = None
     profile_steps: tuple = (2, 4)  # (first step to record, number of steps)
@@ -174,6 +177,8 @@ class EngineConfig:
                 raise _fail("cuda_graph_sizes", "a non-empty list of positive integers", self.cuda_graph_sizes)
         if self.speculative_config is not None and not isinstance(self.speculative_config, SpeculativeConfig):
             raise _fail("speculative_config", "a dict or SpeculativeConfig", self.speculative_config)
+        _int(self.max_stop_strings, "max_stop_strings", 1)
+        _int(self.max_stop_chars, "max_stop_chars", 1)
         if (not isinstance(self.profile_steps, (list, tuple)) or len(self.profile_steps) != 2
                 or any(not isinstance(v, int) or v < 0 for v in self.profile_steps) or self.profile_steps[1] < 1):
             raise _fail("profile_steps", "(first_step >= 0, num_steps >= 1)", self.profile_steps)

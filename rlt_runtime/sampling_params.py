@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+from .engine.stop_matcher import StopAutomaton
 from .errors import ConfigError
 
 MAX_LOGPROBS = 20
@@ -18,6 +19,11 @@ def _check(cond: bool, name: str, allowed: str, value) -> None:
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    """An int or float, not a bool (True is an int in Python, never a probability)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass
@@ -54,17 +60,17 @@ class SamplingParams:
     speculative: bool = True
     trace_id: Optional[str] = None
     stop_list: list[str] = field(init=False, repr=False, default_factory=list)
+    _stop_automaton: Optional[StopAutomaton] = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self):
         _check(_is_int(self.n) and 1 <= self.n <= 64, "n", "an integer in 1..64", self.n)
         _check(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
                "max_tokens", "a positive integer or None", self.max_tokens)
-        _check(isinstance(self.temperature, (int, float)) and not isinstance(self.temperature, bool)
-               and 0.0 <= self.temperature <= 100.0, "temperature", "a number in [0, 100]", self.temperature)
-        _check(isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0, "top_p", "a number in (0, 1]", self.top_p)
+        _check(_is_number(self.temperature) and 0.0 <= self.temperature <= 100.0, "temperature", "a number in [0, 100]", self.temperature)
+        _check(_is_number(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p", "a number in (0, 1]", self.top_p)
         _check(_is_int(self.top_k) and (self.top_k == -1 or 1 <= self.top_k <= MAX_INT32), "top_k",
                f"-1 (off) or an integer in 1..{MAX_INT32}", self.top_k)
-        _check(isinstance(self.min_p, (int, float)) and 0.0 <= self.min_p <= 1.0, "min_p", "a number in [0, 1]", self.min_p)
+        _check(_is_number(self.min_p) and 0.0 <= self.min_p <= 1.0, "min_p", "a number in [0, 1]", self.min_p)
         _check(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63), "seed", "None or an integer in [0, 2**63)", self.seed)
         if isinstance(self.stop, str):
             self.stop_list = [self.stop]
@@ -86,12 +92,18 @@ class SamplingParams:
         _check(self.max_loops is None or (_is_int(self.max_loops) and self.max_loops >= 1), "max_loops", "None or an integer >= 1", self.max_loops)
         if self.min_loops is not None and self.max_loops is not None and self.min_loops > self.max_loops:
             raise ConfigError(f"min_loops ({self.min_loops}) must not exceed max_loops ({self.max_loops})")
-        _check(isinstance(self.exit_threshold, (int, float)) and not isinstance(self.exit_threshold, bool)
-               and 0.0 <= self.exit_threshold <= 1.0, "exit_threshold", "a number in [0, 1]", self.exit_threshold)
+        _check(_is_number(self.exit_threshold) and 0.0 <= self.exit_threshold <= 1.0, "exit_threshold", "a number in [0, 1]", self.exit_threshold)
         _check(_is_int(self.priority), "priority", "an integer", self.priority)
         _check(isinstance(self.speculative, bool), "speculative", "a boolean", self.speculative)
         _check(self.trace_id is None or (isinstance(self.trace_id, str) and self.trace_id != ""), "trace_id",
                "None or a non-empty string", self.trace_id)
+
+    def stop_automaton(self) -> StopAutomaton:
+        """The matcher automaton of `stop_list`, built on first use and kept: every prompt and
+        sample of a request given this SamplingParams shares one."""
+        if self._stop_automaton is None:
+            self._stop_automaton = StopAutomaton(self.stop_list)
+        return self._stop_automaton
 
     @property
     def greedy(self) -> bool:

@@ -224,6 +224,7 @@ class LLMEngine:
         request_id = str(request_id)
         if request_id in self._groups:
             raise RequestError(f"request_id {request_id!r} is already in use")
+        self._check_stop_limits(params.stop_list)
         text, ids = self._tokenize(prompt)
         vocab = self.model_config.vocab_size
         bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
@@ -259,6 +260,7 @@ class LLMEngine:
             trace = self._trace_for(request_id, max_tokens, params)
         arrival = next(self._arrivals)
         now = time.monotonic() if arrival_time is None else arrival_time
+        stops = params.stop_automaton()  # built once, shared by the prompts and samples using params
         group = []
         for i in range(params.n):
             key = sample_key(params.seed, i) if params.seed is not None else unseeded_key(self.cfg.seed, arrival, i)
@@ -270,12 +272,22 @@ class LLMEngine:
                 draft=self.policy.new_state(max_tokens) if self.policy is not None and params.speculative else None,
             )
             req.metrics = RequestMetrics(arrival_time=now, num_prompt_tokens=len(ids))
-            self._trackers[id(req)] = TextTracker(self.tokenizer, params.stop_list, list(ids))
+            self._trackers[id(req)] = TextTracker(self.tokenizer, stops, list(ids))
             group.append(req)
         self._groups[request_id] = group
         self._prompts[request_id] = text
         for req in group:
             self.scheduler.add(req)
+
+    def _check_stop_limits(self, stops: list[str]) -> None:
+        """The request's stop strings within max_stop_strings and max_stop_chars (RequestError)."""
+        if len(stops) > self.cfg.max_stop_strings:
+            raise RequestError(f"stop has {len(stops)} strings but at most {self.cfg.max_stop_strings} are allowed "
+                               "(max_stop_strings)")
+        chars = sum(len(s) for s in stops)
+        if chars > self.cfg.max_stop_chars:
+            raise RequestError(f"stop has {chars} characters in all but at most {self.cfg.max_stop_chars} are allowed "
+                               "(max_stop_chars)")
 
     def _trace_for(self, request_id: str, max_tokens: int, params: SamplingParams) -> list[int]:
         """The trace entry of params.trace_id (default: the request id), checked against the request."""

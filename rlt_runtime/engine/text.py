@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 from ..models.tokenizer import IncrementalDetokenizer, Tokenizer
+from .stop_matcher import StopAutomaton, StopMatcher
 
 
 class TextTracker:
@@ -14,13 +15,17 @@ class TextTracker:
     back a tail that could still grow into a stop string, so streamed deltas never have to be
     taken back. Without stop strings nothing needs the text token by token: tokens are queued
     and decoded in one batch when the text is read (once per finished request offline, once per
-    step while streaming).
+    step while streaming). Stop strings are matched by one automaton (stop_matcher.py): each new
+    character costs amortized O(1), however many stop strings there are.
+
+    stop: the stop strings, or their automaton (built once and shared by a request's samples).
     """
 
-    def __init__(self, tokenizer: Optional[Tokenizer], stop: list[str], prompt_ids: list[int]):
+    def __init__(self, tokenizer: Optional[Tokenizer], stop: Union[Sequence[str], StopAutomaton], prompt_ids: list[int]):
         self._detok = IncrementalDetokenizer(tokenizer, prompt_ids) if tokenizer is not None else None
-        self._stop = stop
-        self._hold = max((len(s) for s in stop), default=1) - 1  # chars a new match can reach back
+        if not isinstance(stop, StopAutomaton):
+            stop = StopAutomaton(stop) if stop else None
+        self._stop = StopMatcher(stop) if stop is not None and stop.stops else None
         self._text = ""
         self._queued: list[int] = []
         self.stopped_by: Optional[str] = None
@@ -36,45 +41,38 @@ class TextTracker:
         """Feed a token; returns the stop string it completed, if any."""
         if self._detok is None or self.stopped_by is not None:
             return None
-        if not self._stop:
+        if self._stop is None:
             self._queued.append(token_id)
             return None
-        before = len(self._text)
-        self._text += self._detok.add(token_id)
-        return self._check(before)
+        piece = self._detok.add(token_id)
+        self._text += piece
+        return self._check(piece)
 
     def finish(self) -> Optional[str]:
         """Flush characters held back by the detokenizer (end of generation); returns the stop
         string the flushed characters completed, if any (the text is cut before it as usual)."""
         if self._detok is None or self.stopped_by is not None:
             return None
-        before = len(self.text)
-        self._text += self._detok.flush()
-        return self._check(before)
+        text = self.text  # tokens still queued (no stop strings) decode before the flush
+        piece = self._detok.flush()
+        self._text = text + piece
+        return self._check(piece)
 
-    def _check(self, before: int) -> Optional[str]:
-        if not self._stop:
+    def _check(self, piece: str) -> Optional[str]:
+        """Scan the newly appended text; on a match, cut the text before it (the earliest-starting
+        match among those the piece completes; ties: first in the stop list)."""
+        if self._stop is None:
             return None
-        start = max(0, before - self._hold)
-        best = None
-        for s in self._stop:
-            i = self._text.find(s, start)
-            if i >= 0 and (best is None or i < best[0]):
-                best = (i, s)
-        if best is None:
+        hit = self._stop.scan(piece)
+        if hit is None:
             return None
-        self._text = self._text[: best[0]]
-        self.stopped_by = best[1]
-        return best[1]
+        start, stop = hit
+        self._text = self._text[:start]
+        self.stopped_by = stop
+        return stop
 
     def stable_text(self, finished: bool) -> str:
         """Text that can no longer change: drops a tail that is a prefix of some stop string."""
-        if finished or not self._stop:
+        if finished or self._stop is None or self.stopped_by is not None:
             return self.text
-        keep = len(self.text)
-        for s in self._stop:
-            for k in range(min(len(s) - 1, len(self.text)), 0, -1):
-                if self.text.endswith(s[:k]):
-                    keep = min(keep, len(self.text) - k)
-                    break
-        return self.text[:keep]
+        return self._text[: len(self._text) - self._stop.pending]

@@ -48,6 +48,8 @@ HELP = {
     "batch_invariant": "results independent of batch composition (fixed kernel tiles)",
     "cuda_graph_sizes": "decode row buckets captured as CUDA graphs",
     "speculative_config": "JSON: {\"num_speculative_tokens\": K, \"draft_loops\": d, \"draft_policy\": \"adaptive\"}",
+    "max_stop_strings": "most stop strings one request may give (default 128; more is a 400 naming stop)",
+    "max_stop_chars": "most characters one request's stop strings may hold in all (default 4096)",
     "profile_dir": "write a torch.profiler trace of some steps here",
     "profile_steps": "first step and number of steps to profile",
 }

@@ -35,16 +35,23 @@ class LLM:
                  trace_ids: Optional[Sequence[str]] = None) -> list[RequestOutput]:
         """Generate for one prompt or a list; returns one RequestOutput per prompt, in order.
 
-        A prompt is a string, a list of token ids, or {"prompt_token_ids": [...]}. sampling_params
-        is one SamplingParams for all prompts or one per prompt. trace_ids (one per prompt) set each
+        A prompt is a string, a list (or tuple) of token ids, or {"prompt_token_ids": [...]}.
+        sampling_params is one SamplingParams for all prompts or one per prompt. Other types are a
+        RequestError naming `prompts` or `sampling_params`. trace_ids (one per prompt) set each
         prompt's SamplingParams.trace_id: the exit-trace entry it replays or is recorded under.
         """
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        if not isinstance(prompts, (str, dict, list, tuple)):
+            raise RequestError("prompts must be a string, a list of token ids, a {'prompt_token_ids': [...]} dict, "
+                               f"or a list of these; got {type(prompts).__name__}")
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(prompts)
         else:
+            if not isinstance(sampling_params, (list, tuple)) or not all(isinstance(p, SamplingParams) for p in sampling_params):
+                raise RequestError("sampling_params must be None, a SamplingParams or a list of them (one per prompt); "
+                                   f"got {type(sampling_params).__name__}")
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise RequestError(f"got {len(params)} sampling_params for {len(prompts)} prompts")

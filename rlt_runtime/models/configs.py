@@ -47,6 +47,7 @@ class OuroConfig:
     def __post_init__(self):
         _positive(self, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                   "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
+        _token_ids(self, "bos_token_id", "eos_token_id")
         if not 1 <= self.total_ut_steps <= self.max_supported_loops:
             raise ConfigError(f"total_ut_steps must be in 1..{self.max_supported_loops}, got {self.total_ut_steps}")
         _check_heads(self.num_attention_heads, self.num_key_value_heads)
@@ -118,6 +119,7 @@ class HuginnConfig:
     def __post_init__(self):
         _positive(self, "vocab_size", "n_embd", "n_heads", "num_key_value_heads", "intermediate_size",
                   "n_layers_in_prelude", "n_layers_in_recurrent_block", "n_layers_in_coda", "block_size")
+        _token_ids(self, "bos_token_id", "eos_token_id", "pad_token_id")
         if not 1 <= self.mean_recurrence <= self.max_supported_loops:
             raise ConfigError(f"mean_recurrence must be in 1..{self.max_supported_loops}, got {self.mean_recurrence}")
         if self.n_embd % self.n_heads:
@@ -194,6 +196,20 @@ def _positive(cfg, *names):
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _token_ids(cfg, *names):
+    """Special-token id fields: a non-negative integer; eos_token_id may be a non-empty list of them.
+    (An id past the vocabulary is allowed: such a token is never produced, so it never matches.)"""
+    def is_id(v):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    for name in names:
+        value = getattr(cfg, name)
+        many = name == "eos_token_id"
+        if not (is_id(value) or (many and isinstance(value, (list, tuple)) and value and all(is_id(v) for v in value))):
+            allowed = "a token id (a non-negative integer)" + (" or a non-empty list of them" if many else "")
+            raise ConfigError(f"{name} must be {allowed}, got {value!r}")
 
 
 def _check_heads(heads: int, kv_heads: int):

@@ -209,3 +209,23 @@ def test_cors_only_for_configured_origins(guarded):
     assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "http://ok.example"
     evil = httpx.options(guarded.url + "/v1/completions", headers={"Origin": "http://evil.example", **preflight})
     assert "access-control-allow-origin" not in evil.headers
+
+
+def test_too_many_stop_strings_is_400_naming_stop(http):
+    """Default max_stop_strings is 128; the body stays under this server's 4 KiB limit."""
+    err = _error(http.post("/v1/completions", json=_with(stop=[chr(0x4E00 + i) for i in range(129)])), 400)
+    assert err["param"] == "stop" and "128" in err["message"] and "max_stop_strings" in err["message"]
+    chat = dict(CHAT, stop=[chr(0x4E00 + i) for i in range(129)])
+    assert _error(http.post("/v1/chat/completions", json=chat), 400)["param"] == "stop"
+
+
+def test_stop_characters_over_the_engine_limit_is_400_naming_stop(start_server):
+    with start_server(engine_options={"max_stop_strings": 4, "max_stop_chars": 32}) as live:
+        resp = httpx.post(live.url + "/v1/completions", json=_with(stop=["x" * 20, "y" * 13]), timeout=30)
+        err = _error(resp, 400)
+        assert err["param"] == "stop" and "33" in err["message"] and "32" in err["message"]
+        assert "max_stop_chars" in err["message"]
+        ok = httpx.post(live.url + "/v1/completions", json=_with(stop=["x" * 20, "y" * 12]), timeout=30)
+        assert ok.status_code == 200, ok.text
+        live.wait_idle()
+        assert live.kv_full()
