@@ -65,7 +65,7 @@ def linear_reports() -> dict:
     for name, n, k, act in OURO_WEIGHTS:
         for rows in (1, 256, 2048):  # the decode, middle and prefill row classes
             cfg = gemm.linear_config(n, k, torch.bfloat16, act, rows)
-            const = dict(HAS_ACTIVE=True, SWIGLU=act == "swiglu", DOT_IN_FP32=False, PRECISION="tf32",
+            const = dict(HAS_ACTIVE=True, SWIGLU=act == "swiglu", EXACT_DOT=False, PRECISION="tf32",
                          EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                          GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k)
             out[f"linear {name} M={rows} {cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.num_stages} split {cfg.split_k}"] = \
@@ -85,7 +85,7 @@ def attention_reports() -> dict:
         cfg.pop("num_warps")
         stages = cfg.pop("num_stages")
         const = dict(cfg, BLOCK_N=attention.KEY_TILE, BLOCK_SIZE=16, HAS_ACTIVE=True, HAS_SLOTS=True,
-                     QDEPTH_TENSOR=True, HAS_KEY_DEPTH=True, DOT_PRECISION="tf32", DOT_UPCAST=False)
+                     QDEPTH_TENSOR=True, HAS_KEY_DEPTH=True, DOT_PRECISION="tf32", EXACT_DOT=False)
         out[f"paged_attention depth-aware, {warps} warps, {stages} stages"] = compile_sm90(
             attention._paged_attention_kernel, ptrs, const, floats=("qk_scale",), num_warps=warps, num_stages=stages)
     return out

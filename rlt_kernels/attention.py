@@ -62,8 +62,9 @@ import math
 
 import torch
 
+from ._dot import exact_dots, mma
 from ._rows import active_count, compute_dtype
-from ._triton import check_launchable, interpreter_active, tl, triton
+from ._triton import check_launchable, tl, triton
 
 KEY_TILE = 64
 DEFAULT_SPLIT_SIZE = 1024
@@ -194,19 +195,6 @@ def _locate_tile(qsl_ptr, active_ptr, seq_lens_ptr, n_seqs, QPT: tl.constexpr, H
 
 
 @triton.jit
-def _mma(a, b, acc, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):
-    """tl.dot with fp32 accumulation. DOT_UPCAST (the interpreter only): the interpreter hands
-    tl.dot to numpy, which multiplies bf16 bit patterns as integers and whose fp32 matmul (BLAS)
-    rounds a row differently depending on where it sits in the tile. There the product is taken
-    in fp64 (exact products, an error far below fp32's) and rounded once to fp32, so a row's
-    result does not depend on its tile position, as on the GPU."""
-    if DOT_UPCAST:
-        prod = tl.dot(a.to(tl.float64), b.to(tl.float64), input_precision="ieee").to(tl.float32)
-        return prod if acc is None else acc + prod
-    return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-
-
-@triton.jit
 def _merge(m_run, l_run, acc_run, m_part, l_part, acc_part):
     """Fold a key range's softmax state into the running one; rows whose range saw no key keep
     theirs. The side with the larger max keeps weight exactly 1, so every update is a single
@@ -285,7 +273,7 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr, GP: tl.constexpr, QPT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HAS_ACTIVE: tl.constexpr, HAS_SLOTS: tl.constexpr, QDEPTH_TENSOR: tl.constexpr,
-    HAS_KEY_DEPTH: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    HAS_KEY_DEPTH: tl.constexpr, DOT_PRECISION: tl.constexpr, EXACT_DOT: tl.constexpr,
 ):
     """One program: KV head program_id(1), a tile of BLOCK_M (query, head) rows, and either
     every key range (partial == 0: writes out) or range program_id(2) only (partial != 0:
@@ -352,7 +340,7 @@ def _paged_attention_kernel(
             blk_own, kd = _tile_keys(own_plane_table, table, key_depth_ptr, start + BLOCK_N, range_end, offs_n,
                                      BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
 
-            s = _mma(q, tl.trans(k), None, DOT_PRECISION, DOT_UPCAST) * qk_scale
+            s = mma(q, tl.trans(k), None, DOT_PRECISION, EXACT_DOT) * qk_scale
             s = tl.where(pos[None, :] < limit[:, None], s, float("-inf"))
             # A row without a visible key in this tile keeps its state bit for bit: its
             # rescale factor is exactly 1 and its weights exactly 0 (no -inf - -inf NaN).
@@ -363,7 +351,7 @@ def _paged_attention_kernel(
             alpha = tl.where(seen, tl.exp2(m_i - m_ref), 1.0)
             p = tl.exp2(s - m_ref[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = _mma(p.to(v.dtype), v, acc * alpha[:, None], DOT_PRECISION, DOT_UPCAST)
+            acc = mma(p.to(v.dtype), v, acc * alpha[:, None], DOT_PRECISION, EXACT_DOT)
             m_i = m_i_new
         m_run, l_run, acc_run = _merge(m_run, l_run, acc_run, m_i, l_i, acc)
 
@@ -575,7 +563,6 @@ def paged_attention(
     ml_base = t_total * h * num_ranges * d
 
     qdepth_tensor = isinstance(query_depth, torch.Tensor)
-    upcast = interpreter_active()
     common = dict(HAS_ACTIVE=active_seqs is not None, **cfg)
     active = active_seqs if active_seqs is not None else seq_lens
     _paged_attention_kernel[(tile_programs, kvh, num_ranges if split_launch else 1)](
@@ -595,7 +582,7 @@ def paged_attention(
         key_depth.stride(1) if key_depth is not None else 0,
         BLOCK_N=KEY_TILE, BLOCK_SIZE=block_size,
         HAS_SLOTS=seq_slots is not None, QDEPTH_TENSOR=qdepth_tensor, HAS_KEY_DEPTH=key_depth is not None,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 or upcast else "tf32", DOT_UPCAST=upcast,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", EXACT_DOT=exact_dots(),
         num_warps=num_warps, num_stages=num_stages, **common,
     )
     if split_launch:

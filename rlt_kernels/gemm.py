@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from ._rows import active_count, by_row_chunks, compute_dtype
+from ._dot import exact_dots, mma
 from ._triton import check_launchable, interpreter_active, tl, triton
 from .norms import silu_mul
 
@@ -184,7 +185,7 @@ def _store_result(out_ptr, rows, cols, stride_out, acc_g, acc_u, io_mask, SWIGLU
 @triton.jit(do_not_specialize=["m"])
 def _linear_kernel(
     x_ptr, w_ptr, out_ptr, ws_ptr, active_ptr, m, n_out, k, k_range, stride_x, stride_w, stride_out,
-    HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, DOT_IN_FP32: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, EXACT_DOT: tl.constexpr, PRECISION: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
@@ -229,18 +230,13 @@ def _linear_kernel(
             k_ok = (k0 + ks) < k_hi
             a = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             g = tl.load(g_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        if DOT_IN_FP32:
-            a = a.to(tl.float32)
-            g = g.to(tl.float32)
-        acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
+        acc_g = mma(a, g, acc_g, PRECISION, EXACT_DOT)
         if SWIGLU:
             if EVEN_K:
                 u = tl.load(u_ptrs, mask=col_ok[None, :], other=0.0)
             else:
                 u = tl.load(u_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-            if DOT_IN_FP32:
-                u = u.to(tl.float32)
-            acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
+            acc_u = mma(a, u, acc_u, PRECISION, EXACT_DOT)
             u_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
@@ -329,9 +325,6 @@ def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig):
     m, k = x.shape
     n_out = out.shape[1]
     swiglu = activation == "swiglu"
-    # The interpreter's dot mishandles bf16 (it multiplies the raw bits), so it gets fp32
-    # operands there; the products of bf16 values are exact in fp32 either way.
-    dot_in_fp32 = interpreter_active() and x.dtype == torch.bfloat16
     k_range = cfg.k_range(k)
     split = -(-k // k_range) if k else 1  # ranges that hold keys (<= cfg.split_k)
     ws = out
@@ -341,8 +334,8 @@ def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig):
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n_out, cfg.block_n), split)
     _linear_kernel[grid](
         x, weight, out, ws, active, m, n_out, k, k_range, x.stride(0), weight.stride(0), out.stride(0),
-        HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu, DOT_IN_FP32=dot_in_fp32,
-        PRECISION="ieee" if x.dtype == torch.float32 or dot_in_fp32 else "tf32",
+        HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu, EXACT_DOT=exact_dots(),
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, SPLIT_K=split, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
