@@ -1,4 +1,4 @@
-"""Live rlt servers on loopback for the server tests (uvicorn on a background thread, port 0)."""
+"""Live rlt servers on loopback for the server tests (rlt-serve's uvicorn server on a background thread, port 0)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import uvicorn  # noqa: E402
 
 from rlt_runtime.engine.llm_engine import LLMEngine  # noqa: E402
 from rlt_runtime.entrypoints.server import EngineWorker, ServerConfig, create_app  # noqa: E402
+from rlt_runtime.entrypoints.server.http_server import build_server  # noqa: E402
 
 MODEL = "ouro-tiny"
 ENGINE_DEFAULTS = dict(dtype="float32", device="cpu", max_num_seqs=16, num_blocks=512, max_model_len=128)
@@ -77,9 +78,7 @@ def live_server(engine_options: Optional[dict] = None, engine_factory: Optional[
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    grace = max(1, round(config.get("shutdown_timeout", 5)))
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
-                                          timeout_graceful_shutdown=grace))
+    server = build_server(app)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn-test", daemon=True)
     thread.start()
     deadline = time.monotonic() + 60

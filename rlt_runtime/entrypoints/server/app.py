@@ -52,13 +52,25 @@ class ServerConfig:
     request_timeout: float = 600.0  # seconds from arrival; later gets 504 (or an error event when streaming)
     shutdown_timeout: float = 30.0  # grace period for in-flight requests at shutdown
     cors_origins: tuple = ()  # no CORS headers unless origins are given ("*" allows any)
+    keep_alive_timeout: float = 5.0  # a connection idle this long (before or between requests) is closed
+    header_timeout: float = 10.0  # a request head not complete this long after its first byte: 408, closed
+    body_timeout: float = 30.0  # a request body not complete this long after its head: 408, closed
+    max_connections: Optional[int] = None  # open connections; more get 503 (default: from the descriptor limit)
+
+    def connection_limit(self) -> int:
+        """max_connections, or min(4096, the soft RLIMIT_NOFILE - 64) when unset."""
+        from .connections import default_max_connections
+        return self.max_connections if self.max_connections is not None else default_max_connections()
 
     def validate(self) -> None:
         for name in ("max_concurrent_requests", "max_body_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("request_timeout", "shutdown_timeout"):
+        if self.max_connections is not None and (not isinstance(self.max_connections, int)
+                                                 or isinstance(self.max_connections, bool) or self.max_connections < 1):
+            raise ConfigError(f"max_connections must be a positive integer or None, got {self.max_connections!r}")
+        for name in ("request_timeout", "shutdown_timeout", "keep_alive_timeout", "header_timeout", "body_timeout"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -139,7 +151,8 @@ def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLM
     async def metrics() -> Response:
         return Response(worker.metrics.render(), media_type=CONTENT_TYPE)
 
-    app.add_middleware(_Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
+    app.add_middleware(_Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
+                       body_timeout=config.body_timeout)
     if config.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["*"])
@@ -442,6 +455,7 @@ class _Format:
             yield sse("[DONE]")
         except ApiError as err:
             yield sse(err.body())
+            yield sse("[DONE]")
 
     def opening(self) -> list:
         return []
@@ -567,10 +581,11 @@ class _Guard:
     """Answers 401 (missing/wrong API key on protected paths) and 413 (body over the limit) before
     the app reads anything; the body is read once here and replayed to the app."""
 
-    def __init__(self, app, api_key: Optional[str], max_body_bytes: int):
+    def __init__(self, app, api_key: Optional[str], max_body_bytes: int, body_timeout: float):
         self.app = app
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -587,8 +602,14 @@ class _Guard:
             await _send_error(send, self._too_large())
             return
         chunks, size = [], 0
+        deadline = time.monotonic() + self.body_timeout
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.0))
+            except asyncio.TimeoutError:
+                await _send_error(send, ApiError(408, f"the request body was not received within {self.body_timeout:g} s",
+                                                 None, "body_timeout", headers={"Connection": "close"}))
+                return
             if message["type"] != "http.request":  # disconnected before the body arrived
                 return
             chunks.append(message.get("body", b""))
