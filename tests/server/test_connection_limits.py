@@ -27,8 +27,7 @@ def live(start_server):
 
 def _connect(url: str) -> socket.socket:
     host, port = url.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)), timeout=10)
-    return sock
+    return socket.create_connection((host, int(port)), timeout=10)
 
 
 def _read_until_closed(sock: socket.socket, within: float) -> tuple[bytes, float]:

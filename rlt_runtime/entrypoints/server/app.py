@@ -59,7 +59,7 @@ class ServerConfig:
 
     def connection_limit(self) -> int:
         """max_connections, or min(4096, the soft RLIMIT_NOFILE - 64) when unset."""
-        from .connections import default_max_connections
+        from .connections import default_max_connections  # here: the app itself does not need uvicorn
         return self.max_connections if self.max_connections is not None else default_max_connections()
 
     def validate(self) -> None:
@@ -578,8 +578,9 @@ class _ChatFormat(_Format):
 # ---- ASGI guard: API key and body size --------------------------------------------------------------
 
 class _Guard:
-    """Answers 401 (missing/wrong API key on protected paths) and 413 (body over the limit) before
-    the app reads anything; the body is read once here and replayed to the app."""
+    """Answers 401 (missing/wrong API key on protected paths), 413 (body over the limit) and 408 (body
+    not complete `body_timeout` s after the head; the connection closes) before the app reads
+    anything; the body is read once here and replayed to the app."""
 
     def __init__(self, app, api_key: Optional[str], max_body_bytes: int, body_timeout: float):
         self.app = app
@@ -607,8 +608,9 @@ class _Guard:
             try:
                 message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.0))
             except asyncio.TimeoutError:
-                await _send_error(send, ApiError(408, f"the request body was not received within {self.body_timeout:g} s",
-                                                 None, "body_timeout", headers={"Connection": "close"}))
+                await _send_error(send, ApiError(
+                    408, f"the request body was not received within {self.body_timeout:g} s", None, "body_timeout",
+                    headers={"Connection": "close"}))
                 return
             if message["type"] != "http.request":  # disconnected before the body arrived
                 return

@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds from a request's first byte to the end of its head, else 408 and close (default 10)")
     p.add_argument("--body-timeout", type=float, default=30.0,
-                   help="seconds from the end of a request head to the end of its body, else 408 and close (default 30)")
+                   help="seconds from the end of a request head to the end of its body, else 408, closed (default 30)")
     p.add_argument("--max-connections", type=int, default=None,
                    help="open connections; more get 503 and are closed (default: min(4096, open-file limit - 64))")
     p.add_argument("--cors-origins", nargs="*", default=[], help="allowed CORS origins (default: no CORS)")
