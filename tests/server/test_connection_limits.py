@@ -5,11 +5,15 @@ within their limits, and ordinary requests keep working."""
 from __future__ import annotations
 
 import json
+import resource
 import socket
 import time
 
 import httpx
 import pytest
+
+from rlt_runtime.entrypoints.server import ServerConfig
+from rlt_runtime.errors import ConfigError
 
 MODEL = "ouro-tiny"
 LIMIT = 1.0  # every timeout of the server under test, in seconds
@@ -175,3 +179,18 @@ def test_long_request_outlives_every_connection_limit(live, monkeypatch):
     with httpx.Client(base_url=live.url, timeout=30) as client:  # keep-alive: one connection, several requests
         for _ in range(2):
             assert client.post("/v1/completions", json=REQUEST).status_code == 200
+
+
+def test_default_connection_cap_leaves_descriptors_free(monkeypatch):
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (256, 4096))
+    assert ServerConfig().connection_limit() == 256 - 64  # 300 idle sockets cannot take the last descriptors
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1 << 20, 1 << 20))
+    assert ServerConfig().connection_limit() == 4096
+    assert ServerConfig(max_connections=7).connection_limit() == 7
+
+
+@pytest.mark.parametrize("field, value", [("keep_alive_timeout", 0), ("header_timeout", -1.0),
+                                          ("body_timeout", True), ("max_connections", 0), ("max_connections", 2.5)])
+def test_bad_limits_are_rejected_naming_the_field(field, value):
+    with pytest.raises(ConfigError, match=field):
+        ServerConfig(**{field: value}).validate()
