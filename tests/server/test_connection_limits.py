@@ -183,7 +183,7 @@ def test_long_request_outlives_every_connection_limit(live, monkeypatch):
 
 def test_default_connection_cap_leaves_descriptors_free(monkeypatch):
     monkeypatch.setattr(resource, "getrlimit", lambda which: (256, 4096))
-    assert ServerConfig().connection_limit() == 256 - 64  # 300 idle sockets cannot take the last descriptors
+    assert ServerConfig().connection_limit() == 256 - 64 - 2 * 32  # headroom and two accept batches stay free
     monkeypatch.setattr(resource, "getrlimit", lambda which: (1 << 20, 1 << 20))
     assert ServerConfig().connection_limit() == 4096
     assert ServerConfig(max_connections=7).connection_limit() == 7
@@ -194,3 +194,40 @@ def test_default_connection_cap_leaves_descriptors_free(monkeypatch):
 def test_bad_limits_are_rejected_naming_the_field(field, value):
     with pytest.raises(ConfigError, match=field):
         ServerConfig(**{field: value}).validate()
+
+
+def test_idle_sockets_cannot_exhaust_descriptors(start_process, tmp_path):
+    """rlt-serve under a 256-descriptor limit, 300 idle sockets: the ones over the default cap
+    (256 - 64 - 2 * 32) are turned away at once, the rest are closed after the idle limit, and ordinary
+    requests work again; the server never runs out of descriptors."""
+    log = tmp_path / "serve.log"
+    idle_limit = 10.0  # long enough to open all 300 (the small listen backlog delays a burst) before one is closed
+    proc, url = start_process(log, "--keep-alive-timeout", str(idle_limit),
+                              preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)))
+    idle = []
+    try:
+        start = time.monotonic()
+        for _ in range(300):
+            idle.append(_connect(url))
+        assert time.monotonic() - start < idle_limit - 1
+        time.sleep(0.5)
+        while True:  # the server closes the idle ones itself; the client keeps them open
+            try:
+                ok = httpx.post(url + "/v1/completions", json=REQUEST, timeout=30).status_code == 200
+            except httpx.TransportError:
+                ok = False
+            if ok:
+                break
+            assert time.monotonic() - start < idle_limit + 10, log.read_text()
+            time.sleep(0.1)
+        accepted = 0
+        for sock in idle:
+            data, _ = _read_until_closed(sock, within=idle_limit + 10)
+            accepted += data == b""  # closed as idle (the refused ones got the 503)
+        assert 128 - 1 <= accepted <= 128  # the cap (the /health probe's connection may still count)
+    finally:
+        for sock in idle:
+            sock.close()
+        proc.kill()
+        proc.wait(30)
+    assert "Too many open files" not in log.read_text()

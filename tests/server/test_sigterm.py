@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,33 +16,12 @@ import pytest
 pytest.importorskip("uvicorn")
 
 MODEL = "ouro-tiny"
-REPO = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(tmp_path: Path, shutdown_timeout: float) -> tuple[subprocess.Popen, str, Path]:
-    port, log = _free_port(), tmp_path / "serve.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rlt_runtime.entrypoints.server.cli", "--model", MODEL, "--port", str(port),
-         "--dtype", "float32", "--device", "cpu", "--num-blocks", "256", "--max-model-len", "1100",
-         "--shutdown-timeout", str(shutdown_timeout)],
-        cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert proc.poll() is None, log.read_text()
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url, log
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "rlt-serve did not become healthy"
-        time.sleep(0.1)
+def _start(start_process, tmp_path: Path, shutdown_timeout: float) -> tuple[subprocess.Popen, str, Path]:
+    log = tmp_path / "serve.log"
+    proc, url = start_process(log, "--max-model-len", "1100", "--shutdown-timeout", str(shutdown_timeout))
+    return proc, url, log
 
 
 def _stream_then_sigterm(proc: subprocess.Popen, url: str, max_tokens: int,
@@ -74,8 +51,8 @@ def _assert_clean_exit(proc: subprocess.Popen, log: Path, sent_at: float, within
     assert "Traceback" not in text and " ERROR " not in text, text
 
 
-def test_sigterm_cuts_a_long_stream_with_the_error_event(tmp_path):
-    proc, url, log = _start(tmp_path, shutdown_timeout=1.0)
+def test_sigterm_cuts_a_long_stream_with_the_error_event(start_process, tmp_path):
+    proc, url, log = _start(start_process, tmp_path, shutdown_timeout=1.0)
     refused = []
 
     def probe() -> None:  # during the grace period: the stream runs, new connections are refused
@@ -100,8 +77,8 @@ def test_sigterm_cuts_a_long_stream_with_the_error_event(tmp_path):
     _assert_clean_exit(proc, log, sent_at, within=10.0)
 
 
-def test_sigterm_lets_a_stream_finish_within_the_grace_period(tmp_path):
-    proc, url, log = _start(tmp_path, shutdown_timeout=60.0)
+def test_sigterm_lets_a_stream_finish_within_the_grace_period(start_process, tmp_path):
+    proc, url, log = _start(start_process, tmp_path, shutdown_timeout=60.0)
     events = []
     try:
         events, sent_at = _stream_then_sigterm(proc, url, max_tokens=6)

@@ -58,9 +58,9 @@ class ServerConfig:
     max_connections: Optional[int] = None  # open connections; more get 503 (default: from the descriptor limit)
 
     def connection_limit(self) -> int:
-        """max_connections, or min(4096, the soft RLIMIT_NOFILE - 64) when unset."""
-        from .connections import default_max_connections  # here: the app itself does not need uvicorn
-        return self.max_connections if self.max_connections is not None else default_max_connections()
+        """max_connections, or when unset what the descriptor limit allows (connections.descriptor_budget)."""
+        from .connections import descriptor_budget  # here: the app itself does not need uvicorn
+        return self.max_connections if self.max_connections is not None else descriptor_budget()[0]
 
     def validate(self) -> None:
         for name in ("max_concurrent_requests", "max_body_bytes"):

@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--body-timeout", type=float, default=30.0,
                    help="seconds from the end of a request head to the end of its body, else 408, closed (default 30)")
     p.add_argument("--max-connections", type=int, default=None,
-                   help="open connections; more get 503 and are closed (default: min(4096, open-file limit - 64))")
+                   help="open connections; more get 503 and are closed (default: from the open-file limit, see docs)")
     p.add_argument("--cors-origins", nargs="*", default=[], help="allowed CORS origins (default: no CORS)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=False,

@@ -21,16 +21,23 @@ from typing import Optional
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-FD_HEADROOM = 64  # descriptors kept free for the process itself (checkpoint files, logs, the engine)
+FD_HEADROOM = 64  # descriptors kept free for the process itself (checkpoint files, logs, the device driver)
 MAX_CONNECTIONS_CAP = 4096
+MAX_BACKLOG = 2048
 
 
-def default_max_connections() -> int:
-    """min(4096, the soft RLIMIT_NOFILE - 64): open connections then never exhaust the descriptors."""
+def descriptor_budget() -> tuple[int, int]:
+    """(default max connections, listen backlog) from the soft RLIMIT_NOFILE.
+
+    asyncio accepts up to `backlog` sockets per event-loop tick before any protocol sees them, so
+    the cap is checked only after they hold descriptors: the budget leaves FD_HEADROOM plus two
+    such batches free. backlog = soft / 8 (16..2048); cap = min(4096, soft - 64 - 2 * backlog).
+    """
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
-        return MAX_CONNECTIONS_CAP
-    return max(1, min(MAX_CONNECTIONS_CAP, soft - FD_HEADROOM))
+        soft = 1 << 20
+    backlog = max(16, min(MAX_BACKLOG, soft // 8))
+    return max(1, min(MAX_CONNECTIONS_CAP, soft - FD_HEADROOM - 2 * backlog)), backlog
 
 
 def _raw_response(status: int, reason: str, message: str, code: str, extra: str = "") -> bytes:

@@ -21,7 +21,7 @@ from typing import Optional
 
 import uvicorn
 
-from .connections import bounded_protocol
+from .connections import bounded_protocol, descriptor_budget
 
 FLUSH_SECONDS = 2.0
 
@@ -60,5 +60,6 @@ def build_server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str 
         app, host=host, port=port, log_level=log_level, access_log=access_log, log_config=None, lifespan="on",
         http=bounded_protocol(config.keep_alive_timeout, config.header_timeout, config.connection_limit()),
         timeout_keep_alive=config.keep_alive_timeout, timeout_graceful_shutdown=FLUSH_SECONDS,
+        backlog=descriptor_budget()[1],
     )
     return DrainingServer(uv_config, app.state.worker, config.shutdown_timeout)
