@@ -8,6 +8,7 @@ subclass that
   * answers 408 and closes when a request head is not complete `header_timeout` s after its
     first byte,
   * answers 503 and closes at once when `max_connections` connections are already open.
+`descriptor_budget()` derives the default cap and the listen backlog from the open-file limit.
 The body deadline lives in the app (it can still answer 408 as JSON), see app.py `_Guard`.
 """
 
