@@ -1,11 +1,14 @@
-"""Live rlt servers on loopback for the server tests (uvicorn on a background thread, port 0)."""
+"""Live rlt servers on loopback for the server tests (rlt-serve's uvicorn server on a background thread, port 0)."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Callable, Optional
 
 import pytest
@@ -17,8 +20,10 @@ import uvicorn  # noqa: E402
 
 from rlt_runtime.engine.llm_engine import LLMEngine  # noqa: E402
 from rlt_runtime.entrypoints.server import EngineWorker, ServerConfig, create_app  # noqa: E402
+from rlt_runtime.entrypoints.server.http_server import build_server  # noqa: E402
 
 MODEL = "ouro-tiny"
+REPO = Path(__file__).resolve().parents[2]
 ENGINE_DEFAULTS = dict(dtype="float32", device="cpu", max_num_seqs=16, num_blocks=512, max_model_len=128)
 
 
@@ -77,9 +82,7 @@ def live_server(engine_options: Optional[dict] = None, engine_factory: Optional[
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    grace = max(1, round(config.get("shutdown_timeout", 5)))
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
-                                          timeout_graceful_shutdown=grace))
+    server = build_server(app)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn-test", daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
@@ -100,6 +103,39 @@ def live_server(engine_options: Optional[dict] = None, engine_factory: Optional[
 def start_server():
     """`live_server` as a fixture, for modules that need servers with their own limits."""
     return live_server
+
+
+def serve_process(log: Path, *flags: str, preexec_fn=None) -> tuple[subprocess.Popen, str]:
+    """Start `rlt-serve --model ouro-tiny` (CPU, fp32) on a free port with `flags`, output to `log`;
+    return (the process, its url) once /health answers 200."""
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlt_runtime.entrypoints.server.cli", "--model", MODEL, "--port", str(port),
+         "--dtype", "float32", "--device", "cpu", "--num-blocks", "256", *flags],
+        cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT, preexec_fn=preexec_fn)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, log.read_text()
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("rlt-serve did not become healthy")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def start_process():
+    """`serve_process` as a fixture: a real rlt-serve process."""
+    return serve_process
 
 
 @pytest.fixture(scope="module")

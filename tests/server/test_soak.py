@@ -219,7 +219,7 @@ def test_request_timeout_is_504(limited):
     assert resp.status_code == 504 and resp.json()["error"]["code"] == "timeout"
     with httpx.stream("POST", limited.url + "/v1/completions", json=dict(LONG, stream=True), timeout=30) as resp:
         events = [line for line in resp.iter_lines() if line.startswith("data: ")]
-    assert '"timeout"' in events[-1] and "data: [DONE]" not in events
+    assert '"timeout"' in events[-2] and events[-1] == "data: [DONE]"  # the error event, then the end
     limited.wait_idle()
     assert limited.kv_full()
 
@@ -267,7 +267,9 @@ def test_graceful_shutdown_is_bounded(start_server):
         for t in clients:
             t.join(10)
         assert len(results) == 3
-        assert all(not isinstance(r, list) or "data: [DONE]" not in r for r in results)  # cut short, not finished
+        for events in results:  # cut short, not finished: the error event, then [DONE]
+            assert isinstance(events, list) and events[-1] == "data: [DONE]", events
+            assert '"shutting_down"' in events[-2] and '"finish_reason":"length"' not in "".join(events)
         assert not live.worker.ready and live.worker.num_active == 0
         engine.check_invariants()  # the engine thread has exited: safe to inspect directly
         assert engine.kv.pool.num_free == engine.kv.pool.num_blocks

@@ -62,6 +62,15 @@ class ServerConfig:
     request_timeout: float = 600.0  # seconds from arrival; later gets 504 (or an error event when streaming)
     shutdown_timeout: float = 30.0  # grace period for in-flight requests at shutdown
     cors_origins: tuple = ()  # no CORS headers unless origins are given ("*" allows any)
+    keep_alive_timeout: float = 5.0  # a connection idle this long (before or between requests) is closed
+    header_timeout: float = 10.0  # a request head not complete this long after its first byte: 408, closed
+    body_timeout: float = 30.0  # a request body not complete this long after its head: 408, closed
+    max_connections: Optional[int] = None  # open connections; more get 503 (default: from the descriptor limit)
+
+    def connection_limit(self) -> int:
+        """max_connections, or when unset what the descriptor limit allows (connections.descriptor_budget)."""
+        from .connections import descriptor_budget  # here: the app itself does not need uvicorn
+        return self.max_connections if self.max_connections is not None else descriptor_budget()[0]
 
     def validate(self) -> None:
         for name in ("max_concurrent_requests", "max_body_bytes", "max_concurrent_sequences", "max_prompts_per_request",
@@ -69,7 +78,10 @@ class ServerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("request_timeout", "shutdown_timeout"):
+        if self.max_connections is not None and (not isinstance(self.max_connections, int)
+                                                 or isinstance(self.max_connections, bool) or self.max_connections < 1):
+            raise ConfigError(f"max_connections must be a positive integer or None, got {self.max_connections!r}")
+        for name in ("request_timeout", "shutdown_timeout", "keep_alive_timeout", "header_timeout", "body_timeout"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -153,7 +165,8 @@ def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLM
         return Response(worker.metrics.render(), media_type=CONTENT_TYPE)
 
     _declare_request_schemas(app, REQUEST_MODELS)
-    app.add_middleware(_Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes)
+    app.add_middleware(_Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
+                       body_timeout=config.body_timeout)
     if config.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["*"])
@@ -549,6 +562,7 @@ class _Format:
             yield sse("[DONE]")
         except ApiError as err:
             yield sse(err.body())
+            yield sse("[DONE]")
 
     def opening(self) -> list:
         return []
@@ -671,13 +685,15 @@ class _ChatFormat(_Format):
 # ---- ASGI guard: API key and body size --------------------------------------------------------------
 
 class _Guard:
-    """Answers 401 (missing/wrong API key on protected paths; the scheme "Bearer" in any case) and 413
-    (body over the limit) before the app reads anything; the body is read once here and replayed to the app."""
+    """Answers 401 (missing/wrong API key on protected paths; the scheme "Bearer" in any case), 413
+    (body over the limit) and 408 (body not complete `body_timeout` s after the head; the connection
+    closes) before the app reads anything; the body is read once here and replayed to the app."""
 
-    def __init__(self, app, api_key: Optional[str], max_body_bytes: int):
+    def __init__(self, app, api_key: Optional[str], max_body_bytes: int, body_timeout: float):
         self.app = app
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -693,8 +709,15 @@ class _Guard:
             await _send_error(send, self._too_large())
             return
         chunks, size = [], 0
+        deadline = time.monotonic() + self.body_timeout
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.0))
+            except asyncio.TimeoutError:
+                await _send_error(send, ApiError(
+                    408, f"the request body was not received within {self.body_timeout:g} s", None, "body_timeout",
+                    headers={"Connection": "close"}))
+                return
             if message["type"] != "http.request":  # disconnected before the body arrived
                 return
             chunks.append(message.get("body", b""))

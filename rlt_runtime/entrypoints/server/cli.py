@@ -5,7 +5,8 @@
 
 The HTTP port opens at once and answers /health with 503 while the model loads on the engine
 thread; if loading fails the server exits with status 1. SIGINT/SIGTERM stop accepting, give
-in-flight requests --shutdown-timeout seconds, then abort the rest.
+in-flight requests --shutdown-timeout seconds, then end the rest (streams with the error event
+and [DONE]) and exit with status 0.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import ipaddress
 import logging
 import os
+import signal
 import sys
 import threading
 from typing import Mapping, Optional
@@ -57,6 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request, else 504 (default 600)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get at shutdown before they are aborted (default 30)")
+    p.add_argument("--keep-alive-timeout", type=float, default=5.0,
+                   help="seconds a connection may sit idle, before its first request or between requests (default 5)")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds from a request's first byte to the end of its head, else 408 and close (default 10)")
+    p.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds from the end of a request head to the end of its body, else 408, closed (default 30)")
+    p.add_argument("--max-connections", type=int, default=None,
+                   help="open connections; more get 503 and are closed (default: from the open-file limit, see docs)")
     p.add_argument("--cors-origins", nargs="*", default=[], help="allowed CORS origins (default: no CORS)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=False,
@@ -100,10 +110,9 @@ def warn_if_exposed(host: str, api_key: Optional[str]) -> None:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    import uvicorn
-
     from ...engine.llm_engine import LLMEngine
     from .app import ServerConfig, create_app
+    from .http_server import build_server
     from .worker import EngineWorker
 
     try:
@@ -117,6 +126,8 @@ def main(argv=None) -> int:
             max_prompts_per_request=args.max_prompts_per_request,
             max_sequences_per_request=args.max_sequences_per_request, max_json_depth=args.max_json_depth,
             prepare_threads=args.prepare_threads, max_pending_preparations=args.max_pending_preparations,
+            keep_alive_timeout=args.keep_alive_timeout, header_timeout=args.header_timeout,
+            body_timeout=args.body_timeout, max_connections=args.max_connections,
         )
         config.validate()
     except ConfigError as exc:
@@ -125,10 +136,7 @@ def main(argv=None) -> int:
     warn_if_exposed(args.host, config.api_key)
     worker = EngineWorker(lambda: LLMEngine(args.model, **options))
     app = create_app(worker, config)
-    server = uvicorn.Server(uvicorn.Config(
-        app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log,
-        timeout_graceful_shutdown=max(1, round(args.shutdown_timeout)), log_config=None,
-    ))
+    server = build_server(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
 
     def stop_if_load_fails() -> None:
         worker.start()
@@ -137,6 +145,9 @@ def main(argv=None) -> int:
             server.should_exit = True
 
     threading.Thread(target=stop_if_load_fails, name="rlt-serve-load", daemon=True).start()
+    # uvicorn handles SIGTERM while it runs and re-raises it after its shutdown; this handler then
+    # takes it, so a SIGTERM shutdown exits with status 0 instead of dying by the signal.
+    signal.signal(signal.SIGTERM, lambda signum, frame: setattr(server, "should_exit", True))
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn re-raises the signal after its graceful shutdown

@@ -27,7 +27,7 @@ class ApiError(Exception):
     """An error answered with the OpenAI error body and `status`."""
 
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-             413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_error",
+             408: "timeout_error", 413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_error",
              503: "service_unavailable", 504: "timeout_error"}
 
     def __init__(self, status: int, message: str, param: Optional[str] = None, code: Optional[str] = None,
