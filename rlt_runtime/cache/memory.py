@@ -24,8 +24,9 @@ from ..errors import ConfigError
 
 CPU_DEFAULT_KV_BYTES = 256 << 20
 RESERVE_BYTES = 256 << 20
-# rlt_kernels.norms.rope_cos_sin builds its fp32 [positions, head_dim] table from angle, cos and sin
-# temporaries (half its size each) before the concatenation: ~2.5x the table at peak.
+# rlt_kernels.norms.rope_cos_sin concatenates its fp32 [positions, head_dim] table from angle, cos
+# and sin temporaries (half its size each) while fp32 positions [positions] live: 2.5x the table
+# plus 4 bytes a position, at most 3x the table for any even head_dim.
 ROPE_BUILD_PEAK = 3
 
 

@@ -17,7 +17,6 @@ CheckpointError naming the file and the entry.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import struct
@@ -182,12 +181,25 @@ def _header_entry(path: str, name: str, info, data_size: int):
                               f"integers with 0 <= begin <= end")
     dtype, itemsize = _FLOAT_DTYPES[tag]
     begin, end = offsets
-    if end - begin != math.prod(shape) * itemsize:
-        raise CheckpointError(f"{where} offsets [{begin}, {end}] do not match shape {shape} and dtype {tag}")
+    if end - begin != _nbytes(shape, itemsize, data_size):
+        raise CheckpointError(f"{where} offsets [{begin}, {end}] do not match shape {shown(shape)} and dtype {tag}")
     if end > data_size:
         raise CheckpointError(f"{path}: truncated safetensors file: tensor {name!r} ends at byte {end} "
                               f"of the data section but only {data_size} bytes are present")
     return name, dtype, begin, end, tuple(shape)
+
+
+def _nbytes(shape: list, itemsize: int, limit: int) -> int:
+    """Bytes of a tensor of `shape`, or -1 once past `limit` (a crafted shape of many huge
+    dimensions would otherwise make a product of millions of digits)."""
+    if 0 in shape:
+        return 0
+    n = itemsize
+    for d in shape:
+        n *= d
+        if n > limit:
+            return -1
+    return n
 
 
 def _is_count(value) -> bool:

@@ -60,6 +60,9 @@ FP32_TINY = 2.0**-126
 # The attention kernels handle head dimensions up to this (rlt_kernels.attention).
 MAX_HEAD_DIM = 256
 OURO_MAX_LOOPS = 8
+# Layers are listed tensor by tensor when a checkpoint is validated and run one by one from the
+# host; the published models have 8 to 48. A bound keeps a mistyped count from listing billions.
+MAX_LAYERS = 1024
 HUGINN_MAX_LOOPS = 128
 
 
@@ -139,7 +142,7 @@ OURO_PARSED = {
     "vocab_size": _size("rows of the embedding and the LM head"),
     "hidden_size": _size("the residual width"),
     "intermediate_size": _size("the MLP width"),
-    "num_hidden_layers": _size("layers in one loop"),
+    "num_hidden_layers": _size("layers in one loop", high=MAX_LAYERS),
     "num_attention_heads": _size("query heads"),
     "num_key_value_heads": _size("key/value heads; num_attention_heads must be a multiple"),
     "head_dim": ParsedField("int", f"the attention head width: even for RoPE, at most {MAX_HEAD_DIM} for the "
@@ -158,9 +161,9 @@ HUGINN_PARSED = {
     "n_heads": _size("query heads"),
     "num_key_value_heads": _size("key/value heads; n_heads must be a multiple"),
     "intermediate_size": _size("the MLP width"),
-    "n_layers_in_prelude": _size("prelude blocks"),
-    "n_layers_in_recurrent_block": _size("core blocks, looped mean_recurrence times"),
-    "n_layers_in_coda": _size("coda blocks"),
+    "n_layers_in_prelude": _size("prelude blocks", high=MAX_LAYERS),
+    "n_layers_in_recurrent_block": _size("core blocks, looped mean_recurrence times", high=MAX_LAYERS),
+    "n_layers_in_coda": _size("coda blocks", high=MAX_LAYERS),
     "mean_recurrence": _size("loops of the core block", high=HUGINN_MAX_LOOPS),
     "block_size": _size("the context length; positions are int32 on the device"),
     "rope_base": _ROPE,

@@ -7,8 +7,8 @@ checked on construction (config_fields.py PARSED tables), then the rules between
 divisibility, head width). `config_from_dict` parses those fields, checks token ids against the
 vocabulary, and treats every other config.json field as config_fields.py says: math fields must
 hold a value rlt implements, checked fields must agree, no-math fields are ignored, unknown
-fields are refused. `hf_weight_shapes` lists every tensor a checkpoint must contain, with its shape, in the
-checkpoint's own names.
+fields are refused. `hf_weight_shapes` lists every tensor a checkpoint must contain, with its
+shape, in the checkpoint's own names.
 """
 
 from __future__ import annotations

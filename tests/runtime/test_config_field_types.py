@@ -1,7 +1,7 @@
 """Every parsed config.json field has a type and a range; any other value is a ConfigError naming it.
 
 The specification below is written here, independently of config_fields.py: sizes are integers
-(not booleans, not floats) in 1..2**31 - 1, the head width an even integer up to 256, the RoPE base
+(not booleans, not floats) in 1..2**31 - 1 (layer counts 1..1024), the head width an even integer up to 256, the RoPE base
 a finite number above 1, the norm epsilon a finite number in [2**-126, 1], loops 1..8 (Ouro) or
 1..128 (Huginn), booleans true or false only, token ids integers in the vocabulary. The tests load
 the published config.json files with one field changed, and the bad values the issue reported
@@ -46,6 +46,7 @@ def _number(v):
 
 
 SIZE = _int_in(1, 2**31 - 1)
+LAYERS = _int_in(1, 1024)
 ROPE = lambda v: _number(v) and v > 1  # noqa: E731
 EPS = lambda v: _number(v) and 2.0**-126 <= v <= 1  # noqa: E731
 
@@ -60,7 +61,7 @@ HUGINN_ID, HUGINN_IDS = _ids(65536)
 # field -> whether a value is well-typed and in range (cross-field rules aside)
 SPEC = {
     "ouro-1.4b.json": {
-        "vocab_size": SIZE, "hidden_size": SIZE, "intermediate_size": SIZE, "num_hidden_layers": SIZE,
+        "vocab_size": SIZE, "hidden_size": SIZE, "intermediate_size": SIZE, "num_hidden_layers": LAYERS,
         "num_attention_heads": SIZE, "num_key_value_heads": SIZE, "head_dim": _int_in(2, 256, 2),
         "rope_theta": ROPE, "max_position_embeddings": SIZE, "rms_norm_eps": EPS, "total_ut_steps": _int_in(1, 8),
         "bos_token_id": OURO_ID, "eos_token_id": OURO_IDS, "initializer_range": lambda v: _number(v) and v > 0,
@@ -68,8 +69,8 @@ SPEC = {
     },
     "huginn-0125.json": {
         "vocab_size": SIZE, "n_embd": SIZE, "hidden_size": SIZE, "n_heads": SIZE, "num_attention_heads": SIZE,
-        "num_key_value_heads": SIZE, "intermediate_size": SIZE, "n_layers_in_prelude": SIZE,
-        "n_layers_in_recurrent_block": SIZE, "n_layers_in_coda": SIZE, "mean_recurrence": _int_in(1, 128),
+        "num_key_value_heads": SIZE, "intermediate_size": SIZE, "n_layers_in_prelude": LAYERS,
+        "n_layers_in_recurrent_block": LAYERS, "n_layers_in_coda": LAYERS, "mean_recurrence": _int_in(1, 128),
         "block_size": SIZE, "rope_base": ROPE, "norm_eps": EPS, "qk_bias": lambda v: type(v) is bool,
         "bias": lambda v: type(v) is bool, "tie_embeddings": lambda v: type(v) is bool,
         "init_scale": lambda v: _number(v) and 0 <= v <= 1, "bos_token_id": HUGINN_ID, "eos_token_id": HUGINN_IDS,
@@ -105,7 +106,7 @@ def _assert_refused_by_name(data, field):
 
 MISTYPED = st.one_of(
     st.none(), st.booleans(), st.text(max_size=5), st.floats(allow_nan=True, allow_infinity=True),
-    st.integers(-2**40, 2**40), st.sampled_from([0, -1, 2**31, 10**400, 257, 258, 3, 2.0**-127, 1.0, 1, 2**-126,
+    st.integers(-2**40, 2**40), st.sampled_from([0, -1, 2**31, 10**400, 257, 258, 3, 2.0**-127, 1.0, 1, 2**-126, 1025,
                                                  "4", "1e-6", 4.0, [], [1], [[1]], {}, {"a": 1}, [1, "x"]]),
     st.lists(st.integers(-5, 70000) | st.text(max_size=2) | st.none(), max_size=3),
 )
@@ -135,7 +136,7 @@ def test_any_value_of_a_parsed_field_loads_only_if_well_typed(data):
     ("rope_theta", 1.0), ("rope_theta", float("inf")), ("total_ut_steps", "4"), ("total_ut_steps", 4.0),
     ("max_position_embeddings", 10**12), ("head_dim", 512), ("head_dim", 15), ("hidden_size", True),
     ("bos_token_id", 49152), ("eos_token_id", [0, 49152]), ("eos_token_id", []), ("eos_token_id", "0"),
-    ("tie_word_embeddings", 0), ("initializer_range", 0),
+    ("tie_word_embeddings", 0), ("initializer_range", 0), ("num_hidden_layers", 2**31 - 1),
 ])
 def test_reported_bad_values(field, value):
     _assert_refused_by_name(_with_field("ouro-1.4b.json", field, value), field)

@@ -9,6 +9,7 @@ the largest max_model_len that fits, and that suggestion must itself load.
 import json
 
 import pytest
+import torch
 
 from rlt_runtime import LLM, SamplingParams
 from rlt_runtime.cache import memory
@@ -74,9 +75,21 @@ def test_the_suggested_max_model_len_is_the_largest_that_fits(checkpoint, monkey
 
 
 def test_available_bytes_reads_the_host():
-    import torch
-
     free = memory.available_bytes(torch.device("cpu"))
     with open("/proc/meminfo", encoding="ascii") as f:
         total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
     assert 0 < free <= total
+
+
+@pytest.mark.gpu
+def test_available_bytes_counts_the_allocators_cache():
+    """Memory this process freed into PyTorch's cache is available (mem_get_info alone misses it)."""
+    device = torch.device("cuda")
+    before = memory.available_bytes(device)
+    block = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    during = memory.available_bytes(device)
+    del block
+    after = memory.available_bytes(device)
+    assert during <= before - (1 << 30) + (64 << 20)
+    assert abs(after - before) < 64 << 20
+    assert after <= torch.cuda.get_device_properties(device).total_memory

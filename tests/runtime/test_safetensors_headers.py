@@ -11,6 +11,7 @@ everything the safetensors library would refuse later.
 import json
 import os
 import struct
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -102,6 +103,16 @@ def test_deeply_nested_json_is_refused_without_recursion(tmp_path, valid):
     # Brackets inside strings do not count.
     named = json.dumps({**header, "__metadata__": {"format": "[[[[{{{{"}}).encode()
     assert len(dict(iter_checkpoint(_write(tmp_path / "strings", named, data), CFG))) == len(hf_weight_shapes(CFG))
+
+
+def test_a_shape_of_many_huge_dimensions_is_refused_at_once(tmp_path, valid):
+    """The size check stops multiplying past the data size: 100k dimensions of 2**62 would
+    otherwise build a product of millions of digits, one quadratic multiplication after another."""
+    header, data = valid
+    started = time.monotonic()
+    _refused(_write(tmp_path / "huge", _with(header, ENTRY, shape=[2**62] * 100_000), data), f"'{ENTRY}'",
+             "do not match shape")
+    assert time.monotonic() - started < 5
 
 
 def test_header_longer_than_the_file(tmp_path, valid):
