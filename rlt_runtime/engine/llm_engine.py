@@ -12,6 +12,7 @@ import functools
 import itertools
 import json
 import logging
+import math
 import time
 from typing import Optional, Union
 
@@ -19,12 +20,13 @@ import torch
 
 from ..cache.kv_cache import KVCacheManager
 from ..cache.layout import make_layout
-from ..cache.memory import block_bytes, plan_kv_cache
+from ..cache.memory import block_bytes, check_context_fits, plan_kv_cache
 from ..config import HUGINN_CRITERION_DEFAULTS, EngineConfig
 from ..errors import ConfigError, RequestError
 from ..executor.model_runner import ModelRunner, StepHandle
 from ..executor.ops import check_flash_setup, select_ops
 from ..models import load_model
+from ..models.configs import hf_weight_shapes
 from ..outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 from ..sampling_params import SamplingParams
 from ..stable_hash import prompt_key, sample_key, stable_hash, unseeded_key
@@ -115,6 +117,12 @@ class LLMEngine:
             )
         cfg.max_num_seqs, cfg.max_num_batched_tokens = self.max_num_seqs, self.max_num_batched_tokens
         cfg.prefill_chunk_size = cfg.prefill_chunk_size or self.max_num_batched_tokens
+        origin = ("the max_model_len option" if cfg.max_model_len is not None
+                  else f"the model's context: field {mc.context_field!r} of its config")
+        weights_estimate = sum(math.prod(shape) for shape in hf_weight_shapes(mc).values()) * self.dtype.itemsize
+        check_context_fits(self.max_model_len, origin=origin, head_dim=mc.head_dim, num_planes=self.layout.num_planes,
+                           num_slots=self.max_num_seqs, block_size=cfg.block_size, weights_bytes=weights_estimate,
+                           device=self.device)
         self.async_scheduling = on_cuda if cfg.async_scheduling is None else cfg.async_scheduling
         self.ops = select_ops(self.device, cfg.attention_backend, cfg.batch_invariant)
         if cfg.attention_backend == "flash":

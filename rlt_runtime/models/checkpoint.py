@@ -4,13 +4,21 @@ A checkpoint directory holds `config.json` (parsed strictly, never with remote c
 `model.safetensors` or `model.safetensors.index.json` plus its shards. `iter_checkpoint`
 validates every file header, key, dtype and shape before it yields the first tensor, then
 streams tensors one at a time (a shard is never loaded whole). Pickle files are refused.
+
+A safetensors header is parsed here, before the safetensors library sees the file, and held to
+the library's rules so that a file that passes can be read: at most 100 MB and 3 levels of JSON
+nesting (checked on the raw text, so deep nesting cannot exhaust the parser), no duplicate keys
+or NaN/Infinity literals, `__metadata__` a map of strings, and each entry exactly `dtype` (a float
+tag), `shape` (non-negative integers) and `data_offsets` (two integers) whose size matches; the
+entries, sorted by offset, tile the data section without gap or overlap. Every error is a
+CheckpointError naming the file and the entry.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
+import re
 import struct
 from typing import Iterable, Iterator, Mapping, Optional
 
@@ -19,6 +27,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from ..errors import CheckpointError
+from .config_fields import shown
 from .configs import OPTIONAL_EXTRA_TENSORS, ModelConfig, config_from_dict, config_to_dict, hf_weight_shapes
 from .presets import PRESETS
 
@@ -32,6 +41,13 @@ _FLOAT_DTYPES = {
     "F64": (torch.float64, 8), "F32": (torch.float32, 4), "F16": (torch.float16, 2), "BF16": (torch.bfloat16, 2),
 }
 _TAG = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+# The safetensors library's own bound on the header.
+MAX_HEADER_BYTES = 100_000_000
+# {name: {"shape": [...]}}: a valid header nests three containers deep.
+MAX_HEADER_DEPTH = 3
+_ENTRY_KEYS = ("dtype", "shape", "data_offsets")
+# A JSON string literal or a bracket: nesting is counted on these tokens alone.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 
 
 def resolve_model(name_or_path: str) -> tuple[str, str]:
@@ -61,12 +77,15 @@ def _read_json(path: str, what: str):
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # bad syntax or encoding, an integer of too many digits
         raise CheckpointError(f"{path}: invalid JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise CheckpointError(f"{path}: invalid JSON (nested too deeply)") from exc
 
 
 def _read_header(path: str) -> dict[str, tuple[torch.dtype, tuple]]:
-    """Parse and check one safetensors header: {name: (dtype, shape)} in data order. Reads no data."""
+    """Parse and check one safetensors header (module docstring): {name: (dtype, shape)} in data order.
+    Reads no tensor data."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         head = f.read(8)
@@ -76,36 +95,115 @@ def _read_header(path: str) -> dict[str, tuple[torch.dtype, tuple]]:
         if 8 + n > size:
             raise CheckpointError(f"{path}: corrupt or truncated safetensors header "
                                   f"(header claims {n} bytes, file has {size})")
+        if n > MAX_HEADER_BYTES:
+            raise CheckpointError(f"{path}: corrupt safetensors header: {n} bytes, more than the "
+                                  f"{MAX_HEADER_BYTES} safetensors allows")
         raw = f.read(n)
+    header = _parse_header_json(path, raw)
+    data_size = size - 8 - n
+    meta = header.pop("__metadata__", None)
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise CheckpointError(f"{path}: corrupt safetensors header: '__metadata__' must be a map of strings, "
+                              f"got {shown(meta)}")
+    entries = sorted((_header_entry(path, name, info, data_size) for name, info in header.items()),
+                     key=lambda e: (e[2], e[3]))
+    covered, previous = 0, None
+    for name, _, begin, end, _ in entries:
+        if begin != covered:
+            problem = f"overlaps tensor {previous!r}" if begin < covered else "leaves a gap after " + (
+                f"tensor {previous!r}" if previous else "the header")
+            raise CheckpointError(f"{path}: corrupt safetensors header: tensor {name!r} at data offsets "
+                                  f"[{begin}, {end}] {problem} (which ends at {covered})")
+        covered, previous = end, name
+    if covered != data_size:
+        raise CheckpointError(f"{path}: corrupt safetensors header: the data section has {data_size} bytes but "
+                              f"the tensors cover {covered}")
+    return {name: (dtype, shape) for name, dtype, _, _, shape in entries}
+
+
+def _parse_header_json(path: str, raw: bytes) -> dict:
+    """The header's JSON object; nesting is bounded on the raw text before the parser runs."""
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{path}: corrupt safetensors header ({exc})") from exc
+    depth, entry = 0, None
+    for token in _JSON_TOKEN.finditer(text):
+        token = token.group()
+        if token[0] == '"':
+            if depth == 1:  # a top-level key (or a malformed top-level value)
+                entry = token
+        elif token in "[{":
+            depth += 1
+            if depth > MAX_HEADER_DEPTH:
+                where = "at the top level" if entry is None else f"in entry {entry[1:-1][:80]!r}"
+                raise CheckpointError(f"{path}: corrupt safetensors header: JSON nested deeper than the "
+                                      f"{MAX_HEADER_DEPTH} levels of a safetensors header ({where})")
+        else:
+            depth -= 1
+
+    def unique(pairs):
+        found = dict(pairs)
+        if len(found) < len(pairs):
+            seen = set()
+            duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))
+            raise ValueError(f"key {duplicate!r} appears twice")
+        return found
+
+    def no_constant(name):
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        header = json.loads(text, object_pairs_hook=unique, parse_constant=no_constant)
+    except ValueError as exc:  # bad syntax, a duplicate key, NaN/Infinity, an integer of too many digits
         raise CheckpointError(f"{path}: corrupt safetensors header ({exc})") from exc
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
-    data_size = size - 8 - n
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            tag, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-            if not all(isinstance(d, int) and d >= 0 for d in shape):
-                raise ValueError(f"bad shape {shape}")
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"{path}: corrupt safetensors header entry for tensor {name!r} ({exc})") from exc
-        if tag not in _FLOAT_DTYPES:
-            raise CheckpointError(f"{path}: tensor {name!r} has dtype {tag}; weights must be one of "
-                                  f"{sorted(_FLOAT_DTYPES)}")
-        dtype, itemsize = _FLOAT_DTYPES[tag]
-        if end - begin != math.prod(shape) * itemsize or begin < 0:
-            raise CheckpointError(f"{path}: corrupt safetensors header: tensor {name!r} offsets "
-                                  f"[{begin}, {end}] do not match shape {list(shape)} and dtype {tag}")
-        if end > data_size:
-            raise CheckpointError(f"{path}: truncated safetensors file: tensor {name!r} ends at byte {end} "
-                                  f"of the data section but only {data_size} bytes are present")
-        out[name] = (dtype, shape, begin)
-    return {name: (dtype, shape) for name, (dtype, shape, _) in sorted(out.items(), key=lambda kv: kv[1][2])}
+    return header
+
+
+def _header_entry(path: str, name: str, info, data_size: int):
+    """(name, dtype, begin, end, shape) of one header entry, every field checked."""
+    where = f"{path}: corrupt safetensors header: tensor {name!r}"
+    if not isinstance(info, dict) or sorted(info) != sorted(_ENTRY_KEYS):
+        raise CheckpointError(f"{where} must be an object with exactly the keys {list(_ENTRY_KEYS)}, "
+                              f"got {shown(info)}")
+    tag, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(tag, str) or tag not in _FLOAT_DTYPES:
+        label = tag[:40] if isinstance(tag, str) else shown(tag)
+        raise CheckpointError(f"{path}: tensor {name!r} has dtype {label}; weights must be one of "
+                              f"{sorted(_FLOAT_DTYPES)}")
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise CheckpointError(f"{where} has shape {shown(shape)}; expected a list of non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)
+            and offsets[0] <= offsets[1]):
+        raise CheckpointError(f"{where} has data_offsets {shown(offsets)}; expected [begin, end], "
+                              f"integers with 0 <= begin <= end")
+    dtype, itemsize = _FLOAT_DTYPES[tag]
+    begin, end = offsets
+    if end - begin != _nbytes(shape, itemsize, data_size):
+        raise CheckpointError(f"{where} offsets [{begin}, {end}] do not match shape {shown(shape)} and dtype {tag}")
+    if end > data_size:
+        raise CheckpointError(f"{path}: truncated safetensors file: tensor {name!r} ends at byte {end} "
+                              f"of the data section but only {data_size} bytes are present")
+    return name, dtype, begin, end, tuple(shape)
+
+
+def _nbytes(shape: list, itemsize: int, limit: int) -> int:
+    """Bytes of a tensor of `shape`, or -1 once past `limit` (a crafted shape of many huge
+    dimensions would otherwise make a product of millions of digits)."""
+    if 0 in shape:
+        return 0
+    n = itemsize
+    for d in shape:
+        n *= d
+        if n > limit:
+            return -1
+    return n
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _checkpoint_files(model_dir: str) -> dict[str, dict[str, tuple[torch.dtype, tuple]]]:

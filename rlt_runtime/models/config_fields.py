@@ -1,6 +1,9 @@
-"""What rlt does with each config.json field it does not parse into OuroConfig / HuginnConfig.
+"""What rlt does with each config.json field: parsed fields' types and ranges, and every other field.
 
-Besides the fields parsed into the config dataclasses, a published checkpoint's config.json holds:
+Parsed fields (`ParsedField`, tables OURO_PARSED / HUGINN_PARSED) go into OuroConfig /
+HuginnConfig; each has a JSON type and a range (sizes positive integers, floats finite and in the
+range the kernels compute with, booleans strictly true/false) and the config refuses any other
+value, naming the field. Besides them, a published checkpoint's config.json holds:
 
 * math fields (`MathField`): they change the forward pass and rlt implements only some values
   (e.g. Huginn's `norm_class_name` "RMSNorm_llama"); any other value is refused, naming the field
@@ -16,7 +19,11 @@ Any other field is unknown and refused by name: it might change the outputs. doc
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Optional
+
+from ..errors import ConfigError
 
 
 def same_value(a, b) -> bool:
@@ -38,6 +45,137 @@ class MathField:
 
     def describe(self) -> str:
         return " or ".join(repr(v) for v in self.allowed)
+
+
+def shown(value, limit: int = 80) -> str:
+    """repr(value), cut to `limit` characters (a config value can be arbitrarily large)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+# Sizes, positions and block indices are int32 on the device.
+INT32_MAX = 2**31 - 1
+# The smallest normal fp32: the kernels add the norm epsilon in fp32, where a smaller one is 0.
+FP32_TINY = 2.0**-126
+# The attention kernels handle head dimensions up to this (rlt_kernels.attention).
+MAX_HEAD_DIM = 256
+OURO_MAX_LOOPS = 8
+# Layers are listed tensor by tensor when a checkpoint is validated and run one by one from the
+# host; the published models have 8 to 48. A bound keeps a mistyped count from listing billions.
+MAX_LAYERS = 1024
+HUGINN_MAX_LOOPS = 128
+
+
+@dataclass(frozen=True)
+class ParsedField:
+    """A field parsed into the config: its JSON type (`kind`) and range.
+
+    kind "int": an integer (not a boolean) in [low, high], a multiple of `step`;
+    "float": a finite number (integers too, not booleans) above `low` (or at least `low` when
+    `low_closed`) and at most `high`; "bool": true or false only; "token_id": an integer >= 0
+    (configs.py checks it against vocab_size); "token_ids": a token id or a non-empty list of them.
+    """
+
+    kind: str
+    meaning: str
+    low: Optional[float] = None
+    high: Optional[float] = None
+    low_closed: bool = True
+    step: int = 1
+
+    def describe(self) -> str:
+        if self.kind == "bool":
+            return "true or false"
+        if self.kind == "token_id":
+            return "a token id (an integer in 0..vocab_size - 1)"
+        if self.kind == "token_ids":
+            return "a token id or a non-empty list of token ids (integers in 0..vocab_size - 1)"
+        if self.kind == "int":
+            text = f"an integer in {self.low}..{self.high}"
+            return text + (f", a multiple of {self.step}" if self.step > 1 else "")
+        low = f"{'>=' if self.low_closed else '>'} {self.low!r}"
+        return f"a finite number {low}" + (f" and <= {self.high!r}" if self.high is not None else "")
+
+    def accepts(self, value) -> bool:
+        if self.kind == "bool":
+            return isinstance(value, bool)
+        if self.kind == "token_ids" and isinstance(value, list):
+            return bool(value) and all(_is_int(v) and v >= 0 for v in value)
+        if self.kind in ("token_id", "token_ids"):
+            return _is_int(value) and value >= 0
+        if self.kind == "int":
+            return _is_int(value) and self.low <= value <= self.high and value % self.step == 0
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        try:
+            number = float(value)  # an integer too large for a float is out of every range
+        except OverflowError:
+            return False
+        return (math.isfinite(number) and (number >= self.low if self.low_closed else number > self.low)
+                and (self.high is None or number <= self.high))
+
+    def check(self, name: str, value) -> None:
+        """Raise ConfigError naming `name` unless `value` has this field's type and range."""
+        if not self.accepts(value):
+            raise ConfigError(f"field {name!r} = {shown(value)} must be {self.describe()} ({self.meaning})")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _size(meaning: str, low: int = 1, high: int = INT32_MAX) -> ParsedField:
+    return ParsedField("int", meaning, low, high)
+
+
+_ROPE = ParsedField("float", "the RoPE base: angle(p, i) = p * base^(-2i/head_dim); at or below 1 the "
+                             "frequencies no longer fall with i", low=1.0, low_closed=False)
+_EPS = ParsedField("float", "the RMSNorm epsilon, added in fp32 to the mean square; the smallest normal fp32 "
+                            "keeps an all-zero row finite, above 1 it outweighs unit-scale activations",
+                   low=FP32_TINY, high=1.0)
+_TOKEN_IDS = {
+    "bos_token_id": ParsedField("token_id", "the beginning-of-sequence id"),
+    "eos_token_id": ParsedField("token_ids", "the end-of-sequence id(s) generation stops on"),
+}
+
+OURO_PARSED = {
+    "vocab_size": _size("rows of the embedding and the LM head"),
+    "hidden_size": _size("the residual width"),
+    "intermediate_size": _size("the MLP width"),
+    "num_hidden_layers": _size("layers in one loop", high=MAX_LAYERS),
+    "num_attention_heads": _size("query heads"),
+    "num_key_value_heads": _size("key/value heads; num_attention_heads must be a multiple"),
+    "head_dim": ParsedField("int", f"the attention head width: even for RoPE, at most {MAX_HEAD_DIM} for the "
+                                   "attention kernels", 2, MAX_HEAD_DIM, step=2),
+    "rope_theta": _ROPE,
+    "max_position_embeddings": _size("the context length; positions are int32 on the device"),
+    "rms_norm_eps": _EPS,
+    "total_ut_steps": _size("loops of the layer stack", high=OURO_MAX_LOOPS),
+    **_TOKEN_IDS,
+    "initializer_range": ParsedField("float", "the std of the presets' random init", low=0.0, low_closed=False),
+    "tie_word_embeddings": ParsedField("bool", "must be false: the Ouro checkpoints untie lm_head"),
+}
+HUGINN_PARSED = {
+    "vocab_size": _size("rows of the embedding (the tied LM head)"),
+    "n_embd": _size("the residual width; n_heads must divide it"),
+    "n_heads": _size("query heads"),
+    "num_key_value_heads": _size("key/value heads; n_heads must be a multiple"),
+    "intermediate_size": _size("the MLP width"),
+    "n_layers_in_prelude": _size("prelude blocks", high=MAX_LAYERS),
+    "n_layers_in_recurrent_block": _size("core blocks, looped mean_recurrence times", high=MAX_LAYERS),
+    "n_layers_in_coda": _size("coda blocks", high=MAX_LAYERS),
+    "mean_recurrence": _size("loops of the core block", high=HUGINN_MAX_LOOPS),
+    "block_size": _size("the context length; positions are int32 on the device"),
+    "rope_base": _ROPE,
+    "norm_eps": _EPS,
+    "qk_bias": ParsedField("bool", "whether the blocks carry q/k biases"),
+    "bias": ParsedField("bool", "must be false: Huginn-0125 has q/k biases only"),
+    "tie_embeddings": ParsedField("bool", "must be true: lm_head is the embedding"),
+    "init_scale": ParsedField("float", "the initial state's std as a fraction of Huginn's: 0 gives a zero state, "
+                                       "1 the published model's", low=0.0, high=1.0),
+    **_TOKEN_IDS,
+    "pad_token_id": ParsedField("token_id", "the padding id"),
+}
 
 
 def _ignored(reason: str, *names: str) -> dict[str, str]:

@@ -2,11 +2,13 @@
 
 `OuroConfig` (model_type "ouro") and `HuginnConfig` (model_type "huginn_raven") carry the
 fields of reference/MODELS.md §1.2 / §2.1 plus a few derived properties shared by the
-runtime (`family`, `num_loops`, `max_loops`, `kv_heads`, ...). `config_from_dict` parses those
-fields and treats every other config.json field as config_fields.py says: math fields must hold
-a value rlt implements, checked fields must agree, no-math fields are ignored, unknown fields are
-refused. `hf_weight_shapes` lists every tensor a checkpoint must contain, with its shape, in the
-checkpoint's own names.
+runtime (`family`, `num_loops`, `max_loops`, `kv_heads`, ...). Each field's type and range is
+checked on construction (config_fields.py PARSED tables), then the rules between fields (head
+divisibility, head width). `config_from_dict` parses those fields, checks token ids against the
+vocabulary, and treats every other config.json field as config_fields.py says: math fields must
+hold a value rlt implements, checked fields must agree, no-math fields are ignored, unknown
+fields are refused. `hf_weight_shapes` lists every tensor a checkpoint must contain, with its
+shape, in the checkpoint's own names.
 """
 
 from __future__ import annotations
@@ -42,17 +44,12 @@ class OuroConfig:
 
     family: ClassVar[str] = "ouro"
     model_type: ClassVar[str] = "ouro"
-    max_supported_loops: ClassVar[int] = 8
+    max_supported_loops: ClassVar[int] = config_fields.OURO_MAX_LOOPS
+    context_field: ClassVar[str] = "max_position_embeddings"
 
     def __post_init__(self):
-        _positive(self, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                  "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
-        _token_ids(self, "bos_token_id", "eos_token_id")
-        if not 1 <= self.total_ut_steps <= self.max_supported_loops:
-            raise ConfigError(f"total_ut_steps must be in 1..{self.max_supported_loops}, got {self.total_ut_steps}")
+        _check_fields(self)
         _check_heads(self.num_attention_heads, self.num_key_value_heads)
-        if self.head_dim % 2:
-            raise ConfigError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
         if self.tie_word_embeddings is not False:
             raise ConfigError(f"tie_word_embeddings must be false for Ouro (the checkpoints untie lm_head), "
                               f"got {self.tie_word_embeddings!r}")
@@ -81,7 +78,8 @@ class OuroConfig:
     def eos_token_ids(self) -> tuple:
         return tuple(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else (self.eos_token_id,)
 
-    # config.json fields beyond the dataclass fields (config_fields.py).
+    # The type and range of each dataclass field, then config.json fields beyond them (config_fields.py).
+    PARSED: ClassVar[dict] = config_fields.OURO_PARSED
     ALIASES: ClassVar[dict] = {}
     MATH_FIELDS: ClassVar[dict] = config_fields.OURO_MATH
     CHECKED_FIELDS: ClassVar[dict] = config_fields.OURO_CHECKED
@@ -114,19 +112,17 @@ class HuginnConfig:
 
     family: ClassVar[str] = "huginn"
     model_type: ClassVar[str] = "huginn_raven"
-    max_supported_loops: ClassVar[int] = 128
+    max_supported_loops: ClassVar[int] = config_fields.HUGINN_MAX_LOOPS
+    context_field: ClassVar[str] = "block_size"
 
     def __post_init__(self):
-        _positive(self, "vocab_size", "n_embd", "n_heads", "num_key_value_heads", "intermediate_size",
-                  "n_layers_in_prelude", "n_layers_in_recurrent_block", "n_layers_in_coda", "block_size")
-        _token_ids(self, "bos_token_id", "eos_token_id", "pad_token_id")
-        if not 1 <= self.mean_recurrence <= self.max_supported_loops:
-            raise ConfigError(f"mean_recurrence must be in 1..{self.max_supported_loops}, got {self.mean_recurrence}")
+        _check_fields(self)
         if self.n_embd % self.n_heads:
             raise ConfigError(f"n_embd ({self.n_embd}) must be divisible by n_heads ({self.n_heads})")
         _check_heads(self.n_heads, self.num_key_value_heads)
-        if self.head_dim % 2:
-            raise ConfigError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.head_dim % 2 or self.head_dim > config_fields.MAX_HEAD_DIM:
+            raise ConfigError(f"the head width n_embd / n_heads ({self.n_embd} / {self.n_heads} = {self.head_dim}) "
+                              f"must be even (RoPE) and at most {config_fields.MAX_HEAD_DIM} (the attention kernels)")
         if self.bias is not False:
             raise ConfigError(f"bias must be false (rlt implements Huginn-0125's biases: q/k only), got {self.bias!r}")
         if self.tie_embeddings is not True:
@@ -180,7 +176,8 @@ class HuginnConfig:
     def eos_token_ids(self) -> tuple:
         return tuple(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else (self.eos_token_id,)
 
-    # config.json fields beyond the dataclass fields (config_fields.py).
+    # The type and range of each dataclass field, then config.json fields beyond them (config_fields.py).
+    PARSED: ClassVar[dict] = config_fields.HUGINN_PARSED
     ALIASES: ClassVar[dict] = config_fields.HUGINN_ALIASES
     MATH_FIELDS: ClassVar[dict] = config_fields.HUGINN_MATH
     CHECKED_FIELDS: ClassVar[dict] = config_fields.HUGINN_CHECKED
@@ -191,25 +188,10 @@ ModelConfig = Union[OuroConfig, HuginnConfig]
 CONFIG_CLASSES: dict[str, Any] = {"ouro": OuroConfig, "huginn_raven": HuginnConfig}
 
 
-def _positive(cfg, *names):
-    for name in names:
-        value = getattr(cfg, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-
-
-def _token_ids(cfg, *names):
-    """Special-token id fields: a non-negative integer; eos_token_id may be a non-empty list of them.
-    (An id past the vocabulary is allowed: such a token is never produced, so it never matches.)"""
-    def is_id(v):
-        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-    for name in names:
-        value = getattr(cfg, name)
-        many = name == "eos_token_id"
-        if not (is_id(value) or (many and isinstance(value, (list, tuple)) and value and all(is_id(v) for v in value))):
-            allowed = "a token id (a non-negative integer)" + (" or a non-empty list of them" if many else "")
-            raise ConfigError(f"{name} must be {allowed}, got {value!r}")
+def _check_fields(cfg) -> None:
+    """Each field's type and range (config_fields.py), in declaration order; ConfigError names the field."""
+    for f in dataclasses.fields(cfg):
+        cfg.PARSED[f.name].check(f.name, getattr(cfg, f.name))
 
 
 def _check_heads(heads: int, kv_heads: int):
@@ -220,9 +202,10 @@ def _check_heads(heads: int, kv_heads: int):
 def config_from_dict(data: dict, source: str = "config.json") -> ModelConfig:
     """Build a config from a parsed config.json (field rules: config_fields.py).
 
-    Parsed fields go to the dataclass; a math field must hold a value rlt implements, a checked
-    field must agree with the parsed ones, a no-math field is ignored; any other field is refused.
-    Every error is a ConfigError naming `source`, the field and the values allowed.
+    Parsed fields go to the dataclass (each of its type and range; token ids below vocab_size); a
+    math field must hold a value rlt implements, a checked field must agree with the parsed ones,
+    a no-math field is ignored; any other field is refused. Every error is a ConfigError naming
+    `source`, the field and the values allowed.
     """
     model_type = data.get("model_type")
     if model_type not in CONFIG_CLASSES:
@@ -235,8 +218,10 @@ def config_from_dict(data: dict, source: str = "config.json") -> ModelConfig:
             continue
         if key in names or key in cls.ALIASES:
             target = cls.ALIASES.get(key, key)
-            if target != key and target in data:  # both spellings present: checked below
-                continue
+            if target != key:  # named as spelled in the file; both spellings present must agree (below)
+                _check_field(cls.PARSED[target], key, value, source)
+                if target in data:
+                    continue
             kwargs[target] = value
         elif key in cls.MATH_FIELDS:
             rule = cls.MATH_FIELDS[key]
@@ -247,19 +232,49 @@ def config_from_dict(data: dict, source: str = "config.json") -> ModelConfig:
             raise ConfigError(f"{source}: unsupported field {key!r} for model_type {model_type!r} "
                               f"(not a field rlt knows; it might change the outputs)")
     if cls is OuroConfig and "head_dim" not in kwargs:  # HF Ouro's default: hidden_size / heads
-        hidden = kwargs.get("hidden_size", OuroConfig.hidden_size)
-        heads = kwargs.get("num_attention_heads", OuroConfig.num_attention_heads)
-        if all(isinstance(v, int) and v > 0 for v in (hidden, heads)):
-            kwargs["head_dim"] = hidden // heads
+        _derive_ouro_head_dim(kwargs, source)
     try:
         cfg = cls(**kwargs)
-    except (TypeError, ConfigError) as exc:  # wrong values reaching the dataclass
+    except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from exc
+    _check_token_ids(cfg, source)
     for alias, target in cls.ALIASES.items():
         if alias in data and target in data and not config_fields.same_value(data[alias], data[target]):
             raise ConfigError(f"{source}: field {alias!r} = {data[alias]!r} must equal {target} ({data[target]!r})")
     _check_derived(cfg, data, source)
     return cfg
+
+
+def _check_field(rule: config_fields.ParsedField, name: str, value, source: str) -> None:
+    try:
+        rule.check(name, value)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from exc
+
+
+def _derive_ouro_head_dim(kwargs: dict, source: str) -> None:
+    """Set kwargs["head_dim"] = hidden_size // num_attention_heads (HF Ouro's default) once both are valid."""
+    hidden = kwargs.get("hidden_size", OuroConfig.hidden_size)
+    heads = kwargs.get("num_attention_heads", OuroConfig.num_attention_heads)
+    for name, value in (("hidden_size", hidden), ("num_attention_heads", heads)):
+        _check_field(OuroConfig.PARSED[name], name, value, source)
+    rule = OuroConfig.PARSED["head_dim"]
+    if not rule.accepts(hidden // heads):
+        raise ConfigError(f"{source}: field 'head_dim' is absent, so it is hidden_size // num_attention_heads "
+                          f"({hidden} // {heads} = {hidden // heads}), which must be {rule.describe()} "
+                          f"({rule.meaning}); give head_dim or other sizes")
+    kwargs["head_dim"] = hidden // heads
+
+
+def _check_token_ids(cfg: ModelConfig, source: str) -> None:
+    """Token ids of the config must lie in its vocabulary."""
+    for name, rule in cfg.PARSED.items():
+        if rule.kind not in ("token_id", "token_ids"):
+            continue
+        value = getattr(cfg, name)
+        if any(i >= cfg.vocab_size for i in (value if isinstance(value, list) else [value])):
+            raise ConfigError(f"{source}: field {name!r} = {config_fields.shown(value)} must be {rule.describe()} "
+                              f"with vocab_size = {cfg.vocab_size} ({rule.meaning})")
 
 
 def _check_derived(cfg: ModelConfig, data: dict, source: str) -> None:
