@@ -245,6 +245,8 @@ class LLMEngine:
                 f"prompt has {len(ids)} tokens but the context holds {self.max_model_len} (max_model_len); "
                 "the prompt must be shorter than the context"
             )
+        if params.logprobs is not None and params.logprobs > vocab:
+            raise RequestError(f"logprobs must be in 0..{vocab} (the vocabulary size) for this model, got {params.logprobs}")
         for name in ("min_loops", "max_loops"):
             value = getattr(params, name)
             if value is not None and value > self.depth:

@@ -104,3 +104,18 @@ def test_any_small_config_in_range_generates(tmp_path_factory, data):
     cfg = config_from_dict(data)
     assert isinstance(cfg, CONFIG_CLASSES[data["model_type"]])
     _generate(str(tmp_path_factory.mktemp("cfg")), cfg)
+
+
+def test_logprobs_past_the_vocabulary_are_refused(tmp_path):
+    """A model with fewer tokens than the 20 log-probabilities a request may ask for: more than the
+    vocabulary is a clear request error, and the whole vocabulary is served."""
+    from rlt_runtime import RequestError
+
+    cfg = EDGES["ouro-low"]
+    save_checkpoint(str(tmp_path), cfg, preset_weights(cfg, seed=1))
+    llm = LLM(str(tmp_path), dtype="float32", max_num_seqs=2, max_model_len=8)
+    prompt = [{"prompt_token_ids": [1, 2, 3]}]
+    with pytest.raises(RequestError, match=r"logprobs must be in 0\.\.16"):
+        llm.generate(prompt, SamplingParams(max_tokens=2, logprobs=17), use_tqdm=False)
+    out = llm.generate(prompt, SamplingParams(max_tokens=2, logprobs=16, ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    assert all(len(step.top) == 16 for step in out.logprobs)
