@@ -56,14 +56,14 @@ def test_only_expected_config_errors_are_not_applicable():
     assert classify(graphs_on_cpu, odd_layout)["status"] == "fail"
 
 
-def test_matrix_is_deterministic_and_keeps_sampled_speculation_reproducible():
+def test_matrix_is_deterministic_and_covers_sampled_speculation_everywhere():
     cases = matrix(60, 7, "cuda")
     assert cases == matrix(60, 7, "cuda") and cases != matrix(60, 8, "cuda")
     assert matrix(6, 7, "cuda") == cases[:6]  # case i does not depend on --cases
     assert all(c["execution_mode"] == "eager" for c in matrix(30, 7, "cpu"))
     assert [c["id"] for c in cases if c["execution_mode"] == "compile"] == ["c005", "c025", "c045"]
-    for c in cases:
-        spec = c["speculative_config"]
-        if spec and c["sampling"] != "greedy":
-            assert spec["draft_policy"] == "fixed" and not c["async_scheduling"] and not c["tiny_pool"]
-            assert c["max_num_batched_tokens"] >= c["max_num_seqs"] * (spec["num_speculative_tokens"] + 1)
+    # Draft counts are per request, so sampled speculation is drawn with every policy, async and
+    # tiny pools alike (the matrix must not fence it off again).
+    sampled_spec = [c for c in cases if c["speculative_config"] and c["sampling"] != "greedy"]
+    assert {c["speculative_config"]["draft_policy"] for c in sampled_spec} == {"fixed", "adaptive"}
+    assert any(c["async_scheduling"] for c in sampled_spec) and any(c["tiny_pool"] for c in sampled_spec)
