@@ -81,8 +81,8 @@ MUTANTS = (
     ),
     Mutant(
         "huginn-prompt-noise-per-request", "rlt_runtime/executor/model_runner.py",
-        "keys += [self.prompt_key if p < num_prompt else c.request.row_key for p in range(c.start, c.start + n)]",
-        "keys += [c.request.row_key for p in range(c.start, c.start + n)]",
+        "keys += [self.prompt_key] * in_prompt + [c.request.row_key] * (n - in_prompt)",
+        "keys += [c.request.row_key] * n",
         ("tests/runtime/test_prefix_sharing.py::test_huginn_prefix_cache_hit_equals_a_fresh_engine",),
         "Huginn's prompt K/V depends on the request's noise key, and cached prompt blocks leak it",
     ),

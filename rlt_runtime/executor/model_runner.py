@@ -84,7 +84,6 @@ class StepHandle:
 
     rows: list = field(default_factory=list)  # (request, generation, kind, drafts) per result row
     round_k: int = 0
-    bucket: int = 0  # graph bucket of a speculative round's decode rows (the draft policy's cost key)
     prefills: list = field(default_factory=list)  # (request, generation, chunk) per prefill chunk
     host: Optional[dict] = None
     event: Optional[torch.cuda.Event] = None
@@ -334,8 +333,8 @@ class ModelRunner:
             positions += range(c.start, c.start + n)
             token_slots += [c.request.slot] * n
             limits += c.depths
-            num_prompt = c.request.num_prompt_tokens
-            keys += [self.prompt_key if p < num_prompt else c.request.row_key for p in range(c.start, c.start + n)]
+            in_prompt = min(max(c.request.num_prompt_tokens - c.start, 0), n)  # chunk positions inside the prompt
+            keys += [self.prompt_key] * in_prompt + [c.request.row_key] * (n - in_prompt)
             seq_slots.append(c.request.slot)
             seq_lens.append(c.start + n)
             qsl.append(qsl[-1] + n)
