@@ -78,10 +78,11 @@ def _plane_index(qd, kd, plane_offset, plane_modulus):
 def paged_attention_reference(
     q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *,
     scale=None, out=None, workspace=None, seq_slots=None, query_depth=None, key_depth=None,
-    plane_offset=0, plane_modulus=None, active_seqs=None, split_size=None,
+    plane_offset=0, plane_modulus=None, active_seqs=None, split_size=None, decode_from=None,
 ):
-    """Torch reference of `paged_attention` (same arguments; `workspace`/`split_size` unused)."""
-    del workspace, split_size
+    """Torch reference of `paged_attention` (same arguments; `workspace`, `split_size` and
+    `decode_from` choose arithmetic, not results, and are unused)."""
+    del workspace, split_size, decode_from
     t_total, h, d = q.shape
     _, bs, kvh, _ = k_cache.shape
     if h % kvh:
@@ -227,14 +228,14 @@ def _store_output(out_ptr, token, head, stride_ot, stride_oh, offs_d, io_mask, l
 
 
 @triton.jit
-def _tile_rows(kvh, first, q_begin, q_len, seq_len, GP: tl.constexpr, GROUP: tl.constexpr, QPT: tl.constexpr,
+def _tile_rows(kvh, first, q_begin, q_len, seq_len, dfrom, GP: tl.constexpr, GROUP: tl.constexpr, QPT: tl.constexpr,
                BLOCK_M: tl.constexpr):
     """The BLOCK_M (query, head) rows of one (query tile, KV head) program: row index, query index
-    within the sequence, validity, query head, token index, keys each row sees, and the tile's
-    last visible key + 1."""
+    within the sequence, validity (rows at or past position ``dfrom`` belong to the decode
+    kernel), query head, token index, keys each row sees, and the tile's last visible key + 1."""
     rows = tl.arange(0, BLOCK_M)
     local = first + rows // GP
-    row_ok = (local < q_len) & (rows % GP < GROUP)
+    row_ok = (local < q_len) & (rows % GP < GROUP) & (tl.maximum(seq_len - q_len + local, 0) < dfrom)
     head = kvh * GROUP + rows % GP
     token = (q_begin + local).to(tl.int64)
     limit = tl.where(row_ok, seq_len - q_len + local + 1, 0)
@@ -264,8 +265,8 @@ def _tile_keys(own_plane_table, table, key_depth_ptr, start, range_end, offs_n, 
 @triton.jit(do_not_specialize=["partial"])
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, ws_ptr,
-    tables_ptr, seq_lens_ptr, qsl_ptr, slots_ptr, qdepth_ptr, key_depth_ptr, active_ptr,
-    qk_scale, n_seqs, n_heads, qdepth_value, plane_offset, plane_modulus,
+    tables_ptr, seq_lens_ptr, qsl_ptr, slots_ptr, qdepth_ptr, key_depth_ptr, active_ptr, decode_from_ptr,
+    qk_scale, n_seqs, n_heads, qdepth_value, decode_from_value, plane_offset, plane_modulus,
     split_size, n_splits_max, ml_base, partial,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_co, stride_ch,
@@ -273,7 +274,8 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr, GP: tl.constexpr, QPT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HAS_ACTIVE: tl.constexpr, HAS_SLOTS: tl.constexpr, QDEPTH_TENSOR: tl.constexpr,
-    HAS_KEY_DEPTH: tl.constexpr, DOT_PRECISION: tl.constexpr, EXACT_DOT: tl.constexpr,
+    HAS_KEY_DEPTH: tl.constexpr, DECODE_FROM_TENSOR: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    EXACT_DOT: tl.constexpr,
 ):
     """One program: KV head program_id(1), a tile of BLOCK_M (query, head) rows, and either
     every key range (partial == 0: writes out) or range program_id(2) only (partial != 0:
@@ -283,7 +285,9 @@ def _paged_attention_kernel(
     if idle:
         return
     kvh = tl.program_id(1)
-    rows, local, row_ok, head, token, limit, kv_end = _tile_rows(kvh, first, q_begin, q_len, seq_len, GP, GROUP, QPT, BLOCK_M)
+    dfrom = _decode_from(decode_from_ptr, seq, decode_from_value, DECODE_FROM_TENSOR)
+    rows, local, row_ok, head, token, limit, kv_end = _tile_rows(kvh, first, q_begin, q_len, seq_len, dfrom, GP, GROUP,
+                                                                 QPT, BLOCK_M)
     n_ranges = (kv_end + split_size - 1) // split_size
     c_lo = tl.program_id(2)  # 0 when not splitting (grid dimension 2 is 1)
     c_hi = tl.where(partial != 0, tl.minimum(c_lo + 1, n_ranges), n_ranges)
@@ -368,10 +372,10 @@ def _paged_attention_kernel(
 
 @triton.jit
 def _combine_kernel(
-    out_ptr, ws_ptr, seq_lens_ptr, qsl_ptr, active_ptr,
-    n_seqs, n_heads, split_size, n_splits_max, ml_base, stride_ot, stride_oh,
+    out_ptr, ws_ptr, seq_lens_ptr, qsl_ptr, active_ptr, decode_from_ptr,
+    n_seqs, n_heads, decode_from_value, split_size, n_splits_max, ml_base, stride_ot, stride_oh,
     GROUP: tl.constexpr, GP: tl.constexpr, QPT: tl.constexpr, BLOCK_M: tl.constexpr,
-    HEAD_DIM: tl.constexpr, DP: tl.constexpr, HAS_ACTIVE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DP: tl.constexpr, HAS_ACTIVE: tl.constexpr, DECODE_FROM_TENSOR: tl.constexpr,
 ):
     """Merge the key-range partials of one (query tile, KV head) in order 0, 1, 2, ... with
     `_merge` (the very arithmetic the unsplit kernel uses) and write the output rows. Tiles
@@ -381,7 +385,9 @@ def _combine_kernel(
     if idle:
         return
     kvh = tl.program_id(1)
-    rows, local, row_ok, head, token, limit, kv_end = _tile_rows(kvh, first, q_begin, q_len, seq_len, GP, GROUP, QPT, BLOCK_M)
+    dfrom = _decode_from(decode_from_ptr, seq, decode_from_value, DECODE_FROM_TENSOR)
+    rows, local, row_ok, head, token, limit, kv_end = _tile_rows(kvh, first, q_begin, q_len, seq_len, dfrom, GP, GROUP,
+                                                                 QPT, BLOCK_M)
     n_ranges = (kv_end + split_size - 1) // split_size
     if n_ranges == 1:
         return  # the range program wrote these rows itself
@@ -403,6 +409,210 @@ def _combine_kernel(
     _store_output(out_ptr, token, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run)
 
 
+@triton.jit
+def _locate_row(qsl_ptr, active_ptr, seq_lens_ptr, n_seqs, HAS_ACTIVE: tl.constexpr):
+    """Map program_id(0) (a query token) to its sequence. Returns (seq, token, position, idle):
+    idle for a token no live sequence owns. Sequence t owning exactly token t (decode) is
+    recognised without the binary search."""
+    token = tl.program_id(0)
+    n_active = n_seqs + token * 0
+    if HAS_ACTIVE:
+        n_active = tl.minimum(tl.load(active_ptr), n_seqs)
+    last = tl.maximum(n_active - 1, 0)
+    seq = tl.minimum(token, last)
+    if (tl.load(qsl_ptr + seq) != token) | (tl.load(qsl_ptr + seq + 1) != token + 1):
+        lo = token * 0
+        hi = tl.maximum(n_active, 1)
+        while hi - lo > 1:  # largest s < n_active with qsl[s] <= token
+            mid = (lo + hi) // 2
+            ahead = tl.load(qsl_ptr + mid) > token
+            lo = tl.where(ahead, lo, mid)
+            hi = tl.where(ahead, mid, hi)
+        seq = lo
+    q_begin = tl.load(qsl_ptr + seq)
+    q_end = tl.load(qsl_ptr + seq + 1)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    idle = (n_active <= 0) | (token < q_begin) | (token >= q_end)
+    position = seq_len - (q_end - q_begin) + (token - q_begin)
+    return seq, token.to(tl.int64), position, idle
+
+
+@triton.jit
+def _decode_from(decode_from_ptr, seq, decode_from_value, DECODE_FROM_TENSOR: tl.constexpr):
+    """First position of sequence `seq` whose query rows take the decode arithmetic."""
+    if DECODE_FROM_TENSOR:
+        return tl.load(decode_from_ptr + seq)
+    return decode_from_value + seq * 0
+
+
+@triton.jit
+def _decode_kv_tile(k_head, v_head, table, blk_own, kd, qd, start, range_end, offs_n, offs_d, plane_offset,
+                    plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, BLOCK_SIZE: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, DP: tl.constexpr, HAS_KEY_DEPTH: tl.constexpr):
+    """K and V of key tile ``start`` as [1, BLOCK_N, DP] (keys at or past range_end read nothing and
+    give zeros), loaded straight into the decode kernel's 3-D layout. ``blk_own``/``kd`` come from
+    `_tile_keys` for the same tile."""
+    pos = start + offs_n
+    key_ok = pos < range_end
+    within = (pos % BLOCK_SIZE).to(tl.int64)
+    kv_row = blk_own * stride_cb + within * stride_co
+    if HAS_KEY_DEPTH:  # keys that exited before the query's loop live in their last loop's plane
+        early = key_ok & (kd < qd)
+        plane = plane_offset + kd % plane_modulus
+        blk = tl.load(table + plane.to(tl.int64) * stride_tp + (pos // BLOCK_SIZE) * stride_tb, mask=early, other=0)
+        kv_row = tl.where(early, blk.to(tl.int64) * stride_cb + within * stride_co, kv_row)
+    offs = kv_row[None, :, None] + offs_d[None, None, :]
+    mask = key_ok[None, :, None]
+    if HEAD_DIM != DP:
+        mask = mask & (offs_d[None, None, :] < HEAD_DIM)
+    return tl.load(k_head + offs, mask=mask, other=0.0), tl.load(v_head + offs, mask=mask, other=0.0)
+
+
+@triton.jit(do_not_specialize=["partial"])
+def _decode_attention_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, ws_ptr,
+    tables_ptr, seq_lens_ptr, qsl_ptr, slots_ptr, qdepth_ptr, key_depth_ptr, active_ptr, decode_from_ptr,
+    qk_scale, n_seqs, n_heads, qdepth_value, decode_from_value, plane_offset, plane_modulus,
+    split_size, n_splits_max, ml_base, partial,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_cb, stride_co, stride_ch,
+    stride_tp, stride_ts, stride_tb, stride_kdb, stride_kdo,
+    GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, HAS_ACTIVE: tl.constexpr, HAS_SLOTS: tl.constexpr, QDEPTH_TENSOR: tl.constexpr,
+    HAS_KEY_DEPTH: tl.constexpr, DECODE_FROM_TENSOR: tl.constexpr,
+):
+    """The decode arithmetic: one program per (query token program_id(0), KV head program_id(1))
+    and key range program_id(2) when splitting (partial != 0). Its GP query heads attend without
+    tensor cores: every key lane n of a BLOCK_N tile keeps its own online-softmax state over keys
+    n, n + BLOCK_N, ... of a range, folded across lanes at the range's end, so the loop needs no
+    cross-thread exchange and a row's bits never depend on other rows. Tokens before their
+    sequence's ``decode_from`` position are left to `_paged_attention_kernel`."""
+    seq, token, position, idle = _locate_row(qsl_ptr, active_ptr, seq_lens_ptr, n_seqs, HAS_ACTIVE)
+    if idle:
+        return
+    if tl.maximum(position, 0) < _decode_from(decode_from_ptr, seq, decode_from_value, DECODE_FROM_TENSOR):
+        return  # a prompt row: the tile kernel's
+    kvh = tl.program_id(1)
+    limit = tl.maximum(position + 1, 0)  # keys this row sees
+    n_ranges = (limit + split_size - 1) // split_size
+    c_lo = tl.program_id(2)
+    c_hi = tl.where(partial != 0, tl.minimum(c_lo + 1, n_ranges), n_ranges)
+    if (partial != 0) & (c_lo >= n_ranges):
+        return
+
+    g = tl.arange(0, GP)
+    head = kvh * GROUP + g
+    g_ok = g < GROUP
+    offs_d = tl.arange(0, DP)
+    offs_n = tl.arange(0, BLOCK_N)
+    io_mask = _dim_mask(g_ok, offs_d, HEAD_DIM, DP)
+    q = tl.load(q_ptr + token * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=io_mask, other=0.0)
+    q = (q.to(tl.float32) * qk_scale)[:, None, :]  # [GP, 1, DP]
+
+    if HAS_SLOTS:
+        slot = tl.load(slots_ptr + seq)
+    else:
+        slot = seq
+    table = tables_ptr + slot.to(tl.int64) * stride_ts
+    if QDEPTH_TENSOR:
+        qd = tl.load(qdepth_ptr + seq)
+    else:
+        qd = qdepth_value + seq * 0
+    own_plane_table = table + (plane_offset + qd % plane_modulus).to(tl.int64) * stride_tp
+    k_head = k_ptr + kvh.to(tl.int64) * stride_ch
+    v_head = v_ptr + kvh.to(tl.int64) * stride_ch
+
+    m_run = tl.full([GP], float("-inf"), tl.float32)
+    l_run = tl.zeros([GP], tl.float32)
+    acc_run = tl.zeros([GP, DP], tl.float32)
+    for c in range(c_lo, c_hi):
+        m_i = tl.full([GP, BLOCK_N], float("-inf"), tl.float32)
+        l_i = tl.zeros([GP, BLOCK_N], tl.float32)
+        acc = tl.zeros([GP, BLOCK_N, DP], tl.float32)
+        range_start = c * split_size
+        range_end = tl.minimum(range_start + split_size, limit)
+        # K/V run one key tile ahead of the arithmetic, block ids and key depths two.
+        blk_own, kd = _tile_keys(own_plane_table, table, key_depth_ptr, range_start, range_end, offs_n,
+                                 BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+        k, v = _decode_kv_tile(k_head, v_head, table, blk_own, kd, qd, range_start, range_end, offs_n, offs_d,
+                               plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb,
+                               BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH)
+        blk_own, kd = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + BLOCK_N, range_end, offs_n,
+                                 BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+        for start in range(range_start, range_end, BLOCK_N):
+            k_next, v_next = _decode_kv_tile(k_head, v_head, table, blk_own, kd, qd, start + BLOCK_N, range_end,
+                                             offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co,
+                                             stride_tp, stride_tb, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH)
+            blk_own, kd = _tile_keys(own_plane_table, table, key_depth_ptr, start + 2 * BLOCK_N, range_end, offs_n,
+                                     BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+            key_ok = (start + offs_n) < range_end
+            s = tl.sum(q * k.to(tl.float32), 2)  # [GP, BLOCK_N]
+            s = tl.where(key_ok[None, :], s, float("-inf"))
+            # Lanes without a key keep their state bit for bit (factor exactly 1, weight exactly 0).
+            m_new = tl.maximum(m_i, s)
+            seen = m_new > float("-inf")
+            m_ref = tl.where(seen, m_new, 0.0)
+            alpha = tl.where(seen, tl.exp2(m_i - m_ref), 1.0)
+            p = tl.exp2(s - m_ref)
+            l_i = l_i * alpha + p
+            acc = acc * alpha[:, :, None] + p[:, :, None] * v.to(tl.float32)
+            m_i = m_new
+            k, v = k_next, v_next
+        # Fold the key lanes into one state per head, then into the running state.
+        m_c = tl.max(m_i, 1)
+        m_c_ref = tl.where(m_c > float("-inf"), m_c, 0.0)
+        w = tl.exp2(m_i - m_c_ref[:, None])  # 0 for lanes that saw no key
+        l_c = tl.sum(l_i * w, 1)
+        acc_c = tl.sum(acc * w[:, :, None], 1)
+        m_run, l_run, acc_run = _merge(m_run, l_run, acc_run, m_c, l_c, acc_c)
+
+    if (partial != 0) & (n_ranges > 1):
+        idx = (token * n_heads + head) * n_splits_max + c_lo
+        ws_mask = _dim_mask(g_ok, offs_d, HEAD_DIM, DP)
+        tl.store(ws_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], acc_run, mask=ws_mask)
+        tl.store(ws_ptr + ml_base + 2 * idx, m_run, mask=g_ok)
+        tl.store(ws_ptr + ml_base + 2 * idx + 1, l_run, mask=g_ok)
+    else:
+        _store_output(out_ptr, token + g * 0, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run)
+
+
+@triton.jit
+def _decode_combine_kernel(
+    out_ptr, ws_ptr, seq_lens_ptr, qsl_ptr, active_ptr, decode_from_ptr,
+    n_seqs, n_heads, decode_from_value, split_size, n_splits_max, ml_base, stride_ot, stride_oh,
+    GROUP: tl.constexpr, GP: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr, HAS_ACTIVE: tl.constexpr,
+    DECODE_FROM_TENSOR: tl.constexpr,
+):
+    """Merge one decode row's key-range partials in order 0, 1, 2, ... with `_merge` and write
+    it; a row whose keys fit one range was written by its range program."""
+    seq, token, position, idle = _locate_row(qsl_ptr, active_ptr, seq_lens_ptr, n_seqs, HAS_ACTIVE)
+    if idle:
+        return
+    if tl.maximum(position, 0) < _decode_from(decode_from_ptr, seq, decode_from_value, DECODE_FROM_TENSOR):
+        return  # a prompt row: the tile kernel's
+    limit = tl.maximum(position + 1, 0)
+    n_ranges = (limit + split_size - 1) // split_size
+    if n_ranges <= 1:
+        return
+    kvh = tl.program_id(1)
+    g = tl.arange(0, GP)
+    head = kvh * GROUP + g
+    g_ok = g < GROUP
+    offs_d = tl.arange(0, DP)
+    io_mask = _dim_mask(g_ok, offs_d, HEAD_DIM, DP)
+    m_run = tl.full([GP], float("-inf"), tl.float32)
+    l_run = tl.zeros([GP], tl.float32)
+    acc_run = tl.zeros([GP, DP], tl.float32)
+    base = (token * n_heads + head) * n_splits_max
+    for c in range(0, n_ranges):
+        idx = base + c
+        m_part = tl.load(ws_ptr + ml_base + 2 * idx, mask=g_ok, other=float("-inf"))
+        l_part = tl.load(ws_ptr + ml_base + 2 * idx + 1, mask=g_ok, other=0.0)
+        acc_part = tl.load(ws_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], mask=io_mask, other=0.0)
+        m_run, l_run, acc_run = _merge(m_run, l_run, acc_run, m_part, l_part, acc_part)
+    _store_output(out_ptr, token + g * 0, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run)
+
+
 # ---------------------------------------------------------------------------------------------
 # Launch configuration: fixed by the group size, head_dim and dtype; never by the batch.
 # ---------------------------------------------------------------------------------------------
@@ -418,8 +628,18 @@ MIN_TILE_ROWS = 64
 FEW_QUERIES_PER_SEQ = 8
 # Split the keys only when the unsplit launch has fewer tile programs than this many per SM.
 SPLIT_BELOW_PROGRAMS_PER_SM = 2
+# The decode kernel: GP x BLOCK_N key lanes per program and its warps. Both shape the reduction
+# trees, so they are constants of the arithmetic, never tuned per batch. H200, Ouro decode (4 planes,
+# key-depth reads): 16 lanes x 4 warps reads K/V at 67% of the copy bandwidth at 256 x 192 keys and
+# 86% at 256 x 1024 (32 x 4: 51% / 71%; 64 x 4: 45% / 65%). K/V are prefetched one tile ahead by the
+# kernel itself; Triton's pipeliner adds nothing for loads no dot consumes (stages 1..3 measured equal).
+DECODE_LANE_ELEMENTS = 16
+DECODE_WARPS = 4
+DECODE_STAGES = 1
 # Largest workspace the call allocates by itself when it decides to split (no workspace given).
 AUTO_WORKSPACE_BYTES = 256 << 20
+# decode_from=None: no row takes the decode arithmetic.
+_NO_DECODE_ROWS = 2**31 - 1
 
 
 def _next_pow2(n: int) -> int:
@@ -439,6 +659,15 @@ def _tile_shape(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.d
         num_warps=4 if block_m * dp <= 64 * 128 and dtype != torch.float32 else 8,
         num_stages=1 if few_queries else 2 if dtype == torch.float32 or dp > 128 else 3,
     )
+
+
+def _decode_shape(num_heads: int, num_kv_heads: int, head_dim: int) -> dict:
+    """The decode kernel's geometry (a function of the model shape alone: it fixes the bits):
+    the group's heads padded to a power of two, and DECODE_LANE_ELEMENTS / GP key lanes."""
+    group = num_heads // num_kv_heads
+    gp = _next_pow2(group)
+    return dict(GROUP=group, GP=gp, BLOCK_N=max(16, DECODE_LANE_ELEMENTS // gp), HEAD_DIM=head_dim,
+                DP=max(16, _next_pow2(head_dim)), num_warps=DECODE_WARPS)
 
 
 @functools.lru_cache(maxsize=None)
@@ -493,19 +722,21 @@ def _check_int(name, t, dtypes=(torch.int32,), dim=1):
 def paged_attention(
     q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *,
     scale=None, out=None, workspace=None, seq_slots=None, query_depth=None, key_depth=None,
-    plane_offset=0, plane_modulus=None, active_seqs=None, split_size=None,
+    plane_offset=0, plane_modulus=None, active_seqs=None, split_size=None, decode_from=None,
 ):
     """Paged attention (Triton). Same arguments and semantics as `paged_attention_reference`;
-    see the module docstring for layouts, the loop-depth plane map and the split rules.
+    see the module docstring for layouts, the loop-depth plane map, the two arithmetics and the
+    split rules.
 
     q [T, H, D] bf16/fp16/fp32; k/v_cache [num_blocks, block_size, KVH, D] (same dtype);
     block_tables int32 [S_rows, max_blocks] or [P, S_rows, max_blocks]; seq_lens int32 [S];
     query_start_loc int32 [S + 1]; out [T, H, D] (default: new, q's dtype); workspace fp32
-    (see `attention_workspace_size`). Returns out.
+    (see `attention_workspace_size`); decode_from None, an int or int32 [S]. Returns out.
     """
     check_launchable(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, workspace,
                      seq_slots, key_depth, active_seqs,
-                     query_depth if isinstance(query_depth, torch.Tensor) else None)
+                     query_depth if isinstance(query_depth, torch.Tensor) else None,
+                     decode_from if isinstance(decode_from, torch.Tensor) else None)
     if q.dim() != 3 or k_cache.dim() != 4:
         raise ValueError(f"q must be [T, H, D] and k_cache [blocks, block_size, KVH, D]; got "
                          f"{tuple(q.shape)} and {tuple(k_cache.shape)}")
@@ -546,49 +777,70 @@ def paged_attention(
         _check_int("key_depth", key_depth, _INT_DTYPES, dim=2)
     if active_seqs is not None:
         _check_int("active_seqs", active_seqs)
+    decode_tensor = isinstance(decode_from, torch.Tensor)
+    if decode_tensor:
+        _check_int("decode_from", decode_from)
+        if decode_from.shape[0] < n_seqs:
+            raise ValueError(f"decode_from must have an entry per sequence ({n_seqs}), got {decode_from.shape[0]}")
     split = _check_split_size(split_size)
     if workspace is not None and (workspace.dtype != torch.float32 or not workspace.is_contiguous()):
         raise ValueError("workspace must be a contiguous fp32 tensor")
     if t_total == 0 or n_seqs == 0:
         return out
 
-    cfg = _tile_shape(h, kvh, d, q.dtype, few_queries=t_total <= FEW_QUERIES_PER_SEQ * n_seqs)
-    num_warps, num_stages = cfg.pop("num_warps"), cfg.pop("num_stages")
-    tile_programs = t_total // cfg["QPT"] + n_seqs
     num_ranges = -(-tables.shape[2] * block_size // split)
     needed = attention_workspace_size(t_total, h, d, tables.shape[2] * block_size, split)
-    split_launch = _should_split(tile_programs * kvh, num_ranges, needed, workspace, q.device)
-    if workspace is None:
-        workspace = torch.empty(needed if split_launch else 0, dtype=torch.float32, device=q.device)
-    ml_base = t_total * h * num_ranges * d
-
+    decode_value = 0 if decode_tensor else _NO_DECODE_ROWS if decode_from is None else int(decode_from)
+    tile_rows = decode_tensor or decode_value > 0  # some rows may precede decode_from
+    decode_rows = decode_tensor or decode_from is not None
     qdepth_tensor = isinstance(query_depth, torch.Tensor)
-    common = dict(HAS_ACTIVE=active_seqs is not None, **cfg)
     active = active_seqs if active_seqs is not None else seq_lens
-    _paged_attention_kernel[(tile_programs, kvh, num_ranges if split_launch else 1)](
-        q, k_cache, v_cache, out, workspace,
-        tables, seq_lens, query_start_loc,
-        seq_slots if seq_slots is not None else seq_lens,
-        query_depth if qdepth_tensor else seq_lens,
-        key_depth if key_depth is not None else seq_lens,
-        active,
-        float(scale if scale is not None else 1.0 / math.sqrt(d)) * _LOG2E,
-        n_seqs, h, 0 if qdepth_tensor or query_depth is None else int(query_depth), plane_offset, modulus,
-        split, num_ranges, ml_base, int(split_launch),
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        tables.stride(0), tables.stride(1), tables.stride(2),
-        key_depth.stride(0) if key_depth is not None else 0,
-        key_depth.stride(1) if key_depth is not None else 0,
-        BLOCK_N=KEY_TILE, BLOCK_SIZE=block_size,
-        HAS_SLOTS=seq_slots is not None, QDEPTH_TENSOR=qdepth_tensor, HAS_KEY_DEPTH=key_depth is not None,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", EXACT_DOT=exact_dots(),
-        num_warps=num_warps, num_stages=num_stages, **common,
-    )
-    if split_launch:
-        _combine_kernel[(tile_programs, kvh)](
-            out, workspace, seq_lens, query_start_loc, active,
-            n_seqs, h, split, num_ranges, ml_base, out.stride(0), out.stride(1),
-            num_warps=num_warps, **common,
+    # Both kernels take the same pointers and scalars; rows are split between them by decode_from.
+    ptrs = (q, k_cache, v_cache, out, workspace, tables, seq_lens, query_start_loc,
+            seq_slots if seq_slots is not None else seq_lens,
+            query_depth if qdepth_tensor else seq_lens,
+            key_depth if key_depth is not None else seq_lens,
+            active, decode_from if decode_tensor else seq_lens)
+    scalars = (float(scale if scale is not None else 1.0 / math.sqrt(d)) * _LOG2E,
+               n_seqs, h, 0 if qdepth_tensor or query_depth is None else int(query_depth), decode_value,
+               plane_offset, modulus, split, num_ranges)
+    strides = (q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+               k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+               tables.stride(0), tables.stride(1), tables.stride(2),
+               key_depth.stride(0) if key_depth is not None else 0,
+               key_depth.stride(1) if key_depth is not None else 0)
+    flags = dict(BLOCK_SIZE=block_size, HAS_ACTIVE=active_seqs is not None, HAS_SLOTS=seq_slots is not None,
+                 QDEPTH_TENSOR=qdepth_tensor, HAS_KEY_DEPTH=key_depth is not None, DECODE_FROM_TENSOR=decode_tensor)
+    ml_base = t_total * h * num_ranges * d
+    combine_args = (out, None, seq_lens, query_start_loc, active, ptrs[-1], n_seqs, h, decode_value, split,
+                    num_ranges, ml_base, out.stride(0), out.stride(1))
+
+    launches = []
+    if tile_rows:
+        cfg = _tile_shape(h, kvh, d, q.dtype, few_queries=t_total <= FEW_QUERIES_PER_SEQ * n_seqs)
+        programs = t_total // cfg["QPT"] + n_seqs
+        launches.append((_paged_attention_kernel, _combine_kernel, programs, cfg,
+                         dict(BLOCK_N=KEY_TILE, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+                              EXACT_DOT=exact_dots())))
+    if decode_rows:
+        cfg = _decode_shape(h, kvh, d)
+        cfg["num_stages"] = DECODE_STAGES
+        launches.append((_decode_attention_kernel, _decode_combine_kernel, t_total, cfg, {}))
+    for kernel, combine, programs, cfg, extra in launches:
+        cfg = dict(cfg)
+        num_warps, num_stages = cfg.pop("num_warps"), cfg.pop("num_stages")
+        split_launch = _should_split(programs * kvh, num_ranges, needed, workspace, q.device)
+        if split_launch and workspace is None:
+            workspace = torch.empty(needed, dtype=torch.float32, device=q.device)
+        ws = workspace if workspace is not None else torch.empty(0, dtype=torch.float32, device=q.device)
+        kernel[(programs, kvh, num_ranges if split_launch else 1)](
+            *ptrs[:4], ws, *ptrs[5:], *scalars, ml_base, int(split_launch), *strides,
+            num_warps=num_warps, num_stages=num_stages, **cfg, **flags, **extra,
         )
+        if split_launch:
+            combine_cfg = {k: v for k, v in cfg.items() if k not in ("BLOCK_N", "BLOCK_SIZE")}
+            combine[(programs, kvh)](
+                combine_args[0], ws, *combine_args[2:], num_warps=num_warps,
+                HAS_ACTIVE=flags["HAS_ACTIVE"], DECODE_FROM_TENSOR=decode_tensor, **combine_cfg,
+            )
     return out

@@ -106,7 +106,7 @@ def read_tables(block_tables, n_seqs, *, seq_slots=None, query_depth=None, plane
 def paged_attention(
     q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *,
     scale=None, out=None, workspace=None, seq_slots=None, query_depth=None, key_depth=None,
-    plane_offset=0, plane_modulus=None, active_seqs=None, split_size=None,
+    plane_offset=0, plane_modulus=None, active_seqs=None, split_size=None, decode_from=None,
 ):
     """`rlt_kernels.attention.paged_attention` through FlashAttention (see the module docstring).
 
@@ -114,7 +114,7 @@ def paged_attention(
     or [P, S_rows, max_blocks]; seq_lens int32 [S]; query_start_loc int32 [S + 1]; active_seqs int32
     [1] or None. Returns out [T, H, D].
     """
-    del workspace, split_size
+    del workspace, split_size, decode_from  # one arithmetic for every row
     if key_depth is not None:
         raise ValueError("the FlashAttention backend cannot read planes through key_depth (per-key plane "
                          "indirection); run LAST_EXITED with copy-based reads or use rlt_kernels.attention")

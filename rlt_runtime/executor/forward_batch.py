@@ -43,7 +43,9 @@ class ForwardBatch:
     int32 or None (a token writes K/V at loop t only while t < limit), seq_slots [S] int32,
     seq_lens [S] int32, query_start_loc [S+1] int32, active [1] int32 or None (live rows),
     active_seqs [1] int32 or None (live sequences; default `active`: decode passes have one query
-    per sequence, so rows and sequences coincide).
+    per sequence, so rows and sequences coincide). decode_from: 0 for decode passes (every row is
+    a generated token), int32 [S] for prefill passes (the sequence's first generated position:
+    recomputed outputs take the decode arithmetic there, see `rlt_kernels.attention`).
     """
 
     ops: Any
@@ -59,6 +61,7 @@ class ForwardBatch:
     active: Optional[torch.Tensor] = None
     active_seqs: Optional[torch.Tensor] = None  # live sequences when they differ from live rows (prefill)
     workspace: Optional[torch.Tensor] = None
+    decode_from: Any = None
     _slots: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -95,5 +98,6 @@ class ForwardBatch:
             key_depth=self.kv.key_depth if spec.use_key_depth else None,
             plane_offset=spec.plane_offset, plane_modulus=spec.plane_modulus,
             active_seqs=self.active if self.active_seqs is None else self.active_seqs, workspace=self.workspace,
+            decode_from=self.decode_from,
         )
         return out.view(out.shape[0], -1)

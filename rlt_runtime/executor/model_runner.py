@@ -149,7 +149,8 @@ class ModelRunner:
         self.pre_in = StaticStaging({
             "tokens": (torch.int64, t_max), "positions": (torch.int64, t_max), "token_slots": (torch.int32, t_max),
             "limits": (torch.int32, t_max), "keys": (torch.int64, t_max), "seq_slots": (torch.int32, s_max),
-            "seq_lens": (torch.int32, s_max), "qsl": (torch.int32, s_max + 1), "sample_rows": (torch.int64, s_max),
+            "seq_lens": (torch.int32, s_max), "decode_from": (torch.int32, s_max), "qsl": (torch.int32, s_max + 1),
+            "sample_rows": (torch.int64, s_max),
             "sample_pos": (torch.int64, s_max), "sample_slots": (torch.int32, s_max), "counts": (torch.int32, 3),
         }, d)
 
@@ -325,7 +326,7 @@ class ModelRunner:
         """Stage the step's prefill chunks (padded to a token bucket when graphs exist) and run them."""
         chunks = sched.prefills
         tokens, positions, token_slots, limits, keys = [], [], [], [], []
-        seq_slots, seq_lens, qsl = [], [], [0]
+        seq_slots, seq_lens, decode_from, qsl = [], [], [], [0]
         sample_rows, sample_pos, sample_slots = [], [], []
         for c in chunks:
             n = len(c.token_ids)
@@ -337,6 +338,7 @@ class ModelRunner:
             keys += [self.prompt_key] * in_prompt + [c.request.row_key] * (n - in_prompt)
             seq_slots.append(c.request.slot)
             seq_lens.append(c.start + n)
+            decode_from.append(c.request.num_prompt_tokens)
             qsl.append(qsl[-1] + n)
             if c.sample:
                 sample_rows.append(qsl[-1] - 1)
@@ -355,6 +357,7 @@ class ModelRunner:
         st.write("keys", np.asarray(keys + [0] * pad_t, np.int64))
         st.write("seq_slots", np.asarray(seq_slots + [0] * pad_s, np.int32))
         st.write("seq_lens", np.asarray(seq_lens + [0] * pad_s, np.int32))
+        st.write("decode_from", np.asarray(decode_from + [0] * pad_s, np.int32))
         st.write("qsl", np.asarray(qsl + [n_tok] * pad_s, np.int32))
         pad_r = self.max_rows - len(sample_rows)
         st.write("sample_rows", np.asarray(sample_rows + [0] * pad_r, np.int64))
@@ -380,7 +383,7 @@ class ModelRunner:
             ops=self.ops, kv=self.kv, positions=positions, token_slots=st["token_slots"][:size],
             seq_slots=st["seq_slots"], seq_lens=st["seq_lens"], query_start_loc=st["qsl"],
             cos_sin=self.cos_sin, rope_style=self.model.rope_style, depth_limit=limits, active=n_tok,
-            active_seqs=n_seq,
+            active_seqs=n_seq, decode_from=st["decode_from"],
         )
         self._set_key_depth(batch, limits - 1)
         if self.family == "ouro":
@@ -540,7 +543,7 @@ class ModelRunner:
         return ForwardBatch(
             ops=self.ops, kv=self.kv, positions=pos, token_slots=slots, seq_slots=slots,
             seq_lens=(pos + 1).to(torch.int32), query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=self.device),
-            cos_sin=self.cos_sin, rope_style=self.model.rope_style, active=active,
+            cos_sin=self.cos_sin, rope_style=self.model.rope_style, active=active, decode_from=0,
         )
 
     def _init_exit(self, b: int, s0) -> ExitState:

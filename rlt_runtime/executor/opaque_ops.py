@@ -72,11 +72,12 @@ def _paged_attention(impl: int, q: Tensor, k_cache: Tensor, v_cache: Tensor, blo
                      query_start_loc: Tensor, scale: Optional[float], out: Tensor, workspace: Optional[Tensor],
                      seq_slots: Optional[Tensor], query_depth: Optional[int], query_depths: Optional[Tensor],
                      key_depth: Optional[Tensor], plane_offset: int, plane_modulus: Optional[int],
-                     active_seqs: Optional[Tensor], split_size: Optional[int]) -> None:
+                     active_seqs: Optional[Tensor], split_size: Optional[int], decode_from: Optional[int],
+                     decode_froms: Optional[Tensor]) -> None:
     _IMPLS[impl](q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale=scale, out=out,
                  workspace=workspace, seq_slots=seq_slots, query_depth=query_depth if query_depths is None else query_depths,
                  key_depth=key_depth, plane_offset=plane_offset, plane_modulus=plane_modulus, active_seqs=active_seqs,
-                 split_size=split_size)
+                 split_size=split_size, decode_from=decode_from if decode_froms is None else decode_froms)
 
 
 @_op("scatter_rows", ("dst",))
@@ -154,14 +155,17 @@ def opaque(ops: SimpleNamespace) -> SimpleNamespace:
 
     def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *, scale=None, out=None,
                         workspace=None, seq_slots=None, query_depth=None, key_depth=None, plane_offset=0,
-                        plane_modulus=None, active_seqs=None, split_size=None):
+                        plane_modulus=None, active_seqs=None, split_size=None, decode_from=None):
         out = torch.empty_like(q) if out is None else out
         tensor_depth = isinstance(query_depth, torch.Tensor)
+        tensor_from = isinstance(decode_from, torch.Tensor)
         _paged_attention(i["paged_attention"], q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
                          None if scale is None else float(scale), out, workspace, seq_slots,
                          None if tensor_depth or query_depth is None else int(query_depth),
                          query_depth if tensor_depth else None, key_depth, int(plane_offset),
-                         None if plane_modulus is None else int(plane_modulus), active_seqs, split_size)
+                         None if plane_modulus is None else int(plane_modulus), active_seqs, split_size,
+                         None if tensor_from or decode_from is None else int(decode_from),
+                         decode_from if tensor_from else None)
         return out
 
     def scatter_rows(src, index, dst, *, active_rows=None):

@@ -175,6 +175,21 @@ def assert_same_bits(a, b):
                        b.view(torch.int16) if b.element_size() == 2 else b.view(torch.int32))
 
 
+def with_decode_rows(b: Batch, mode: str, seed: int) -> Batch:
+    """Give `b` a decode_from: "none" (tile arithmetic only), "all" (0: decode arithmetic only)
+    or "some" (a random first decode position per sequence, as for a recomputed output)."""
+    if mode == "all":
+        b.kwargs["decode_from"] = 0
+    elif mode == "some":
+        gen = torch.Generator().manual_seed(seed)
+        bound = b.seq_lens.cpu().clamp(0, 10**4) + 2
+        b.kwargs["decode_from"] = (torch.rand(bound.shape, generator=gen) * bound).int().to(b.q.device)
+    return b
+
+
+DECODE_MODES = st.sampled_from(["none", "all", "some"])
+
+
 # ---------------------------------------------------------------------------------------------
 # Strategies
 # ---------------------------------------------------------------------------------------------
@@ -211,14 +226,16 @@ def test_reference_matches_fp64(head_dim, group):
     pad_tokens=st.integers(0, 3),
     spare_rows=st.integers(0, 2),
     active_drop=st.integers(0, 2),
+    decode=DECODE_MODES,
     seed=st.integers(0, 2**16),
 )
 def test_kernel_matches_reference_and_fp64(device, seqs, group, kv_heads, head_dim, block_size, dtype,
-                                           pad_tokens, spare_rows, active_drop, seed):
+                                           pad_tokens, spare_rows, active_drop, decode, seed):
     active = max(0, len(seqs) - active_drop) if active_drop else None
     b = make_batch(seqs, heads=group * kv_heads, kv_heads=kv_heads, head_dim=head_dim,
                    block_size=block_size, dtype=dtype, device=device, pad_tokens=pad_tokens,
                    spare_rows=spare_rows, active=active, seed=seed)
+    with_decode_rows(b, decode, seed)
     got = run_kernel(b)
     check_against_oracle(got, b, dtype)
     ref = run_reference(b)
@@ -245,11 +262,13 @@ def test_custom_scale(device):
     seqs=st.lists(seq_strategy(max_prefill=20, max_context=90), min_size=1, max_size=3),
     block_size=st.sampled_from([16, 32]),
     depth_as_int=st.booleans(),
+    decode=DECODE_MODES,
     seed=st.integers(0, 2**16),
 )
-def test_depth_aware_plane_maps(device, plane_map, seqs, block_size, depth_as_int, seed):
+def test_depth_aware_plane_maps(device, plane_map, seqs, block_size, depth_as_int, decode, seed):
     b = make_batch(seqs, heads=2, kv_heads=1, block_size=block_size, device=device, plane_map=plane_map,
                    depth_as_int=depth_as_int, seed=seed)
+    with_decode_rows(b, decode, seed)
     got = run_kernel(b)
     check_against_oracle(got, b, torch.float32)
     torch.testing.assert_close(got.nan_to_num(7.0), run_reference(b).nan_to_num(7.0), atol=2e-5, rtol=2e-5)
@@ -282,9 +301,9 @@ def sub_batch(universe: Batch, order, pad_seqs=0, pad_tokens=0):
     rows = list(order) + [0] * pad_seqs
     kwargs = dict(universe.kwargs)
     kwargs["seq_slots"] = torch.tensor(rows, dtype=torch.int32)
-    if isinstance(kwargs.get("query_depth"), torch.Tensor):
-        kwargs["query_depth"] = torch.cat([kwargs["query_depth"].cpu()[list(order)],
-                                           torch.zeros(pad_seqs, dtype=torch.int32)])
+    for name in ("query_depth", "decode_from"):
+        if isinstance(kwargs.get(name), torch.Tensor):
+            kwargs[name] = torch.cat([kwargs[name].cpu()[list(order)], torch.zeros(pad_seqs, dtype=torch.int32)])
     dev = universe.q.device
     kwargs = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
     b = Batch(q, universe.k_cache, universe.v_cache, universe.block_tables, seq_lens.to(dev),
@@ -298,11 +317,13 @@ def sub_batch(universe: Batch, order, pad_seqs=0, pad_tokens=0):
     group=st.sampled_from([1, 2, 4]),
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
     plane_map=st.sampled_from(["plain", "last_exited"]),
+    decode=DECODE_MODES,
     data=st.data(),
 )
-def test_batch_invariance_bitwise(device, seqs, group, dtype, plane_map, data):
-    universe = make_batch(seqs, heads=group, kv_heads=1, dtype=dtype, device=device, plane_map=plane_map,
-                          seed=data.draw(st.integers(0, 2**16)))
+def test_batch_invariance_bitwise(device, seqs, group, dtype, plane_map, decode, data):
+    seed = data.draw(st.integers(0, 2**16))
+    universe = make_batch(seqs, heads=group, kv_heads=1, dtype=dtype, device=device, plane_map=plane_map, seed=seed)
+    with_decode_rows(universe, decode, seed)
     n = len(seqs)
     alone = {}
     for s in range(n):
@@ -330,8 +351,8 @@ def test_batch_invariance_bitwise(device, seqs, group, dtype, plane_map, data):
     data=st.data(),
 )
 def test_decode_verify_prefill_same_bits(device, context, verify_len, prefill_len, group, dtype, data):
-    """One query position computed as a decode row, inside a verify tile and inside a prefill
-    tile (at a different row of a later query tile) gives identical bits."""
+    """The tile arithmetic: one query position computed alone, inside a verify tile and inside a
+    prefill tile (at a different row of a later query tile) gives identical bits."""
     seq_len = context + prefill_len
     universe = make_batch([(prefill_len, seq_len)], heads=group, kv_heads=1, dtype=dtype, device=device,
                           seed=data.draw(st.integers(0, 2**16)))
@@ -350,6 +371,45 @@ def test_decode_verify_prefill_same_bits(device, context, verify_len, prefill_le
     assert_same_bits(single_seq(verify_len), prefill_out[pos - context])
 
 
+@settings(max_examples=6)
+@given(
+    context=st.integers(0, 150),
+    prefill_len=st.integers(2, 90),
+    group=st.sampled_from([1, 2, 4]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    plane_map=st.sampled_from(["plain", "last_exited", "huginn"]),
+    data=st.data(),
+)
+def test_generated_rows_same_bits_in_decode_and_recompute(device, context, prefill_len, group, dtype, plane_map,
+                                                          data):
+    """The decode arithmetic: a generated token's row recomputed inside a prefill chunk (rows at
+    or past decode_from, beside prompt rows and other sequences) has the bits of the same row
+    run as a decode step (one query per sequence, decode_from=0); the prompt rows of that chunk
+    keep the tile arithmetic's bits."""
+    seed = data.draw(st.integers(0, 2**16))
+    seq_len = context + prefill_len
+    universe = make_batch([(prefill_len, seq_len), (3, 40)], heads=group, kv_heads=1, dtype=dtype, device=device,
+                          plane_map=plane_map, seed=seed)
+    first_generated = context + data.draw(st.integers(0, prefill_len))
+    universe.kwargs["decode_from"] = torch.tensor([first_generated, 38], dtype=torch.int32, device=device)
+    recomputed = run_kernel(universe)
+    tile_only = run_kernel(universe, decode_from=None)
+    check_against_oracle(recomputed, universe, dtype)
+    depth = universe.kwargs.get("query_depth")
+    for pos in range(context, seq_len):
+        row = pos - context
+        if pos < first_generated:
+            assert_same_bits(recomputed[row], tile_only[row])
+            continue
+        qsl = torch.tensor([0, 1], dtype=torch.int32, device=device)
+        sl = torch.tensor([pos + 1], dtype=torch.int32, device=device)
+        kw = {k: v for k, v in universe.kwargs.items() if k not in ("decode_from", "query_depth")}
+        if depth is not None:
+            kw["query_depth"] = depth[:1]
+        b = Batch(universe.q[row: row + 1], universe.k_cache, universe.v_cache, universe.block_tables, sl, qsl, kw)
+        assert_same_bits(run_kernel(b, decode_from=0)[0], recomputed[row])
+
+
 # ---------------------------------------------------------------------------------------------
 # Split-KV
 # ---------------------------------------------------------------------------------------------
@@ -362,14 +422,16 @@ def test_decode_verify_prefill_same_bits(device, context, verify_len, prefill_le
     group=st.sampled_from([1, 4]),
     head_dim=st.sampled_from([64, 96]),
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    decode=DECODE_MODES,
     seed=st.integers(0, 2**16),
 )
 def test_split_matches_unsplit_bitwise(device, monkeypatch, seqs, spanning, split_size, group, head_dim,
-                                       dtype, seed):
+                                       dtype, decode, seed):
     """Split launches (auto-allocated or caller-owned workspace) give the unsplit bits. One
     multi-query sequence always spans several key ranges, so its rows end in different ranges."""
     b = make_batch(seqs + [spanning], heads=group, kv_heads=1, head_dim=head_dim, dtype=dtype,
                    device=device, spare_rows=1, pad_tokens=1, seed=seed)
+    with_decode_rows(b, decode, seed)
     monkeypatch.setattr(attn, "_should_split", lambda *a: False)
     unsplit = run_kernel(b, split_size=split_size)
     monkeypatch.setattr(attn, "_should_split", lambda *a: True)
@@ -438,6 +500,10 @@ def test_argument_errors(device):
         paged_attention(b.q, b.k_cache, b.v_cache, b.block_tables, b.seq_lens.long(), b.query_start_loc)
     with pytest.raises(ValueError, match="share one of"):
         paged_attention(b.q.double(), b.k_cache, b.v_cache, b.block_tables, b.seq_lens, b.query_start_loc)
+    with pytest.raises(ValueError, match="decode_from"):
+        run_kernel(b, decode_from=torch.zeros(1, dtype=torch.int64, device=device))
+    with pytest.raises(ValueError, match="decode_from"):
+        run_kernel(b, decode_from=torch.zeros(0, dtype=torch.int32, device=device))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -450,10 +516,11 @@ def ouro_batch(seqs, *, block_size=16, heads=16, kv_heads=16, head_dim=128, seed
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("decode", ["none", "all", "some"])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 16, 128), (55, 55, 96), (32, 8, 128), (16, 2, 64)])
-def test_gpu_production_shapes_match_reference(heads, kv_heads, head_dim):
+def test_gpu_production_shapes_match_reference(heads, kv_heads, head_dim, decode):
     seqs = [(1, 3000), (1, 1), (4, 777), (300, 300), (129, 2100), (1, 0), (0, 0)]
-    b = ouro_batch(seqs, heads=heads, kv_heads=kv_heads, head_dim=head_dim, pad_tokens=5)
+    b = with_decode_rows(ouro_batch(seqs, heads=heads, kv_heads=kv_heads, head_dim=head_dim, pad_tokens=5), decode, 1)
     got = run_kernel(b)
     ref = run_reference(b)
     assert torch.equal(torch.isnan(got), torch.isnan(ref))
@@ -504,15 +571,42 @@ def test_gpu_decode_verify_prefill_same_bits(heads, kv_heads, head_dim):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("plane_map", ["plain", "last_exited", "huginn"])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 16, 128), (55, 55, 96), (32, 4, 128)])
+def test_gpu_generated_rows_same_bits_in_decode_and_recompute(heads, kv_heads, head_dim, plane_map):
+    """bf16 at production shapes: generated rows recomputed in a prefill launch (beside prompt rows,
+    split or not) have the bits of the same rows run as decode steps in a crowd."""
+    context, chunk, first_generated = 1400, 300, 1530
+    universe = ouro_batch([(chunk, context + chunk)] + [(1, 200 + 300 * i) for i in range(9)], heads=heads,
+                          kv_heads=kv_heads, head_dim=head_dim, plane_map=plane_map, seed=8)
+    universe.kwargs["decode_from"] = torch.tensor([first_generated] + [0] * 9, dtype=torch.int32, device="cuda")
+    recomputed = run_kernel(universe)
+    ref = run_reference(universe)
+    torch.testing.assert_close(recomputed.nan_to_num(7.0), ref.nan_to_num(7.0), atol=2e-2, rtol=2e-2)
+    depth = universe.kwargs.get("query_depth")
+    positions = list(range(first_generated, context + chunk, 7))
+    rows = [p - context for p in positions]
+    kw = {k: v for k, v in universe.kwargs.items() if k not in ("decode_from", "query_depth")}
+    if depth is not None:
+        kw["query_depth"] = depth[:1].repeat(len(rows))
+    n = len(rows)
+    b = Batch(universe.q[rows], universe.k_cache, universe.v_cache, universe.block_tables,
+              torch.tensor(positions, dtype=torch.int32, device="cuda") + 1,
+              torch.arange(n + 1, dtype=torch.int32, device="cuda"), {**kw, "seq_slots": torch.zeros(n, dtype=torch.int32, device="cuda")})
+    assert_same_bits(run_kernel(b, decode_from=0), recomputed[rows])
+
+
+@pytest.mark.gpu
 def test_gpu_split_matches_unsplit_bitwise(monkeypatch):
     b = ouro_batch([(1, 20000), (3, 9000), (1, 1), (0, 0)], seed=4)
-    monkeypatch.setattr(attn, "_should_split", lambda *a: False)
-    unsplit = run_kernel(b)
-    monkeypatch.setattr(attn, "_should_split", lambda *a: True)
-    split = run_kernel(b)
-    assert_same_bits(split, unsplit)
-    monkeypatch.undo()
-    assert_same_bits(run_kernel(b), unsplit)  # whatever the real rule picks
+    for decode in (None, 0):
+        monkeypatch.setattr(attn, "_should_split", lambda *a: False)
+        unsplit = run_kernel(b, decode_from=decode)
+        monkeypatch.setattr(attn, "_should_split", lambda *a: True)
+        split = run_kernel(b, decode_from=decode)
+        assert_same_bits(split, unsplit)
+        monkeypatch.undo()
+        assert_same_bits(run_kernel(b, decode_from=decode), unsplit)  # whatever the real rule picks
     ref = run_reference(b)
     torch.testing.assert_close(split.nan_to_num(7.0), ref.nan_to_num(7.0), atol=2e-2, rtol=2e-2)
 

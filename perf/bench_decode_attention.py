@@ -1,0 +1,238 @@
+"""Decode attention as the engine runs it, against the roofline and library kernels, in one run.
+
+    python -m perf.bench_decode_attention --out out/decode_attention [--sweep]
+
+Engine-shaped calls: Ouro-1.4B heads (16 x 128, MHA, bf16), 4 K/V planes, a key-depth table
+(every key at full depth, query at loop 3: the key-depth lookups run, every read lands in the
+query's plane), block size 16, block tables as wide as a 4K (or the
+case's) context, pages scattered at random. For each (batch, keys) case it times, in CUDA graphs:
+
+* rlt's decode arithmetic (``decode_from=0``, what decode, speculative drafts and verification run)
+  and the tile arithmetic (``decode_from=None``, prompt rows; what decode ran before);
+* torch SDPA over a dense [B, H, keys, D] cache with the cuDNN and the FlashAttention backends
+  (reads only K/V, no page table: a library's best case);
+* cuDNN's paged SDPA through ``nvidia-cudnn-frontend`` on rlt's own cache (one plane, no
+  key-depth indirection), where the package imports.
+
+K/V bytes read over the measured copy bandwidth give each figure's fraction of the roofline.
+``--sweep`` also times every decode-kernel geometry (key lanes, warps, pipeline stages) and says
+which keep the default's bits (lanes and warps shape the reduction trees).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from perf.conftest import cuda_time_ms
+from perf.roofline import measure
+from rlt_kernels import attention
+from rlt_kernels.attention import new_attention_workspace, paged_attention
+
+HEADS, HEAD_DIM, PLANES, BLOCK = 16, 128, 4, 16
+CASES = [(1, 192), (16, 192), (64, 192), (256, 192), (64, 1024), (256, 1024), (64, 4096), (16, 32768), (64, 32768)]
+
+
+def engine_case(batch: int, keys: int, seed: int = 0) -> dict:
+    """Inputs of one engine-shaped decode call (see the module docstring)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    per_seq = -(-keys // BLOCK)
+    width = max(per_seq, 4096 // BLOCK)
+    num_blocks = batch * per_seq  # every plane's table scatters the same blocks (only the query's plane is read)
+    k = torch.randn(num_blocks, BLOCK, HEADS, HEAD_DIM, device="cuda", generator=gen).bfloat16()
+    v = torch.randn(num_blocks, BLOCK, HEADS, HEAD_DIM, device="cuda", generator=gen).bfloat16()
+    tables = torch.full((PLANES, batch, width), -1, dtype=torch.int32, device="cuda")
+    for p in range(PLANES):
+        tables[p, :, :per_seq] = torch.randperm(num_blocks, device="cuda", generator=gen).int().view(batch, per_seq)
+    return dict(
+        q=torch.randn(batch, HEADS, HEAD_DIM, device="cuda", generator=gen).bfloat16(), k=k, v=v, tables=tables,
+        seq_lens=torch.full((batch,), keys, dtype=torch.int32, device="cuda"),
+        qsl=torch.arange(batch + 1, dtype=torch.int32, device="cuda"),
+        kw=dict(query_depth=torch.full((batch,), PLANES - 1, dtype=torch.int32, device="cuda"),
+                key_depth=torch.full((num_blocks, BLOCK), PLANES - 1, dtype=torch.int8, device="cuda")),
+        workspace=new_attention_workspace(batch, HEADS, HEAD_DIM, width * BLOCK, device="cuda"),
+    )
+
+
+def kv_bytes(batch: int, keys: int) -> int:
+    return 2 * batch * keys * HEADS * HEAD_DIM * 2
+
+
+def rlt_call(c: dict, out: torch.Tensor, decode_from):
+    return lambda: paged_attention(c["q"], c["k"], c["v"], c["tables"], c["seq_lens"], c["qsl"], out=out,
+                                   workspace=c["workspace"], decode_from=decode_from, **c["kw"])
+
+
+def dense_kv(c: dict, keys: int):
+    """The query plane's pages gathered into dense [B, H, keys, D] K and V."""
+    plane = c["tables"][PLANES - 1][:, : -(-keys // BLOCK)].long()
+    k = c["k"][plane].flatten(1, 2)[:, :keys].transpose(1, 2).contiguous()
+    v = c["v"][plane].flatten(1, 2)[:, :keys].transpose(1, 2).contiguous()
+    return k, v
+
+
+def sdpa_ms(q, k, v, backend) -> float | None:
+    from torch.nn.attention import sdpa_kernel
+
+    try:
+        with sdpa_kernel([backend]):
+            return cuda_time_ms(lambda: F.scaled_dot_product_attention(q, k, v))
+    except RuntimeError:
+        return None
+
+
+def cudnn_paged(c: dict, keys: int):
+    """A callable running cuDNN's paged SDPA on the query plane of rlt's cache, or an error string."""
+    try:
+        import cudnn
+    except ImportError as exc:
+        return f"cudnn frontend not importable: {exc}"
+    b = c["q"].shape[0]
+    plane = c["tables"][PLANES - 1]
+    q4 = c["q"].view(b, HEADS, 1, HEAD_DIM)
+    out4 = torch.empty_like(q4)
+    k_container = c["k"].permute(0, 2, 1, 3)  # [blocks, H, block_size, D], strided over rlt's layout
+    v_container = c["v"].permute(0, 2, 1, 3)
+    table = plane[:, None, :, None].contiguous()  # [B, 1, blocks_per_seq, 1]
+    seq_q = torch.ones(b, 1, 1, 1, dtype=torch.int32, device="cuda")
+    seq_kv = c["seq_lens"].view(b, 1, 1, 1).contiguous()
+    try:
+        handle = cudnn.create_handle()
+        graph = cudnn.pygraph(io_data_type=cudnn.data_type.BFLOAT16, intermediate_data_type=cudnn.data_type.FLOAT,
+                              compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+        tq, tk, tv = graph.tensor_like(q4), graph.tensor_like(k_container), graph.tensor_like(v_container)
+        tt_k, tt_v = graph.tensor_like(table), graph.tensor_like(table)
+        tsq, tskv = graph.tensor_like(seq_q), graph.tensor_like(seq_kv)
+        to, _ = graph.sdpa(name="paged_decode", q=tq, k=tk, v=tv, is_inference=True, attn_scale=HEAD_DIM ** -0.5,
+                           use_causal_mask=False, use_padding_mask=True, seq_len_q=tsq, seq_len_kv=tskv,
+                           paged_attention_k_table=tt_k, paged_attention_v_table=tt_v,
+                           paged_attention_max_seq_len_kv=table.shape[2] * BLOCK)
+        to.set_output(True).set_dim(list(out4.shape)).set_stride(list(out4.stride()))
+        graph.validate()
+        graph.build_operation_graph()
+        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        graph.check_support()
+        graph.build_plans()
+        ws = torch.empty(graph.get_workspace_size(), dtype=torch.uint8, device="cuda")
+        pack = {tq: q4, tk: k_container, tv: v_container, tt_k: table, tt_v: table, tsq: seq_q, tskv: seq_kv, to: out4}
+        def fn():  # cuDNN runs on its handle's stream: point it at the caller's (a CUDA graph capture's)
+            cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+            graph.execute(pack, ws, handle=handle)
+        fn()
+        torch.cuda.synchronize()
+        return fn, out4.view(b, HEADS, HEAD_DIM)
+    except Exception as exc:  # noqa: BLE001 - an unsupported configuration is a result to report
+        return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def measure_case(batch: int, keys: int, roof: dict) -> dict:
+    from torch.nn.attention import SDPBackend
+
+    c = engine_case(batch, keys)
+    nbytes = kv_bytes(batch, keys)
+    gbps = lambda ms: nbytes / (ms * 1e-3) / 1e9 if ms else None  # noqa: E731
+    frac = lambda ms: gbps(ms) / roof["copy_gbps"] if ms else None  # noqa: E731
+    out_d, out_t = torch.empty_like(c["q"]), torch.empty_like(c["q"])
+    decode_ms = cuda_time_ms(rlt_call(c, out_d, 0))
+    tile_ms = cuda_time_ms(rlt_call(c, out_t, None))
+    k, v = dense_kv(c, keys)
+    q4 = c["q"].view(batch, HEADS, 1, HEAD_DIM)
+    ref = F.scaled_dot_product_attention(q4.float(), k.float(), v.float()).view(batch, HEADS, HEAD_DIM)
+    row = {"batch": batch, "keys": keys, "kv_mb": nbytes / 1e6,
+           "decode_us": decode_ms * 1e3, "decode_gbps": gbps(decode_ms), "decode_frac": frac(decode_ms),
+           "decode_max_err": (out_d.float() - ref).abs().max().item(),
+           "tile_us": tile_ms * 1e3, "tile_frac": frac(tile_ms), "tile_max_err": (out_t.float() - ref).abs().max().item()}
+    for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
+        ms = sdpa_ms(q4, k, v, backend)
+        row[f"{name}_us"] = ms * 1e3 if ms else None
+        row[f"{name}_frac"] = frac(ms)
+    del k, v
+    paged = cudnn_paged(c, keys)
+    if isinstance(paged, str):
+        row["cudnn_paged_error"] = paged
+    else:
+        fn, got = paged
+        ms = cuda_time_ms(fn)
+        row.update(cudnn_paged_us=ms * 1e3, cudnn_paged_frac=frac(ms), cudnn_paged_max_err=(got.float() - ref).abs().max().item())
+    return row
+
+
+def sweep(roof: dict) -> list[dict]:
+    """Every decode geometry at the engine cases; `same_bits` against the default geometry."""
+    rows, default = [], (attention.DECODE_LANE_ELEMENTS, attention.DECODE_WARPS, attention.DECODE_STAGES)
+    cases = [(1, 192), (64, 192), (256, 192), (256, 1024), (64, 4096)]
+    inputs = {case: engine_case(*case) for case in cases}
+    reference = {}
+    variants = [default] + [(lanes, warps, 1) for lanes in (16, 32, 64) for warps in (1, 2, 4, 8)
+                            if (lanes, warps, 1) != default]
+    for lanes, warps, stages in variants:
+        attention.DECODE_LANE_ELEMENTS, attention.DECODE_WARPS, attention.DECODE_STAGES = lanes, warps, stages
+        for (batch, keys), c in inputs.items():
+            out = torch.empty_like(c["q"])
+            try:
+                ms = cuda_time_ms(rlt_call(c, out, 0))
+            except Exception as exc:  # noqa: BLE001 - a geometry that does not compile or fit
+                rows.append({"lanes": lanes, "warps": warps, "stages": stages, "batch": batch, "keys": keys,
+                             "error": str(exc)[:200]})
+                continue
+            bits = out.view(torch.int16).clone()
+            reference.setdefault((batch, keys), bits)
+            rows.append({"lanes": lanes, "warps": warps, "stages": stages, "batch": batch, "keys": keys,
+                         "us": ms * 1e3, "frac": kv_bytes(batch, keys) / (ms * 1e-3) / 1e9 / roof["copy_gbps"],
+                         "same_bits": bool(torch.equal(bits, reference[(batch, keys)]))})
+            print("sweep", rows[-1], flush=True)
+    attention.DECODE_LANE_ELEMENTS, attention.DECODE_WARPS, attention.DECODE_STAGES = default
+    return rows
+
+
+def markdown(res: dict) -> str:
+    roof = res["roofline"]
+    pct = lambda x: f"{100 * x:.0f}%" if x else "-"  # noqa: E731
+    us = lambda x: f"{x:.1f}" if x else "-"  # noqa: E731
+    lines = [f"{res['date']}, {roof['gpu']}, torch {roof['torch']}, Triton {roof['triton']}; copy "
+             f"{roof['copy_gbps']:.0f} GB/s. µs per call (share of the copy bandwidth reading K/V once).", "",
+             "| batch | keys | K/V MB | rlt decode | rlt tile (prompt rows) | SDPA cuDNN, dense | SDPA FA2, dense | cuDNN paged |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in res["cases"]:
+        lines.append(f"| {r['batch']} | {r['keys']} | {r['kv_mb']:.1f} | {us(r['decode_us'])} ({pct(r['decode_frac'])}) | "
+                     f"{us(r['tile_us'])} ({pct(r['tile_frac'])}) | {us(r['sdpa_cudnn_us'])} ({pct(r['sdpa_cudnn_frac'])}) | "
+                     f"{us(r['sdpa_flash_us'])} ({pct(r['sdpa_flash_frac'])}) | "
+                     f"{us(r.get('cudnn_paged_us'))} ({pct(r.get('cudnn_paged_frac'))}) |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--sweep", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    roof = measure()
+    res = {"date": time.strftime("%Y-%m-%d"), "roofline": roof, "cases": []}
+    try:
+        import cudnn
+
+        res["cudnn"] = {"frontend": getattr(cudnn, "__version__", "?"), "backend": cudnn.backend_version()}
+    except ImportError:
+        res["cudnn"] = None
+    for batch, keys in CASES:
+        res["cases"].append(measure_case(batch, keys, roof))
+        print(json.dumps(res["cases"][-1]), flush=True)
+        torch.cuda.empty_cache()
+    if args.sweep:
+        res["sweep"] = sweep(roof)
+    with open(os.path.join(args.out, "decode_attention.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    table = markdown(res)
+    with open(os.path.join(args.out, "decode_attention.md"), "w") as f:
+        f.write(table + "\n")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
