@@ -31,7 +31,7 @@ logger = logging.getLogger("rlt.server")
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlt-serve",
                                 description="Serve a looped language model over an OpenAI-compatible API.")
-    p.add_argument("--model", required=True, help="checkpoint directory or preset name (e.g. ouro-1.4b)")
+    p.add_argument("--model", required=True, help="checkpoint directory, Hugging Face Hub name (e.g. ByteDance/Ouro-1.4B) or preset name (e.g. ouro-1.4b)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: local only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: --model)")
