@@ -211,3 +211,12 @@ def test_tokenizer_option_takes_a_hub_name(offline_cache):
     assert llm.tokenizer.encode("héllo") == own.encode("héllo")
     with pytest.raises(ConfigError, match=r"tokenizer 'tiny-org/Nope' is not a directory.*HF_HUB_OFFLINE"):
         LLM("ouro-tiny", tokenizer="tiny-org/Nope", **TINY)
+
+
+@pytest.mark.parametrize("name", ["revision", "download_dir"])
+def test_hub_options_are_checked(name):
+    from rlt_runtime import EngineConfig
+
+    for bad in ("", 5):
+        with pytest.raises(ConfigError, match=f"{name} must be None or a non-empty string"):
+            EngineConfig.from_kwargs(**{name: bad}).validate_static()
