@@ -18,6 +18,7 @@ setup(
         "safetensors>=0.4.3",
         "tokenizers>=0.19",
         "transformers>=4.45",
+        "huggingface_hub>=0.25",
         "jinja2>=3.1",
         "tqdm>=4.66",
     ],

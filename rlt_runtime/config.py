@@ -65,7 +65,9 @@ class EngineConfig:
 
     # Model and device.
     dtype: str = "auto"
-    tokenizer: Optional[str] = None  # a tokenizer directory (tokenizer.json) other than the model's
+    tokenizer: Optional[str] = None  # a tokenizer directory (tokenizer.json) or Hub name other than the model's
+    revision: Optional[str] = None  # the Hub revision (branch, tag or commit) of a model given by Hub name
+    download_dir: Optional[str] = None  # the Hugging Face cache to read and download into (default: HF_HUB_CACHE)
     device: str = "auto"
     seed: int = 0
     num_loops: Optional[int] = None  # depth override (Huginn recurrences; Ouro loops)
@@ -132,7 +134,11 @@ class EngineConfig:
         """Checks that need no model or device."""
         _choice(self.dtype, "dtype", ("auto", "float32", "float16", "bfloat16", "float64"))
         if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer):
-            raise _fail("tokenizer", "None or a tokenizer directory (holding tokenizer.json)", self.tokenizer)
+            raise _fail("tokenizer", "None or a tokenizer directory (holding tokenizer.json) or Hugging Face Hub name", self.tokenizer)
+        for name in ("revision", "download_dir"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise _fail(name, "None or a non-empty string", value)
         if not isinstance(self.device, str) or not re.match(r"^(auto|cpu|cuda(:\d+)?)$", self.device):
             raise _fail("device", "'auto', 'cpu', 'cuda' or 'cuda:N'", self.device)
         _int(self.seed, "seed", 0)

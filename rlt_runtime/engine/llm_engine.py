@@ -88,7 +88,8 @@ class LLMEngine:
         self.dtype = _resolve_dtype(cfg.dtype, self.device)
         self.model_name = model
         self.model_config, weights, self.tokenizer = load_model(model, seed=cfg.seed, device=self.device, dtype=self.dtype,
-                                                               tokenizer=cfg.tokenizer)
+                                                               tokenizer=cfg.tokenizer, revision=cfg.revision,
+                                                               download_dir=cfg.download_dir)
         mc = self.model_config
         self._eos = tuple(self.tokenizer.eos_token_ids if self.tokenizer is not None else mc.eos_token_ids)
         self.family = mc.family

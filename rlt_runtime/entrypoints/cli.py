@@ -20,7 +20,7 @@ from .engine_args import add_engine_args, engine_kwargs
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlt-generate", description="Generate text with a looped language model.")
-    p.add_argument("--model", default="ouro-tiny", help="checkpoint directory or preset name (default ouro-tiny)")
+    p.add_argument("--model", default="ouro-tiny", help="checkpoint directory, Hugging Face Hub name (namespace/name) or preset name (default ouro-tiny)")
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompt-file", help="JSON lines file of prompts")
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")

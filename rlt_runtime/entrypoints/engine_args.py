@@ -13,7 +13,9 @@ from ..errors import ConfigError
 HELP = {
     "dtype": "weights/activation dtype: auto (bf16 on CUDA, fp32 on CPU), float32, float16, bfloat16, float64 (CPU)",
     "device": "auto, cpu, cuda or cuda:N",
-    "tokenizer": "a tokenizer directory (tokenizer.json) to use instead of the model's own",
+    "tokenizer": "a tokenizer directory (tokenizer.json) or Hugging Face Hub name to use instead of the model's own",
+    "revision": "Hub revision (branch, tag or commit) of a model given by Hub name (default: main)",
+    "download_dir": "Hugging Face cache to read and download models into (default: $HF_HUB_CACHE, $HF_HOME/hub)",
     "seed": "engine seed (initialises presets and seeds requests without their own seed)",
     "num_loops": "override the model depth (Ouro loops 1..8, Huginn recurrences 1..128)",
     "max_model_len": "context length limit (default: the model's)",

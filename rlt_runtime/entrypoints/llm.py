@@ -17,7 +17,8 @@ PromptType = Union[str, dict, list]
 class LLM:
     """Generate from a looped model.
 
-    model: a checkpoint directory (Hugging Face layout) or a preset name (`ouro-tiny`,
+    model: a checkpoint directory (Hugging Face layout), a Hugging Face Hub name
+    (`ByteDance/Ouro-1.4B`; options `revision`, `download_dir`) or a preset name (`ouro-tiny`,
     `huginn-tiny`, `ouro-1.4b`, `ouro-2.6b`, `huginn-0125`). Engine options are keyword
     arguments (see docs/options.md), e.g. `LLM("ouro-1.4b", max_num_seqs=64, kv_layout="shared")`.
     """

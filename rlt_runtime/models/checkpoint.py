@@ -50,16 +50,32 @@ _ENTRY_KEYS = ("dtype", "shape", "data_offsets")
 _JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 
 
-def resolve_model(name_or_path: str) -> tuple[str, str]:
-    """("dir", path) for an existing directory (checked first, `~` expanded), ("preset", name) for a preset."""
+def resolve_model(name_or_path: str, *, revision: Optional[str] = None,
+                  download_dir: Optional[str] = None) -> tuple[str, str]:
+    """("dir", path) for an existing directory (checked first, `~` expanded), ("preset", name) for a
+    preset, ("dir", snapshot path) for a Hugging Face Hub name `namespace/name` (rlt_runtime/models/hub.py:
+    the local cache first, then a download unless offline). `revision` applies to Hub names only."""
+    from .hub import looks_like_repo_id, resolve_repo
+
     path = os.path.expanduser(name_or_path)
-    if os.path.isdir(path):
+    local = os.path.isdir(path)
+    if (local or name_or_path in PRESETS) and revision is not None:
+        kind = "a local directory" if local else "a preset"
+        raise CheckpointError(f"revision {revision!r} was given but model {name_or_path!r} is {kind}; "
+                              "revision applies to Hugging Face Hub names (namespace/name) only")
+    if local:
         return "dir", path
     if name_or_path in PRESETS:
         return "preset", name_or_path
+    if looks_like_repo_id(name_or_path):
+        try:
+            return "dir", resolve_repo(name_or_path, revision=revision, download_dir=download_dir)
+        except CheckpointError as exc:
+            raise CheckpointError(f"model {name_or_path!r} is not an existing directory or a preset name, and as a "
+                                  f"Hugging Face Hub name: {exc}") from None
     raise CheckpointError(
         f"model {name_or_path!r} is neither an existing checkpoint directory nor a preset name; "
-        f"presets: {', '.join(sorted(PRESETS))}")
+        f"presets: {', '.join(sorted(PRESETS))}; Hugging Face Hub names are namespace/name")
 
 
 def load_config(model_dir: str) -> ModelConfig:

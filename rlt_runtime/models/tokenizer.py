@@ -10,6 +10,8 @@ bytes from 0 and `<|begin_text|>` .. `<|pad|>` from `vocab_size - 32` (65504 for
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
 from typing import Iterable, Mapping, Optional, Sequence
@@ -77,6 +79,11 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return bool(self._hf.chat_template)
 
+    @property
+    def chat_template(self):
+        """The checkpoint's chat template (a string, or a {name: template} dict), or None."""
+        return self._hf.chat_template
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; with add_special_tokens the tokenizer's own additions (e.g. BOS)."""
         if not isinstance(text, str):
@@ -90,13 +97,18 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: Sequence[Mapping], add_generation_prompt: bool = True) -> str:
-        """Render chat messages ({"role": str, "content": str}) with the tokenizer's template.
+    def apply_chat_template(self, messages: Sequence[Mapping], add_generation_prompt: bool = True, *,
+                            continue_final_message: bool = False, chat_template: Optional[str] = None,
+                            template_kwargs: Optional[Mapping] = None) -> str:
+        """Render chat messages ({"role": str, "content": str, ...}) with transformers' template rendering.
 
-        The result already holds the template's special tokens: encode it with
-        add_special_tokens=False.
+        chat_template: a Jinja template used instead of the tokenizer's own. continue_final_message
+        leaves the last message open (the answer continues it; not with add_generation_prompt).
+        template_kwargs: extra variables for the template (e.g. enable_thinking); they may not
+        shadow the rendering's own arguments. The result already holds the template's special
+        tokens: encode it with add_special_tokens=False.
         """
-        if not self.has_chat_template:
+        if not self.has_chat_template and chat_template is None:
             raise RequestError("this model's tokenizer has no chat template; send a plain prompt instead")
         if not isinstance(messages, (list, tuple)) or not messages:
             raise RequestError("messages must be a non-empty list of {'role': ..., 'content': ...} objects")
@@ -111,9 +123,19 @@ class Tokenizer:
                     raise RequestError(f"messages[{i}]['{key}'] must be a string, got {type(message[key]).__name__}")
             if not message["role"]:
                 raise RequestError(f"messages[{i}]['role'] must be a non-empty string")
+        if continue_final_message and add_generation_prompt:
+            raise RequestError("continue_final_message and add_generation_prompt cannot both be true: one continues "
+                               "the last message, the other starts a new assistant message")
+        kwargs = dict(template_kwargs or {})
+        reserved = sorted(set(kwargs) & _reserved_template_variables(type(self._hf)))
+        if reserved:
+            raise RequestError(f"chat_template_kwargs may not set {reserved} (the rendering's own arguments; "
+                               "use the request fields)")
         try:
             return self._hf.apply_chat_template([dict(m) for m in messages], tokenize=False,
-                                                add_generation_prompt=add_generation_prompt)
+                                                add_generation_prompt=add_generation_prompt,
+                                                continue_final_message=continue_final_message,
+                                                chat_template=chat_template, **kwargs)
         except Exception as exc:  # jinja2 TemplateError and friends: report, keep the engine alive
             raise RequestError(f"chat template failed: {exc}") from exc
 
@@ -127,6 +149,15 @@ class Tokenizer:
             data["chat_template"] = self._hf.chat_template
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(data, f, indent=2, ensure_ascii=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _reserved_template_variables(backend_type) -> frozenset:
+    """Names extra template variables may not take: apply_chat_template's own parameters (read from
+    transformers' signature) and `messages`."""
+    params = inspect.signature(backend_type.apply_chat_template).parameters.values()
+    named = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} - {"self"}
+    return frozenset(named | {"messages"})
 
 
 def load_tokenizer(model_dir: str, config: ModelConfig) -> Optional[Tokenizer]:

@@ -198,3 +198,20 @@ def test_incremental_detokenizer_equals_full_decode(prompt_text, text):
 def test_lone_surrogates_are_rejected_clearly():
     with pytest.raises(RequestError, match="valid Unicode"):
         HUGINN.encode("ok \ud800 no")
+
+
+def test_chat_template_jinja_file_is_the_checkpoints_template(tmp_path):
+    """A checkpoint may keep its template in chat_template.jinja instead of tokenizer_config.json;
+    transformers reads it, and extra template variables reach it."""
+    cfg = preset_config("ouro-tiny")
+    tok = builtin_tokenizer(cfg)
+    tok._hf.chat_template = None
+    tok.save(str(tmp_path))
+    assert "chat_template" not in json.load(open(tmp_path / "tokenizer_config.json"))
+    (tmp_path / "chat_template.jinja").write_text(
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{{ greeting }}")
+    loaded = load_tokenizer(str(tmp_path), cfg)
+    messages = [{"role": "user", "content": "hi"}]
+    assert loaded.apply_chat_template(messages, template_kwargs={"greeting": "!"}) == "<user>hi!"
+    with pytest.raises(RequestError, match=r"chat_template_kwargs may not set \['tokenize'\]"):
+        loaded.apply_chat_template(messages, template_kwargs={"tokenize": True})

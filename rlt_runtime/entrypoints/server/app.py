@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
+import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -36,13 +37,16 @@ from .protocol import (
     DetokenizeRequest, DetokenizeResponse, ErrorResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
     TokenLogprobOut, TopLogprob, Usage, param_from_message, sse, template_messages, validation_error,
 )
+from .chat_template import check_chat_template
 from .json_body import parse_json_body
 from .preparation import Preparer
+from .reasoning import REASONING_PARSERS, THINK_END, THINK_START, ReasoningSplitter, template_mentions_thinking
 from .worker import EngineWorker, GenerationStream, WorkerUnavailable
 
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 503, 504)}
 REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest)
+logger = logging.getLogger("rlt.server")
 
 
 @dataclass
@@ -66,6 +70,8 @@ class ServerConfig:
     header_timeout: float = 10.0  # a request head not complete this long after its first byte: 408, closed
     body_timeout: float = 30.0  # a request body not complete this long after its head: 408, closed
     max_connections: Optional[int] = None  # open connections; more get 503 (default: from the descriptor limit)
+    chat_template: Optional[str] = None  # a Jinja chat template used instead of the checkpoint's own
+    reasoning_parser: Optional[str] = None  # think, deepseek_r1 or none; None: think if the template writes <think>
 
     def connection_limit(self) -> int:
         """max_connections, or when unset what the descriptor limit allows (connections.descriptor_budget)."""
@@ -90,6 +96,11 @@ class ServerConfig:
                               f"max_concurrent_sequences ({self.max_concurrent_sequences})")
         if self.api_key is not None and not self.api_key:
             raise ConfigError("api_key must be a non-empty string or None")
+        if self.chat_template is not None:
+            check_chat_template(self.chat_template)
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ConfigError(f"reasoning_parser must be None (decided from the chat template) or one of "
+                              f"{', '.join(repr(p) for p in REASONING_PARSERS)}, got {self.reasoning_parser!r}")
 
 
 def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLMEngine]],
@@ -214,6 +225,7 @@ class _Serving:
         self.inflight_sequences = 0  # their engine sequences (prompts x n)
         self.preparer = Preparer(config.prepare_threads, config.max_pending_preparations)
         self._token_strs: dict[int, tuple[str, int]] = {}
+        self._reasoning_parser: Optional[str] = None
 
     # ---- identity and access ---------------------------------------------------------------------
     def engine(self) -> LLMEngine:
@@ -252,6 +264,23 @@ class _Serving:
                 entry = (tok.decode([token_id], skip_special_tokens=False), len(tok.decode([token_id])))
             self._token_strs[token_id] = entry
         return entry
+
+    def reasoning_parser(self) -> str:
+        """The reasoning parser chat answers go through: the configured one, else `think` when the chat
+        template writes `<think>` markers and they survive detokenization, else `none`."""
+        if self._reasoning_parser is None:
+            tok = self.engine().tokenizer
+            markers = THINK_START + THINK_END
+            visible = tok is not None and tok.decode(tok.encode(markers, add_special_tokens=False)) == markers
+            chosen = self.config.reasoning_parser
+            if chosen is None:
+                template = self.config.chat_template or (tok.chat_template if tok is not None else None)
+                chosen = "think" if visible and template_mentions_thinking(template) else "none"
+            elif chosen != "none" and not visible:
+                logger.warning("reasoning parser %r: this tokenizer drops %s/%s from decoded text (special tokens), so "
+                               "answers cannot be split and stay in content", chosen, THINK_START, THINK_END)
+            self._reasoning_parser = chosen
+        return self._reasoning_parser
 
     # ---- prompts ---------------------------------------------------------------------------------
     def prompt(self, prompt: Union[str, list[int]], with_text: bool = False) -> dict:
@@ -385,7 +414,8 @@ class _Serving:
 
     def _prepare_chat(self, body: ChatCompletionRequest) -> tuple[list[dict], object]:
         tok = self.tokenizer("chat")
-        text = self._render(tok, body.template_messages(), True)
+        text = self._render(tok, body.template_messages(), body.add_generation_prompt, body.continue_final_message,
+                            body.chat_template_kwargs)
         prompts = [self.prompt(self._encode(tok, text, "messages", add_special_tokens=False))]
         prompts[0]["prompt"] = text
         limit_field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
@@ -403,7 +433,8 @@ class _Serving:
         if body.prompt is not None:
             ids = self._encode(tok, body.prompt, "prompt", add_special_tokens=body.add_special_tokens)
         else:
-            text = self._render(tok, template_messages(body.messages), body.add_generation_prompt)
+            text = self._render(tok, template_messages(body.messages), body.add_generation_prompt,
+                                body.continue_final_message, body.chat_template_kwargs)
             ids = self._encode(tok, text, "messages", add_special_tokens=False)
         return TokenizeResponse(count=len(ids), max_model_len=self.engine().max_model_len, tokens=ids)
 
@@ -424,12 +455,15 @@ class _Serving:
         except RequestError as exc:  # e.g. a lone surrogate from a JSON "\ud800" escape
             raise ApiError(400, str(exc), field) from None
 
-    @staticmethod
-    def _render(tok, messages: list[dict], add_generation_prompt: bool) -> str:
+    def _render(self, tok, messages: list[dict], add_generation_prompt: bool, continue_final_message: bool,
+                template_kwargs: Optional[dict]) -> str:
+        """The chat prompt, through the checkpoint's template or --chat-template (transformers renders it)."""
         try:
-            return tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+            return tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                           continue_final_message=continue_final_message,
+                                           chat_template=self.config.chat_template, template_kwargs=template_kwargs)
         except RequestError as exc:
-            raise ApiError(400, str(exc), "messages") from None
+            raise ApiError(400, str(exc), param_from_message(str(exc)) or "messages") from None
 
     # ---- the generation lifecycle ----------------------------------------------------------------
     async def generate(self, request: Request, prompts: list[dict], params, arrival: float, streaming: bool,
@@ -516,10 +550,11 @@ def _finish(reason: Optional[str]) -> Optional[str]:
 class _Progress:
     """What one choice has already streamed."""
 
-    __slots__ = ("text", "tokens", "offset", "finished")
+    __slots__ = ("text", "tokens", "offset", "finished", "splitter")
 
-    def __init__(self):
+    def __init__(self, splitter: Optional[ReasoningSplitter] = None):
         self.text, self.tokens, self.offset, self.finished = "", 0, 0, False
+        self.splitter = splitter  # chat answers through a reasoning parser
 
 
 class _Format:
@@ -638,6 +673,16 @@ class _CompletionFormat(_Format):
 class _ChatFormat(_Format):
     prefix = "chatcmpl"
 
+    def __init__(self, serving: _Serving, body, prompts: list[dict]):
+        super().__init__(serving, body, prompts)
+        self.parser = serving.reasoning_parser()
+
+    def splitter(self) -> Optional[ReasoningSplitter]:
+        return None if self.parser == "none" else ReasoningSplitter(self.parser, self.prompts[0]["prompt"])
+
+    def start(self, prompt_index: int) -> _Progress:
+        return _Progress(self.splitter())
+
     def logprobs(self, c: CompletionOutput, first: int, end: int) -> Optional[ChatLogprobs]:
         if self.body.logprobs_count is None or c.logprobs is None:
             return None
@@ -665,15 +710,28 @@ class _ChatFormat(_Format):
         if step is None:
             return None
         text, first, end, finish = step
-        return self.chunk([ChatChunkChoice(index=index, delta=ChatDelta(content=text),
-                                           logprobs=self.logprobs(c, first, end), finish_reason=finish,
-                                           exit_depths=c.exit_depths[first:end])])
+        reasoning = ""
+        if st.splitter is not None:
+            reasoning, text = st.splitter.feed(text)
+            if finish is not None:
+                rest = st.splitter.finish()
+                reasoning, text = reasoning + rest[0], text + rest[1]
+        delta = ChatDelta(content=text if text or not reasoning else None, reasoning_content=reasoning or None)
+        return self.chunk([ChatChunkChoice(index=index, delta=delta, logprobs=self.logprobs(c, first, end),
+                                           finish_reason=finish, exit_depths=c.exit_depths[first:end])])
 
     def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
         return self.chunk([], usage)
 
+    def message(self, text: str) -> ChatMessageOut:
+        splitter = self.splitter()
+        if splitter is None:
+            return ChatMessageOut(content=text)
+        reasoning, content = splitter.split(text)
+        return ChatMessageOut(content=content, reasoning_content=reasoning)
+
     def response(self, outputs: list[RequestOutput]) -> ChatCompletionResponse:
-        choices = [ChatChoice(index=c.index, message=ChatMessageOut(content=c.text),
+        choices = [ChatChoice(index=c.index, message=self.message(c.text),
                               logprobs=self.logprobs(c, 0, len(c.token_ids)), finish_reason=_finish(c.finish_reason),
                               exit_depths=c.exit_depths)
                    for c in outputs[0].outputs]

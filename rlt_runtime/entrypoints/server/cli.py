@@ -23,6 +23,8 @@ from typing import Mapping, Optional
 from ...config import EngineConfig
 from ...errors import ConfigError
 from ..engine_args import add_engine_args, engine_kwargs
+from .chat_template import load_chat_template
+from .reasoning import REASONING_PARSERS
 
 API_KEY_ENV = "RLT_API_KEY"
 logger = logging.getLogger("rlt.server")
@@ -31,7 +33,7 @@ logger = logging.getLogger("rlt.server")
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlt-serve",
                                 description="Serve a looped language model over an OpenAI-compatible API.")
-    p.add_argument("--model", required=True, help="checkpoint directory or preset name (e.g. ouro-1.4b)")
+    p.add_argument("--model", required=True, help="checkpoint directory, Hugging Face Hub name (e.g. ByteDance/Ouro-1.4B) or preset name (e.g. ouro-1.4b)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: local only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: --model)")
@@ -67,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds from the end of a request head to the end of its body, else 408, closed (default 30)")
     p.add_argument("--max-connections", type=int, default=None,
                    help="open connections; more get 503 and are closed (default: from the open-file limit, see docs)")
+    p.add_argument("--chat-template", default=None,
+                   help="Jinja chat template (a file path, or the template inline) used instead of the checkpoint's own")
+    p.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS,
+                   help="split <think>...</think> off chat answers into reasoning_content: think (the answer starts "
+                   "in the reasoning when the prompt ends in an open <think>), deepseek_r1 (always starts in it) or "
+                   "none (default: think when the chat template writes <think>, else none)")
     p.add_argument("--cors-origins", nargs="*", default=[], help="allowed CORS origins (default: no CORS)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=False,
@@ -128,6 +136,8 @@ def main(argv=None) -> int:
             prepare_threads=args.prepare_threads, max_pending_preparations=args.max_pending_preparations,
             keep_alive_timeout=args.keep_alive_timeout, header_timeout=args.header_timeout,
             body_timeout=args.body_timeout, max_connections=args.max_connections,
+            chat_template=None if args.chat_template is None else load_chat_template(args.chat_template),
+            reasoning_parser=args.reasoning_parser,
         )
         config.validate()
     except ConfigError as exc:

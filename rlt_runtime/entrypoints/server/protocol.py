@@ -5,7 +5,9 @@ fields this server does not know are rejected with 400 naming the field (the Ope
 the same). OpenAI fields the engine has no use for are accepted only at their neutral value
 (`presence_penalty: 0`, `logit_bias: {}`, `tools: []`, ...); anything else is a 400 that says
 the feature is not supported. Extra rlt fields: `min_loops`, `max_loops`, `exit_threshold`,
-`speculative`, `priority`, `trace_id`, plus vLLM's `top_k`, `min_p`, `stop_token_ids`, `ignore_eos`.
+`speculative`, `priority`, `trace_id`, plus vLLM's `top_k`, `min_p`, `stop_token_ids`, `ignore_eos`
+and, on chat, `add_generation_prompt`, `continue_final_message`, `chat_template_kwargs`. Chat answers
+carry `reasoning_content` when a reasoning parser runs (reasoning.py).
 Every response choice (and streamed chunk choice) carries rlt's `exit_depths`: the loops each
 token it adds ran, as `CompletionOutput.exit_depths` offline.
 """
@@ -187,6 +189,7 @@ class ChatMessage(_Strict):
     name: Optional[str] = None
     tool_calls: Optional[list[dict[str, Any]]] = None
     tool_call_id: Optional[str] = None
+    reasoning_content: Optional[str] = None  # an earlier answer's reasoning, passed to the template as is
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -203,8 +206,16 @@ class ChatCompletionRequest(_SamplingFields):
     functions: Optional[list[dict[str, Any]]] = None
     function_call: Optional[Union[str, dict[str, Any]]] = None
     response_format: Optional[dict[str, Any]] = None
+    add_generation_prompt: Optional[bool] = Field(
+        True, description="vLLM: end the prompt with the template's assistant header (the answer starts a new message)")
+    continue_final_message: Optional[bool] = Field(
+        False, description="vLLM: leave the last message open so the answer continues it (not with "
+                           "add_generation_prompt)")
+    chat_template_kwargs: Optional[dict[str, Any]] = Field(
+        None, description="vLLM: extra variables for the chat template (e.g. enable_thinking)")
 
-    _NULL_DEFAULTS: ClassVar[dict] = {**_SamplingFields._NULL_DEFAULTS, "logprobs": False}
+    _NULL_DEFAULTS: ClassVar[dict] = {**_SamplingFields._NULL_DEFAULTS, "logprobs": False,
+                                      "add_generation_prompt": True, "continue_final_message": False}
 
     def check_neutral(self) -> None:
         super().check_neutral()
@@ -256,7 +267,10 @@ def template_messages(messages: list[ChatMessage]) -> list[dict]:
                                    f"{where}.content[{j}].type", "unsupported")
                 texts.append(part.text)
             content = "".join(texts)
-        out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+        message = {"role": "system" if m.role == "developer" else m.role, "content": content}
+        if m.reasoning_content is not None:
+            message["reasoning_content"] = m.reasoning_content
+        out.append(message)
     return out
 
 
@@ -268,6 +282,8 @@ class TokenizeRequest(_Strict):
     messages: Optional[list[ChatMessage]] = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: Optional[dict[str, Any]] = None
 
 
 class DetokenizeRequest(_Strict):
@@ -339,6 +355,8 @@ class ChatLogprobs(BaseModel):
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
+    reasoning_content: Optional[str] = Field(
+        None, description="the answer's reasoning (between <think> and </think>) when a reasoning parser runs")
 
 
 class ChatChoice(BaseModel):
@@ -363,10 +381,12 @@ class ChatDelta(BaseModel):
 
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
 
     @model_serializer
     def _without_nulls(self) -> dict:
-        return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+        fields = (("role", self.role), ("content", self.content), ("reasoning_content", self.reasoning_content))
+        return {k: v for k, v in fields if v is not None}
 
 
 class ChatChunkChoice(BaseModel):
