@@ -207,13 +207,15 @@ class IncrementalDetokenizer:
     `add(id)` returns only newly completed text; bytes of an incomplete character (which decode
     as U+FFFD at the end of the window) are held back until a later token completes them.
     `flush()` returns whatever is left. The concatenation of all deltas equals the decode of the
-    whole id sequence (after the prompt). Special tokens are skipped.
+    whole id sequence (after the prompt). Special tokens are skipped unless `skip_special_tokens`
+    is False.
     """
 
     _CONTEXT = 5  # prompt tokens kept as decoding context for the first delta
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: Optional[Sequence[int]] = None):
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Optional[Sequence[int]] = None, skip_special_tokens: bool = True):
         self._tok = tokenizer
+        self._skip = skip_special_tokens
         self._ids = list(prompt_ids or ())
         self._prefix = max(len(self._ids) - self._CONTEXT, 0)  # window start (a character boundary)
         self._read = len(self._ids)  # ids[:read] are already emitted
@@ -225,8 +227,8 @@ class IncrementalDetokenizer:
         """Feed ids; returns the newly completed text. Several ids take one pair of decodes when
         they end on a whole character (else they go one by one): the same text either way."""
         ids = [int(t) for t in token_ids]
-        prefix_text = self._tok.decode(self._ids[self._prefix:self._read])
-        text = self._tok.decode(self._ids[self._prefix:] + ids)
+        prefix_text = self._tok.decode(self._ids[self._prefix:self._read], self._skip)
+        text = self._tok.decode(self._ids[self._prefix:] + ids, self._skip)
         if len(text) > len(prefix_text) and not text.endswith("\ufffd"):
             self._ids.extend(ids)
             self._prefix, self._read = self._read, len(self._ids)
@@ -238,7 +240,7 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """The text of tokens still held back (possibly with replacement characters)."""
-        prefix_text = self._tok.decode(self._ids[self._prefix:self._read])
-        text = self._tok.decode(self._ids[self._prefix:])
+        prefix_text = self._tok.decode(self._ids[self._prefix:self._read], self._skip)
+        text = self._tok.decode(self._ids[self._prefix:], self._skip)
         self._prefix = self._read = len(self._ids)
         return text[len(prefix_text):]
