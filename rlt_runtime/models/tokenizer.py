@@ -22,6 +22,9 @@ from .configs import ModelConfig
 OURO_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 HUGINN_SPECIALS = ("<|begin_text|>", "<|end_text|>", "<|begin_header|>", "<|end_header|>", "<|end_turn|>", "<|pad|>")
 HUGINN_SPECIAL_FROM_TOP = 32  # <|begin_text|> is id vocab_size - 32 (65504 of 65536)
+# tokenizer_class written to tokenizer_config.json: a fast tokenizer over tokenizer.json, known to
+# AutoTokenizer in transformers 4.x and 5.x.
+SAVED_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
 # End-of-turn markers a chat completion stops on, when the vocabulary has them.
 CHAT_STOP_TOKENS = ("<|im_end|>", "<|end_turn|>")
 
@@ -118,15 +121,19 @@ class Tokenizer:
             raise RequestError(f"chat template failed: {exc}") from exc
 
     def save(self, model_dir: str) -> None:
-        """Write tokenizer.json / tokenizer_config.json (chat template embedded in the latter)."""
+        """Write tokenizer.json / tokenizer_config.json (chat template embedded in the latter).
+
+        The config names the class SAVED_TOKENIZER_CLASS, which AutoTokenizer resolves in
+        transformers 4.x and 5.x alike (5.x alone writes its own "TokenizersBackend")."""
         self._hf.save_pretrained(model_dir)
+        path = os.path.join(model_dir, "tokenizer_config.json")
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        data["tokenizer_class"] = SAVED_TOKENIZER_CLASS
         if self.has_chat_template:  # older transformers read the template only from tokenizer_config.json
-            path = os.path.join(model_dir, "tokenizer_config.json")
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
             data["chat_template"] = self._hf.chat_template
-            with open(path, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=2, ensure_ascii=False)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, ensure_ascii=False)
 
 
 def load_tokenizer(model_dir: str, config: ModelConfig) -> Optional[Tokenizer]:
