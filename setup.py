@@ -43,6 +43,7 @@ setup(
             "httpx>=0.27",
         ],
         "flash": ["flash-attn>=2.6"],
+        "clients": ["lm_eval[api]>=0.4.8", "pyyaml>=6"],  # the lm-eval end-to-end test (tests/server/test_lm_eval.py)
         "plot": ["matplotlib>=3.8"],
     },
     entry_points={

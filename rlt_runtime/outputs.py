@@ -43,7 +43,11 @@ class RequestMetrics:
 
 @dataclass
 class RequestOutput:
-    """All samples of one prompt. ``finished`` is True once every sample has ended."""
+    """All samples of one prompt. ``finished`` is True once every sample has ended.
+
+    ``prompt_logprobs`` (requested with SamplingParams.prompt_logprobs): one entry per prompt
+    token, None for the first, then the token's log-probability given the tokens before it and
+    the top-N alternatives at its position."""
 
     request_id: str
     prompt: Optional[str]
@@ -51,3 +55,4 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: Optional[RequestMetrics] = None
+    prompt_logprobs: Optional[list[Optional[TokenLogprob]]] = None

@@ -35,6 +35,12 @@ class SamplingParams:
     ``stop`` strings end generation and are not included in the text; ``stop_token_ids`` and EOS
     (unless ``ignore_eos``) end it with the token included in ``token_ids`` but not in the text.
     ``logprobs`` = N returns the chosen token's log-probability and the top-N alternatives.
+    ``prompt_logprobs`` = N returns, in ``RequestOutput.prompt_logprobs``, the log-probability of
+    every prompt token given the tokens before it and the top-N alternatives at that position
+    (None for the first token, which has no context). A request that asks for them computes its
+    whole prompt (no prefix-cache hit skips positions).
+    ``skip_special_tokens`` = False keeps special tokens in the output text;
+    ``include_stop_str_in_output`` = True keeps the matched stop string at the end of the text.
     ``min_loops`` / ``max_loops`` bound the loops a generated token may run (prompts always run
     the full depth); ``exit_threshold`` < 1 enables the exit policy's adaptive exit (1 = fixed).
     ``speculative`` = False opts this request out of speculative decoding.
@@ -53,6 +59,9 @@ class SamplingParams:
     stop_token_ids: Optional[list[int]] = None
     ignore_eos: bool = False
     logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
     min_loops: Optional[int] = None
     max_loops: Optional[int] = None
     exit_threshold: float = 1.0
@@ -88,6 +97,11 @@ class SamplingParams:
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", "a boolean", self.ignore_eos)
         _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
                "logprobs", f"None or an integer in 0..{MAX_LOGPROBS}", self.logprobs)
+        _check(self.prompt_logprobs is None or (_is_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
+               "prompt_logprobs", f"None or an integer in 0..{MAX_LOGPROBS}", self.prompt_logprobs)
+        _check(isinstance(self.skip_special_tokens, bool), "skip_special_tokens", "a boolean", self.skip_special_tokens)
+        _check(isinstance(self.include_stop_str_in_output, bool), "include_stop_str_in_output", "a boolean",
+               self.include_stop_str_in_output)
         _check(self.min_loops is None or (_is_int(self.min_loops) and self.min_loops >= 1), "min_loops", "None or an integer >= 1", self.min_loops)
         _check(self.max_loops is None or (_is_int(self.max_loops) and self.max_loops >= 1), "max_loops", "None or an integer >= 1", self.max_loops)
         if self.min_loops is not None and self.max_loops is not None and self.min_loops > self.max_loops:

@@ -86,6 +86,20 @@ MUTANTS = (
         ("tests/runtime/test_prefix_sharing.py::test_huginn_prefix_cache_hit_equals_a_fresh_engine",),
         "Huginn's prompt K/V depends on the request's noise key, and cached prompt blocks leak it",
     ),
+    Mutant(
+        "prompt-logprobs-rows-shifted", "rlt_runtime/executor/model_runner.py",
+        "prompt_rows += range(qsl[-1], qsl[-1] + count)",
+        "prompt_rows += range(qsl[-1] + 1, qsl[-1] + 1 + count)",
+        ("tests/runtime/test_prompt_logprobs.py::test_prompt_logprobs_match_the_reference[ouro-tiny]",),
+        "a prompt token's log-probability is read at its own position instead of the one before it",
+    ),
+    Mutant(
+        "prompt-logprobs-prefix-hit", "rlt_runtime/engine/scheduler.py",
+        "hashes = [] if r.needs_prompt_logprobs else self.prompt_hashes(r)",
+        "hashes = self.prompt_hashes(r)",
+        ("tests/runtime/test_prompt_logprobs.py::test_prompt_logprobs_do_not_depend_on_scheduling[ouro-tiny]",),
+        "a prefix-cache hit skips prompt positions whose log-probabilities were asked for",
+    ),
 )
 
 

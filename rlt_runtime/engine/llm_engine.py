@@ -246,8 +246,10 @@ class LLMEngine:
                 f"prompt has {len(ids)} tokens but the context holds {self.max_model_len} (max_model_len); "
                 "the prompt must be shorter than the context"
             )
-        if params.logprobs is not None and params.logprobs > vocab:
-            raise RequestError(f"logprobs must be in 0..{vocab} (the vocabulary size) for this model, got {params.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > vocab:
+                raise RequestError(f"{name} must be in 0..{vocab} (the vocabulary size) for this model, got {value}")
         for name in ("min_loops", "max_loops"):
             value = getattr(params, name)
             if value is not None and value > self.depth:
@@ -283,7 +285,8 @@ class LLMEngine:
                 draft=self.policy.new_state(max_tokens) if self.policy is not None and params.speculative else None,
             )
             req.metrics = RequestMetrics(arrival_time=now, num_prompt_tokens=len(ids))
-            self._trackers[id(req)] = TextTracker(self.tokenizer, stops, list(ids))
+            self._trackers[id(req)] = TextTracker(self.tokenizer, stops, list(ids), params.skip_special_tokens,
+                                                  params.include_stop_str_in_output)
             group.append(req)
         self._groups[request_id] = group
         self._prompts[request_id] = text
@@ -398,6 +401,8 @@ class LLMEngine:
             req.num_computed += n
             req.num_inflight -= n
             self.scheduler.publish(req)
+        if res is not None and res.prompt is not None:
+            self._collect_prompt_logprobs(handle.prompt_rows, res.prompt)
         if res is None:
             return
         counts = (res.tokens >= 0).sum(axis=1).tolist()
@@ -425,6 +430,22 @@ class LLMEngine:
         if self.policy is not None and handle.round_k:
             rounds = [(k, counts[i] - 1) for i, (_, _, kind, k) in enumerate(handle.rows) if kind == "decode"]
             self._count_round(rounds)
+
+    @staticmethod
+    def _collect_prompt_logprobs(runs: list, arrays: dict) -> None:
+        """Append each run's prompt log-probabilities (rows in run order) to its request, skipping
+        positions it already has (a recompute after preemption runs them again)."""
+        row = 0
+        for req, gen, first, count in runs:
+            if gen == req.generation and not req.finished:
+                n = req.params.prompt_logprobs
+                have = len(req.prompt_logprobs) + 1  # prompt index of the next entry it needs
+                assert have >= first, f"{req.request_id}: prompt log-probabilities skip positions {have}..{first - 1}"
+                for j in range(have - first, count):
+                    i = row + j
+                    top = {int(t): float(v) for t, v in zip(arrays["top_ids"][i][:n], arrays["top_logprobs"][i][:n])}
+                    req.prompt_logprobs.append(TokenLogprob(float(arrays["logprobs"][i]), top))
+            row += count
 
     def _count_round(self, rounds: list[tuple[int, int]]) -> None:
         """Stats of one round that ran: (drafts, accepted) per decode row."""
@@ -500,8 +521,12 @@ class LLMEngine:
         if finished:
             for req in group:
                 self._trackers.pop(id(req), None)
-        return RequestOutput(group_id, self._prompts.get(group_id), list(group[0].prompt_token_ids), outs, finished,
-                             metrics=group[0].metrics)
+        first = group[0]
+        prompt_lps = None
+        if first.params.prompt_logprobs is not None:
+            prompt_lps = [None, *first.prompt_logprobs]
+        return RequestOutput(group_id, self._prompts.get(group_id), list(first.prompt_token_ids), outs, finished,
+                             metrics=first.metrics, prompt_logprobs=prompt_lps)
 
     def _finalize_group(self, group_id: str) -> RequestOutput:
         out = self._output(group_id)

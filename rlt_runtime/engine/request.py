@@ -43,6 +43,7 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     exit_depths: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # of prompt tokens 1, 2, ... so far
     num_computed: int = 0
     num_inflight: int = 0  # tokens submitted to the device whose results have not arrived
     inflight_outputs: int = 0  # output tokens those submissions will produce
@@ -68,6 +69,13 @@ class Request:
     def prefill_target(self) -> int:
         """Tokens that must be in the cache before decoding (re)starts."""
         return self.num_prompt_tokens if not self.output_token_ids else self.num_tokens - 1
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Whether this sequence still computes prompt log-probabilities (the first sample of a
+        request that asked for them, until every prompt token after the first has one)."""
+        return (self.params.prompt_logprobs is not None and self.sample_index == 0
+                and len(self.prompt_logprobs) < self.num_prompt_tokens - 1)
 
     @property
     def is_prefilling(self) -> bool:

@@ -239,7 +239,7 @@ class Scheduler:
     def _waits_for_sibling(self, r: Request) -> bool:
         """Whether a running sample of r's request is still computing the prompt's full blocks
         (r takes them from the cache once they are published instead of computing them again)."""
-        if r.swapped is not None or r.params.n == 1:
+        if r.swapped is not None or r.params.n == 1 or r.needs_prompt_logprobs:
             return False
         full = (r.num_prompt_tokens - 1) // self.kv.block_size * self.kv.block_size
         return full > 0 and any(s.group_id == r.group_id and s.num_computed < full for s in self.running)
@@ -268,7 +268,7 @@ class Scheduler:
             saved = r.swapped["num_computed"]
             chunk = self._first_chunk(r, saved, budget) if saved < r.prefill_target else 0
             return self._room_for(self.kv.blocks_for(saved + max(chunk, 1)) * self.kv.num_planes)
-        cached, taken = self.kv.cached_prefix_cost(self.prompt_hashes(r))
+        cached, taken = self.kv.cached_prefix_cost(self.prompt_hashes(r)) if not r.needs_prompt_logprobs else (0, 0)
         chunk = self._first_chunk(r, cached, budget)
         if chunk <= 0:
             return False
@@ -347,8 +347,10 @@ class Scheduler:
             if not r.is_prefilling:
                 return  # decodes from the next step on
         else:
-            # Prompt blocks only (see the module docstring); never the prompt's last token.
-            r.num_computed = self.kv.attach_prefix(r.request_id, r.slot, self.prompt_hashes(r))
+            # Prompt blocks only (see the module docstring); never the prompt's last token. A request
+            # that computes prompt log-probabilities runs every prompt position (no prefix hit).
+            hashes = [] if r.needs_prompt_logprobs else self.prompt_hashes(r)
+            r.num_computed = self.kv.attach_prefix(r.request_id, r.slot, hashes)
         if r.metrics is not None and r.metrics.num_cached_tokens == 0:
             r.metrics.num_cached_tokens = r.num_computed
         if self._schedule_prefill(r, budget, out) == 0 and r in self.running and r.swapped is None:

@@ -19,10 +19,15 @@ class TextTracker:
     character costs amortized O(1), however many stop strings there are.
 
     stop: the stop strings, or their automaton (built once and shared by a request's samples).
+    skip_special_tokens: leave special tokens out of the text. include_stop: keep a matched stop
+    string at the end of the text (it is still where generation ends).
     """
 
-    def __init__(self, tokenizer: Optional[Tokenizer], stop: Union[Sequence[str], StopAutomaton], prompt_ids: list[int]):
-        self._detok = IncrementalDetokenizer(tokenizer, prompt_ids) if tokenizer is not None else None
+    def __init__(self, tokenizer: Optional[Tokenizer], stop: Union[Sequence[str], StopAutomaton], prompt_ids: list[int],
+                 skip_special_tokens: bool = True, include_stop: bool = False):
+        self._detok = (IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens)
+                       if tokenizer is not None else None)
+        self._include_stop = include_stop
         if not isinstance(stop, StopAutomaton):
             stop = StopAutomaton(stop) if stop else None
         self._stop = StopMatcher(stop) if stop is not None and stop.stops else None
@@ -67,7 +72,7 @@ class TextTracker:
         if hit is None:
             return None
         start, stop = hit
-        self._text = self._text[:start]
+        self._text = self._text[:start + len(stop) if self._include_stop else start]
         self.stopped_by = stop
         return stop
 

@@ -76,6 +76,7 @@ class StepResult:
     logprobs: Optional[np.ndarray] = None  # fp32 [R, C]
     top_ids: Optional[np.ndarray] = None  # int64 [R, C, N]
     top_logprobs: Optional[np.ndarray] = None  # fp32 [R, C, N]
+    prompt: Optional[dict] = None  # prompt log-probabilities: "logprobs" [P], "top_ids" [P, N], "top_logprobs" [P, N]
 
 
 @dataclass
@@ -85,6 +86,8 @@ class StepHandle:
     rows: list = field(default_factory=list)  # (request, generation, kind, drafts) per result row
     round_k: int = 0
     prefills: list = field(default_factory=list)  # (request, generation, chunk) per prefill chunk
+    # (request, generation, first prompt index, count) per run of prompt log-probability rows, in row order
+    prompt_rows: list = field(default_factory=list)
     host: Optional[dict] = None
     event: Optional[torch.cuda.Event] = None
     start_event: Optional[torch.cuda.Event] = None  # set when the runner records device time
@@ -101,11 +104,14 @@ class StepHandle:
         if self.event is not None:
             self.event.synchronize()
         h = self.host
+        prompt = {k[len("prompt_"):]: v.numpy().copy() for k, v in h.items() if k.startswith("prompt_")} or None
+        if "tokens" not in h:  # only prompt log-probabilities (prefill chunks that sample nothing)
+            return StepResult(tokens=np.zeros((0, 1), np.int64), depths=np.zeros((0, 1), np.int32), prompt=prompt)
         return StepResult(
             tokens=h["tokens"].numpy().copy(), depths=h["depths"].numpy().copy(),
             logprobs=h["logprobs"].numpy().copy() if "logprobs" in h else None,
             top_ids=h["top_ids"].numpy().copy() if "top_ids" in h else None,
-            top_logprobs=h["top_logprobs"].numpy().copy() if "top_logprobs" in h else None,
+            top_logprobs=h["top_logprobs"].numpy().copy() if "top_logprobs" in h else None, prompt=prompt,
         )
 
 
@@ -152,6 +158,8 @@ class ModelRunner:
             "seq_lens": (torch.int32, s_max), "decode_from": (torch.int32, s_max), "qsl": (torch.int32, s_max + 1),
             "sample_rows": (torch.int64, s_max),
             "sample_pos": (torch.int64, s_max), "sample_slots": (torch.int32, s_max), "counts": (torch.int32, 3),
+            # last: written only by steps with prompt log-probabilities (uploads send the used prefix)
+            "prompt_rows": (torch.int64, t_max), "prompt_targets": (torch.int64, t_max),
         }, d)
 
     def allocate_kv(self, num_blocks: int) -> None:
@@ -257,7 +265,7 @@ class ModelRunner:
                       + [c.request.params.logprobs or 0 for c in sched.prefills if c.sample] + [0])
         want_lp = any(r.params.logprobs is not None for r in sched.decodes) or any(
             c.sample and c.request.params.logprobs is not None for c in sched.prefills)
-        parts = []
+        parts, prompt_part = [], None
         handle.round_k = sched.round_k
         if sched.decodes and sched.round_k > 0:
             order = sorted(range(len(sched.decodes)), key=lambda i: -sched.num_drafts[i])
@@ -270,20 +278,24 @@ class ModelRunner:
             parts.append(self._run_decode(sched, want_lp, num_top))
             handle.rows += [(r, r.generation, "decode", 0) for r in sched.decodes]
         if sched.prefills:
-            part = self._run_prefill(sched, want_lp, num_top)
+            part, prompt_part = self._run_prefill(sched, want_lp, num_top, handle.prompt_rows)
             if part is not None:
                 parts.append(part)
             handle.rows += [(c.request, c.request.generation, "prefill", 0) for c in sched.prefills if c.sample]
             handle.prefills = [(c.request, c.request.generation, c) for c in sched.prefills]
-        if parts:
-            handle.host, handle.event = self._readback(parts, want_lp, timed=handle.start_event is not None)
+        if parts or prompt_part:
+            handle.host, handle.event = self._readback(parts, want_lp, prompt_part, timed=handle.start_event is not None)
         return handle
 
-    def _readback(self, parts, want_lp, timed=False):
-        """Copy every part's per-row results ([n] or [n, C] committed tokens) to pinned memory."""
-        names = ["tokens", "depths"] + (["logprobs", "top_ids", "top_logprobs"] if want_lp else [])
+    def _readback(self, parts, want_lp, prompt_part=None, timed=False):
+        """Copy every part's per-row results ([n] or [n, C] committed tokens), and the prompt
+        log-probabilities (keys prefixed "prompt_"), to pinned memory."""
+        names = ["tokens", "depths"] + (["logprobs", "top_ids", "top_logprobs"] if want_lp else []) if parts else []
         host = {}
-        width = max(p["tokens"].shape[1] if p["tokens"].dim() == 2 else 1 for p in parts)
+        for name, dev in (prompt_part or {}).items():
+            host["prompt_" + name] = buf = torch.empty(dev.shape, dtype=dev.dtype, pin_memory=self.device.type == "cuda")
+            buf.copy_(dev, non_blocking=True)
+        width = max([p["tokens"].shape[1] if p["tokens"].dim() == 2 else 1 for p in parts], default=1)
         for name in names:
             pieces = []
             for p in parts:
@@ -322,14 +334,26 @@ class ModelRunner:
         return res
 
     # ---- prefill -----------------------------------------------------------------------------
-    def _run_prefill(self, sched: SchedulerOutput, want_lp: bool, num_top: int):
-        """Stage the step's prefill chunks (padded to a token bucket when graphs exist) and run them."""
+    def _run_prefill(self, sched: SchedulerOutput, want_lp: bool, num_top: int, prompt_runs: list):
+        """Stage the step's prefill chunks (padded to a token bucket when graphs exist) and run them.
+
+        Returns (the sampled rows' results or None, the prompt log-probabilities or None); the
+        runs of prompt log-probability rows are appended to `prompt_runs` (see StepHandle)."""
         chunks = sched.prefills
         tokens, positions, token_slots, limits, keys = [], [], [], [], []
         seq_slots, seq_lens, decode_from, qsl = [], [], [], [0]
         sample_rows, sample_pos, sample_slots = [], [], []
+        prompt_rows, prompt_targets, prompt_top = [], [], 0
         for c in chunks:
             n = len(c.token_ids)
+            req = c.request
+            if req.needs_prompt_logprobs:  # the state at position q gives the log-probability of token q + 1
+                count = min(n, req.num_prompt_tokens - 1 - c.start)
+                if count > 0:
+                    prompt_runs.append((req, req.generation, c.start + 1, count))
+                    prompt_rows += range(qsl[-1], qsl[-1] + count)
+                    prompt_targets += req.prompt_token_ids[c.start + 1: c.start + 1 + count]
+                    prompt_top = max(prompt_top, req.params.prompt_logprobs)
             tokens += c.token_ids
             positions += range(c.start, c.start + n)
             token_slots += [c.request.slot] * n
@@ -364,17 +388,27 @@ class ModelRunner:
         st.write("sample_pos", np.asarray(sample_pos + [0] * pad_r, np.int64))
         st.write("sample_slots", np.asarray(sample_slots + [0] * pad_r, np.int32))
         st.write("counts", np.asarray([n_tok, n_seq, len(sample_rows)], np.int32))
+        if prompt_rows:
+            st.write("prompt_rows", np.asarray(prompt_rows, np.int64))
+            st.write("prompt_targets", np.asarray(prompt_targets, np.int64))
         st.upload()
-        res = self.prefill_graphs.run(n_tok, (want_lp, num_top)) if self.prefill_graphs is not None else None
+        res = None
+        if self.prefill_graphs is not None and not prompt_rows:  # prompt log-probabilities run eagerly
+            res = self.prefill_graphs.run(n_tok, (want_lp, num_top))
         if res is None:
-            res = self.prefill_program(size, want_lp, num_top)
+            res = self.prefill_program(size, want_lp, num_top, len(prompt_rows), prompt_top)
+        prompt = {k: res.pop(k) for k in list(res) if k.startswith("prompt_")}
+        prompt = {k[len("prompt_"):]: v for k, v in prompt.items()} or None
         if not sample_rows:
-            return None
-        return {k: v[: len(sample_rows)] for k, v in res.items()}
+            return None, prompt
+        return {k: v[: len(sample_rows)] for k, v in res.items()}, prompt
 
-    def prefill_program(self, size: int, want_lp: bool, num_top: int) -> dict:
+    def prefill_program(self, size: int, want_lp: bool, num_top: int, prompt_rows: int = 0,
+                        prompt_top: int = 0) -> dict:
         """All loops of `size` staged prefill tokens (full depth, or a recomputed output's recorded
-        depth), then the LM head and sampling for chunks that complete a prompt (inputs in `pre_in`)."""
+        depth), then the LM head and sampling for chunks that complete a prompt (inputs in `pre_in`),
+        and the log-probabilities of `prompt_rows` staged rows' next prompt tokens with their top
+        `prompt_top` (keys "prompt_logprobs" [R] fp32, "prompt_top_ids" [R, N], "prompt_top_logprobs" [R, N])."""
         st = self.pre_in
         counts = st["counts"]
         n_tok, n_seq, n_samples = counts[0:1], counts[1:2], counts[2:3]
@@ -404,7 +438,26 @@ class ModelRunner:
         res = self._sample(logits, slots, st["sample_pos"], want_lp, num_top, n_samples)
         self.store_next(slots.long(), n_samples, res["tokens"])
         res["depths"] = torch.full((slots.shape[0],), self.depth, dtype=torch.int32, device=self.device)
+        if prompt_rows:
+            res.update(self._prompt_logprobs(final, st["prompt_rows"][:prompt_rows], st["prompt_targets"][:prompt_rows],
+                                             prompt_top))
         return res
+
+    PROMPT_LOGPROB_ROWS = 256  # prompt rows per LM-head pass: bounds the fp32 logits to [256, vocab]
+
+    def _prompt_logprobs(self, final: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor, num_top: int) -> dict:
+        """Raw log-probabilities (log_softmax of the logits, as for sampled tokens) of `targets` [R]
+        at the final states of prefill rows `rows` [R], with the top `num_top`, a window of rows at a time."""
+        chosen, top_ids, top_lp = [], [], []
+        for a in range(0, rows.shape[0], self.PROMPT_LOGPROB_ROWS):
+            window = slice(a, a + self.PROMPT_LOGPROB_ROWS)
+            logits = self.model.logits(final.index_select(0, rows[window]), self.ops)
+            c, i, v = self.ops.compute_logprobs(logits, targets[window], num_top)
+            chosen.append(c)
+            top_ids.append(i)
+            top_lp.append(v)
+        return {"prompt_logprobs": torch.cat(chosen), "prompt_top_ids": torch.cat(top_ids),
+                "prompt_top_logprobs": torch.cat(top_lp)}
 
     def _finalize_limited(self, batch: ForwardBatch, limits: torch.Tensor, t: int) -> None:
         """Copy reads: recomputed outputs whose recorded depth ends at loop t copy their K/V deeper."""

@@ -75,6 +75,7 @@ class RefResult:
     tokens: list[int] = field(default_factory=list)  # generated ids, a final stop id included
     exit_depths: list[int] = field(default_factory=list)  # loops run for each generated token
     logits: list[torch.Tensor] = field(default_factory=list)  # [vocab] each, the distribution it came from
+    prompt_logits: list[torch.Tensor] = field(default_factory=list)  # [vocab] at each prompt position (predicts the next token)
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -356,6 +357,7 @@ def reference_generate(config: ModelConfig, weights: dict[str, torch.Tensor], pr
     with _one_thread():
         for pos, token in enumerate(prompt_ids if max_new_tokens > 0 else ()):
             logits, loops = run(int(token), pos, None)
+            result.prompt_logits.append(logits)
         while len(result.tokens) < max_new_tokens:
             token = int(logits.argmax())
             result.tokens.append(token)

@@ -24,6 +24,9 @@ from .configs import ModelConfig
 OURO_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 HUGINN_SPECIALS = ("<|begin_text|>", "<|end_text|>", "<|begin_header|>", "<|end_header|>", "<|end_turn|>", "<|pad|>")
 HUGINN_SPECIAL_FROM_TOP = 32  # <|begin_text|> is id vocab_size - 32 (65504 of 65536)
+# tokenizer_class written to tokenizer_config.json: a fast tokenizer over tokenizer.json, known to
+# AutoTokenizer in transformers 4.x and 5.x.
+SAVED_TOKENIZER_CLASS = "PreTrainedTokenizerFast"
 # End-of-turn markers a chat completion stops on, when the vocabulary has them.
 CHAT_STOP_TOKENS = ("<|im_end|>", "<|end_turn|>")
 
@@ -140,15 +143,19 @@ class Tokenizer:
             raise RequestError(f"chat template failed: {exc}") from exc
 
     def save(self, model_dir: str) -> None:
-        """Write tokenizer.json / tokenizer_config.json (chat template embedded in the latter)."""
+        """Write tokenizer.json / tokenizer_config.json (chat template embedded in the latter).
+
+        The config names the class SAVED_TOKENIZER_CLASS, which AutoTokenizer resolves in
+        transformers 4.x and 5.x alike (5.x alone writes its own "TokenizersBackend")."""
         self._hf.save_pretrained(model_dir)
+        path = os.path.join(model_dir, "tokenizer_config.json")
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        data["tokenizer_class"] = SAVED_TOKENIZER_CLASS
         if self.has_chat_template:  # older transformers read the template only from tokenizer_config.json
-            path = os.path.join(model_dir, "tokenizer_config.json")
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
             data["chat_template"] = self._hf.chat_template
-            with open(path, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=2, ensure_ascii=False)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, ensure_ascii=False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -238,13 +245,15 @@ class IncrementalDetokenizer:
     `add(id)` returns only newly completed text; bytes of an incomplete character (which decode
     as U+FFFD at the end of the window) are held back until a later token completes them.
     `flush()` returns whatever is left. The concatenation of all deltas equals the decode of the
-    whole id sequence (after the prompt). Special tokens are skipped.
+    whole id sequence (after the prompt). Special tokens are skipped unless `skip_special_tokens`
+    is False.
     """
 
     _CONTEXT = 5  # prompt tokens kept as decoding context for the first delta
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: Optional[Sequence[int]] = None):
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Optional[Sequence[int]] = None, skip_special_tokens: bool = True):
         self._tok = tokenizer
+        self._skip = skip_special_tokens
         self._ids = list(prompt_ids or ())
         self._prefix = max(len(self._ids) - self._CONTEXT, 0)  # window start (a character boundary)
         self._read = len(self._ids)  # ids[:read] are already emitted
@@ -256,8 +265,8 @@ class IncrementalDetokenizer:
         """Feed ids; returns the newly completed text. Several ids take one pair of decodes when
         they end on a whole character (else they go one by one): the same text either way."""
         ids = [int(t) for t in token_ids]
-        prefix_text = self._tok.decode(self._ids[self._prefix:self._read])
-        text = self._tok.decode(self._ids[self._prefix:] + ids)
+        prefix_text = self._tok.decode(self._ids[self._prefix:self._read], self._skip)
+        text = self._tok.decode(self._ids[self._prefix:] + ids, self._skip)
         if len(text) > len(prefix_text) and not text.endswith("\ufffd"):
             self._ids.extend(ids)
             self._prefix, self._read = self._read, len(self._ids)
@@ -269,7 +278,7 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """The text of tokens still held back (possibly with replacement characters)."""
-        prefix_text = self._tok.decode(self._ids[self._prefix:self._read])
-        text = self._tok.decode(self._ids[self._prefix:])
+        prefix_text = self._tok.decode(self._ids[self._prefix:self._read], self._skip)
+        text = self._tok.decode(self._ids[self._prefix:], self._skip)
         self._prefix = self._read = len(self._ids)
         return text[len(prefix_text):]

@@ -120,6 +120,27 @@ def test_saved_tokenizer_reloads_identically(tmp_path):
     assert [tok.decode([i]) for i in range(320)] == [HUGINN.decode([i]) for i in range(320)]
 
 
+# tokenizer_class values transformers 4.x resolves for a tokenizer.json-only checkpoint (its class
+# map has no "TokenizersBackend", the name 5.x writes, so 4.x fails on that one).
+TRANSFORMERS_4_FAST_CLASSES = {"PreTrainedTokenizerFast"}
+
+
+@pytest.mark.parametrize("preset,builtin", [("ouro-tiny", OURO), ("huginn-tiny", HUGINN)])
+def test_saved_tokenizer_loads_with_auto_tokenizer(tmp_path, preset, builtin):
+    from transformers import AutoTokenizer
+
+    cfg = preset_config(preset)
+    save_checkpoint(str(tmp_path), cfg, preset_weights(cfg), tokenizer=builtin)
+    config = json.load(open(tmp_path / "tokenizer_config.json"))
+    assert config["tokenizer_class"] in TRANSFORMERS_4_FAST_CLASSES
+    auto = AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
+    assert auto.encode(SAMPLE) == builtin.encode(SAMPLE)
+    assert auto.decode(builtin.encode(SAMPLE), skip_special_tokens=True) == SAMPLE
+    messages = [{"role": "user", "content": "hey"}]
+    assert auto.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
+        builtin.apply_chat_template(messages)
+
+
 def test_checkpoint_without_tokenizer_files(tmp_path):
     cfg = preset_config("ouro-tiny")
     assert load_tokenizer(str(tmp_path), cfg) is None

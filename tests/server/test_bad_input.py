@@ -2,7 +2,7 @@
 
 Unknown-field policy under test: a field the server does not know is a 400 naming it (the
 OpenAI API does the same); OpenAI fields without an engine feature are accepted only at their
-neutral value.
+neutral value (the fields accepted and ignored: test_field_policy.py).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ COMPLETION_CASES = [
     ("presence penalty", _with(presence_penalty=0.5), "presence_penalty"),
     ("logit bias", _with(logit_bias={"1": 5.0}), "logit_bias"),
     ("suffix", _with(suffix="tail"), "suffix"),
-    ("echo with logprobs", _with(echo=True, logprobs=1), "echo"),
+    ("prompt_logprobs above 20", _with(prompt_logprobs=21), "prompt_logprobs"),
     ("stream_options without stream", _with(stream_options={"include_usage": True}), "stream_options"),
     ("string speculative", _with(speculative="no"), "speculative"),
 ]
@@ -112,6 +112,7 @@ CHAT_CASES = [
     ("tools", dict(CHAT, tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
     ("json mode", dict(CHAT, response_format={"type": "json_object"}), "response_format"),
     ("top_logprobs without logprobs", dict(CHAT, top_logprobs=2), "top_logprobs"),
+    ("streamed prompt_logprobs", dict(CHAT, stream=True, prompt_logprobs=1), "prompt_logprobs"),
     ("huge max_completion_tokens", dict(CHAT, max_completion_tokens=10**9), "max_completion_tokens"),
     ("unknown field", dict(CHAT, temprature=0.5), "temprature"),
 ]

@@ -34,10 +34,12 @@ from .metrics import CONTENT_TYPE
 from .protocol import (
     ApiError, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
     ChatLogprobs, ChatMessageOut, CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
-    DetokenizeRequest, DetokenizeResponse, ErrorResponse, ModelCard, ModelList, TokenizeRequest, TokenizeResponse,
-    TokenLogprobOut, TopLogprob, Usage, param_from_message, sse, template_messages, validation_error,
+    DetokenizeRequest, DetokenizeResponse, ErrorResponse, ModelCard, ModelList, PromptLogprob, PromptLogprobs,
+    TokenizeRequest, TokenizeResponse, TokenLogprobOut, TopLogprob, Usage, param_from_message, sse, template_messages,
+    validation_error,
 )
 from .chat_template import check_chat_template
+from .field_policy import apply_field_policy
 from .json_body import parse_json_body
 from .preparation import Preparer
 from .reasoning import REASONING_PARSERS, THINK_END, THINK_START, ReasoningSplitter, template_mentions_thinking
@@ -283,7 +285,7 @@ class _Serving:
         return self._reasoning_parser
 
     # ---- prompts ---------------------------------------------------------------------------------
-    def prompt(self, prompt: Union[str, list[int]], with_text: bool = False) -> dict:
+    def prompt(self, prompt: Union[str, list[int]], with_text: bool = False, add_special_tokens: bool = True) -> dict:
         """An engine prompt {"prompt_token_ids", "prompt"} with its length checked against the context.
 
         Token-id prompts get their text (decoded) only `with_text` (echo needs it).
@@ -292,7 +294,7 @@ class _Serving:
         if isinstance(prompt, str):
             if not prompt:
                 raise ApiError(400, "prompt must not be empty", "prompt")
-            ids = self._encode(self.tokenizer("a text prompt"), prompt, "prompt")
+            ids = self._encode(self.tokenizer("a text prompt"), prompt, "prompt", add_special_tokens=add_special_tokens)
             item = {"prompt_token_ids": ids, "prompt": prompt}
         else:
             ids = list(prompt)
@@ -344,6 +346,8 @@ class _Serving:
 
     def _validate(self, raw: bytes, model: type[BaseModel]):
         data = parse_json_body(raw, self.config.max_json_depth)
+        if model in (CompletionRequest, ChatCompletionRequest):
+            data = apply_field_policy(data, model.model_fields)
         try:
             return model.model_validate(data)
         except ValidationError as exc:
@@ -399,9 +403,11 @@ class _Serving:
                                 arrival)
 
     def _prepare_completion(self, body: CompletionRequest) -> tuple[list[dict], object]:
-        prompts = [self.prompt(p, with_text=body.echo) for p in body.prompts()]
-        self.check_room(prompts, body.max_tokens, "max_tokens")
-        params = self.sampling_params(lambda: body.sampling_params(body.max_tokens, body.logprobs))
+        prompts = [self.prompt(p, with_text=body.echo, add_special_tokens=body.add_special_tokens)
+                   for p in body.prompts()]
+        self.check_room(prompts, body.engine_max_tokens, "max_tokens")
+        params = self.sampling_params(lambda: body.sampling_params(body.engine_max_tokens, body.logprobs,
+                                                                   prompt_logprobs=body.engine_prompt_logprobs))
         return prompts, self.with_trace_ids(params, body.trace_ids(len(prompts)))
 
     async def chat(self, request: Request) -> Response:
@@ -416,7 +422,7 @@ class _Serving:
         tok = self.tokenizer("chat")
         text = self._render(tok, body.template_messages(), body.add_generation_prompt, body.continue_final_message,
                             body.chat_template_kwargs)
-        prompts = [self.prompt(self._encode(tok, text, "messages", add_special_tokens=False))]
+        prompts = [self.prompt(self._encode(tok, text, "messages", add_special_tokens=body.add_special_tokens))]
         prompts[0]["prompt"] = text
         limit_field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
         self.check_room(prompts, body.output_limit, limit_field)
@@ -570,25 +576,41 @@ class _Format:
         self.created = int(time.time())
         self.model = serving.model_name()
 
+    def shown(self, c: CompletionOutput) -> CompletionOutput:
+        """What the response shows of an engine sample (all of it; echo-only completions drop it)."""
+        return c
+
     def usage(self, outputs: list[RequestOutput]) -> Usage:
         prompt = sum(len(o.prompt_token_ids) for o in outputs)
-        completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+        completion = sum(len(self.shown(c).token_ids) for o in outputs for c in o.outputs)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+    def usage_so_far(self, progress: dict[int, _Progress]) -> Usage:
+        """Usage of the tokens streamed so far (continuous_usage_stats)."""
+        prompt = sum(len(p["prompt_token_ids"]) for p in self.prompts)
+        completion = sum(st.tokens for st in progress.values())
         return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
     async def events(self, stream: GenerationStream) -> AsyncIterator[bytes]:
         progress: dict[int, _Progress] = {}
+        continuous = self.body.continuous_usage
         try:
             for chunk in self.opening():
+                if continuous:
+                    chunk.usage = self.usage_so_far(progress)
                 yield sse(chunk)
             while True:
                 for pi in await stream.changes():
-                    for c in stream.outputs[pi].outputs:
+                    out = stream.outputs[pi]
+                    for c in out.outputs:
                         index = pi * self.body.n + c.index
                         st = progress.get(index)
                         if st is None:
-                            st = progress[index] = self.start(pi)
-                        chunk = self.delta(index, st, c)
+                            st = progress[index] = _Progress()
+                        chunk = self.delta(index, st, self.shown(c), out)
                         if chunk is not None:
+                            if continuous:
+                                chunk.usage = self.usage_so_far(progress)
                             yield sse(chunk)
                 if stream.finished:
                     break
@@ -602,9 +624,6 @@ class _Format:
     def opening(self) -> list:
         return []
 
-    def start(self, prompt_index: int) -> _Progress:
-        return _Progress()
-
     def advance(self, st: _Progress, c: CompletionOutput) -> Optional[tuple[str, int, int, Optional[str]]]:
         """(new text, first new token, end token, finish reason) or None when nothing changed."""
         finish = _finish(c.finish_reason)
@@ -616,26 +635,62 @@ class _Format:
         return text, first, end, finish
 
 
-class _CompletionFormat(_Format):
-    def start(self, prompt_index: int) -> _Progress:
-        st = _Progress()
-        if self.body.echo:
-            st.offset = len(self.prompts[prompt_index]["prompt"] or "")
-        return st
+def _top_by_text(serving: _Serving, entries) -> dict[str, float]:
+    """{token text: logprob} of (token id, logprob) pairs; tokens spelled alike keep the larger value."""
+    top: dict[str, float] = {}
+    for t, v in entries:
+        key = serving.token_str(t)[0]
+        top[key] = max(v, top.get(key, v))
+    return top
 
-    def logprobs(self, c: CompletionOutput, first: int, end: int, st: _Progress) -> Optional[CompletionLogprobs]:
-        if self.body.logprobs is None or c.logprobs is None:
+
+def prompt_logprobs_out(serving: _Serving, out: RequestOutput) -> Optional[PromptLogprobs]:
+    """vLLM's prompt_logprobs: per prompt token null (the first) or {token id: its entry} for the
+    top N and the prompt token itself; ranks of the top N by position."""
+    if out.prompt_logprobs is None:
+        return None
+    entries: PromptLogprobs = []
+    for tid, lp in zip(out.prompt_token_ids, out.prompt_logprobs):
+        if lp is None:
+            entries.append(None)
+            continue
+        ranked = sorted(lp.top.items(), key=lambda kv: (-kv[1], kv[0]))
+        d = {str(t): PromptLogprob(logprob=v, rank=r, decoded_token=serving.token_str(t)[0])
+             for r, (t, v) in enumerate(ranked, 1)}
+        d.setdefault(str(tid), PromptLogprob(logprob=lp.logprob, decoded_token=serving.token_str(tid)[0]))
+        entries.append(d)
+    return entries
+
+
+class _CompletionFormat(_Format):
+    def shown(self, c: CompletionOutput) -> CompletionOutput:
+        if not self.body.echo_only:
+            return c
+        return dataclasses.replace(c, text="", token_ids=[], exit_depths=[], logprobs=None,
+                                   finish_reason=None if c.finish_reason is None else "length")
+
+    def logprobs(self, c: CompletionOutput, first: int, end: int, st: _Progress,
+                 prompt: Optional[RequestOutput] = None) -> Optional[CompletionLogprobs]:
+        """The choice's logprobs for tokens [first, end); with `prompt` (echo) the prompt's tokens first."""
+        if self.body.logprobs is None:
             return None
         out = CompletionLogprobs()
-        for tid, lp in zip(c.token_ids[first:end], c.logprobs[first:end]):
+        if prompt is not None:
+            for tid, lp in zip(prompt.prompt_token_ids, prompt.prompt_logprobs or ()):
+                s, width = self.serving.token_str(tid)
+                out.tokens.append(s)
+                out.token_logprobs.append(None if lp is None else lp.logprob)
+                out.top_logprobs.append(None if lp is None else _top_by_text(self.serving, [*lp.top.items(),
+                                                                                            (tid, lp.logprob)]))
+                out.text_offset.append(st.offset)
+                st.offset += width
+            if self.body.echo_only:
+                return out
+        for tid, lp in zip(c.token_ids[first:end], (c.logprobs or ())[first:end]):
             s, width = self.serving.token_str(tid)
-            top: dict[str, float] = {}
-            for t, v in [*lp.top.items(), (tid, lp.logprob)]:  # tokens spelled alike keep the larger value
-                key = self.serving.token_str(t)[0]
-                top[key] = max(v, top.get(key, v))
             out.tokens.append(s)
             out.token_logprobs.append(lp.logprob)
-            out.top_logprobs.append(top)
+            out.top_logprobs.append(_top_by_text(self.serving, [*lp.top.items(), (tid, lp.logprob)]))
             out.text_offset.append(st.offset)
             st.offset += width
         return out
@@ -643,15 +698,21 @@ class _CompletionFormat(_Format):
     def echo_text(self, prompt_index: int) -> str:
         return (self.prompts[prompt_index]["prompt"] or "") if self.body.echo else ""
 
-    def delta(self, index: int, st: _Progress, c: CompletionOutput) -> Optional[CompletionResponse]:
-        head = self.echo_text(index // self.body.n) if st.tokens == 0 and not st.finished else ""
+    def delta(self, index: int, st: _Progress, c: CompletionOutput, out: RequestOutput) -> Optional[CompletionResponse]:
+        opening = st.tokens == 0 and not st.finished
+        head = self.echo_text(index // self.body.n) if opening else ""
         step = self.advance(st, c)
         if step is None:
             return None
         text, first, end, finish = step
-        choice = CompletionChoice(index=index, text=head + text, logprobs=self.logprobs(c, first, end, st),
+        echoed = out if opening and self.body.echo else None
+        choice = CompletionChoice(index=index, text=head + text, logprobs=self.logprobs(c, first, end, st, echoed),
+                                  prompt_logprobs=self.prompt_logprobs(out) if opening else None,
                                   finish_reason=finish, exit_depths=c.exit_depths[first:end])
         return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=[choice])
+
+    def prompt_logprobs(self, out: RequestOutput) -> Optional[PromptLogprobs]:
+        return prompt_logprobs_out(self.serving, out) if self.body.prompt_logprobs is not None else None
 
     def usage_chunk(self, usage: Usage) -> CompletionResponse:
         return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=[], usage=usage)
@@ -659,12 +720,14 @@ class _CompletionFormat(_Format):
     def response(self, outputs: list[RequestOutput]) -> CompletionResponse:
         choices = []
         for pi, out in enumerate(outputs):
-            for c in out.outputs:
+            for c in map(self.shown, out.outputs):
                 index = pi * self.body.n + c.index
-                st = self.start(pi)
-                choices.append(CompletionChoice(index=index, text=self.echo_text(pi) + c.text,
-                                                logprobs=self.logprobs(c, 0, len(c.token_ids), st),
-                                                finish_reason=_finish(c.finish_reason), exit_depths=c.exit_depths))
+                st = _Progress()
+                choices.append(CompletionChoice(
+                    index=index, text=self.echo_text(pi) + c.text,
+                    logprobs=self.logprobs(c, 0, len(c.token_ids), st, out if self.body.echo else None),
+                    prompt_logprobs=self.prompt_logprobs(out), finish_reason=_finish(c.finish_reason),
+                    exit_depths=c.exit_depths))
         choices.sort(key=lambda ch: ch.index)
         return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices,
                                   usage=self.usage(outputs))
@@ -705,7 +768,7 @@ class _ChatFormat(_Format):
         return [self.chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
                 for i in range(len(self.prompts) * self.body.n)]
 
-    def delta(self, index: int, st: _Progress, c: CompletionOutput) -> Optional[ChatCompletionChunk]:
+    def delta(self, index: int, st: _Progress, c: CompletionOutput, out: RequestOutput) -> Optional[ChatCompletionChunk]:
         step = self.advance(st, c)
         if step is None:
             return None
@@ -736,8 +799,9 @@ class _ChatFormat(_Format):
                               exit_depths=c.exit_depths)
                    for c in outputs[0].outputs]
         choices.sort(key=lambda ch: ch.index)
+        prompt_lps = prompt_logprobs_out(self.serving, outputs[0]) if self.body.prompt_logprobs is not None else None
         return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices,
-                                      usage=self.usage(outputs))
+                                      usage=self.usage(outputs), prompt_logprobs=prompt_lps)
 
 
 # ---- ASGI guard: API key and body size --------------------------------------------------------------

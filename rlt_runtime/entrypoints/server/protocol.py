@@ -2,12 +2,14 @@
 
 Requests are strict: JSON types must match exactly (no "5" for 5, no 1.0 for an integer) and
 fields this server does not know are rejected with 400 naming the field (the OpenAI API does
-the same). OpenAI fields the engine has no use for are accepted only at their neutral value
+the same); the OpenAI and vLLM fields it knows without implementing are listed in
+field_policy.py. OpenAI features the engine lacks are accepted only at their neutral value
 (`presence_penalty: 0`, `logit_bias: {}`, `tools: []`, ...); anything else is a 400 that says
 the feature is not supported. Extra rlt fields: `min_loops`, `max_loops`, `exit_threshold`,
-`speculative`, `priority`, `trace_id`, plus vLLM's `top_k`, `min_p`, `stop_token_ids`, `ignore_eos`
-and, on chat, `add_generation_prompt`, `continue_final_message`, `chat_template_kwargs`. Chat answers
-carry `reasoning_content` when a reasoning parser runs (reasoning.py).
+`speculative`, `priority`, `trace_id`, plus vLLM's `top_k`, `min_p`, `stop_token_ids`, `ignore_eos`,
+`prompt_logprobs`, `skip_special_tokens`, `include_stop_str_in_output`, `add_special_tokens`,
+`stream_options.continuous_usage_stats` and, on chat, `add_generation_prompt`, `continue_final_message`,
+`chat_template_kwargs`. Chat answers carry `reasoning_content` when a reasoning parser runs (reasoning.py).
 Every response choice (and streamed chunk choice) carries rlt's `exit_depths`: the loops each
 token it adds ran, as `CompletionOutput.exit_depths` offline.
 """
@@ -54,6 +56,8 @@ class _Strict(BaseModel):
 class StreamOptions(_Strict):
     include_usage: Optional[bool] = None
     include_obfuscation: Optional[bool] = None  # accepted, no effect (no obfuscation padding is sent)
+    continuous_usage_stats: Optional[bool] = Field(
+        None, description="vLLM: with include_usage, every chunk carries the usage so far")
 
 
 class _SamplingFields(_Strict):
@@ -71,7 +75,11 @@ class _SamplingFields(_Strict):
     ignore_eos: Optional[bool] = False
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
-    user: Optional[str] = None
+    prompt_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS,
+                                           description="vLLM: log-probabilities of the prompt tokens with the top N")
+    skip_special_tokens: Optional[bool] = Field(True, description="vLLM: false keeps special tokens in the text")
+    include_stop_str_in_output: Optional[bool] = Field(
+        False, description="vLLM: true keeps a matched stop string at the end of the text")
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
     repetition_penalty: Optional[float] = None
@@ -85,7 +93,8 @@ class _SamplingFields(_Strict):
     trace_id: Optional[Union[NonEmptyStr, list[NonEmptyStr]]] = Field(
         None, description="rlt: the exit-trace entry each prompt replays or is recorded under (one id per prompt)")
 
-    _NULL_DEFAULTS: ClassVar[dict] = {"n": 1, "ignore_eos": False, "stream": False, "speculative": True, "priority": 0}
+    _NULL_DEFAULTS: ClassVar[dict] = {"n": 1, "ignore_eos": False, "stream": False, "speculative": True, "priority": 0,
+                                      "skip_special_tokens": True, "include_stop_str_in_output": False}
 
     @model_validator(mode="after")
     def _nulls_mean_defaults(self):
@@ -111,8 +120,13 @@ class _SamplingFields(_Strict):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int],
-                        extra_stop_token_ids: tuple = ()) -> SamplingParams:
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage in every streamed chunk (vLLM: include_usage and continuous_usage_stats)."""
+        return self.include_usage and bool(self.stream_options.continuous_usage_stats)
+
+    def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int], extra_stop_token_ids: tuple = (),
+                        prompt_logprobs: Optional[int] = None) -> SamplingParams:
         """The engine's SamplingParams (raises ConfigError naming the field)."""
         stop_ids = list(self.stop_token_ids or ())
         stop_ids += [t for t in extra_stop_token_ids if t not in stop_ids]
@@ -121,7 +135,10 @@ class _SamplingFields(_Strict):
             n=self.n, max_tokens=max_tokens, temperature=1.0 if self.temperature is None else float(self.temperature),
             top_p=1.0 if self.top_p is None else float(self.top_p), top_k=top_k,
             min_p=0.0 if self.min_p is None else float(self.min_p), seed=self.seed, stop=self.stop,
-            stop_token_ids=stop_ids or None, ignore_eos=self.ignore_eos, logprobs=logprobs, min_loops=self.min_loops,
+            stop_token_ids=stop_ids or None, ignore_eos=self.ignore_eos, logprobs=logprobs,
+            prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
+            skip_special_tokens=self.skip_special_tokens, include_stop_str_in_output=self.include_stop_str_in_output,
+            min_loops=self.min_loops,
             max_loops=self.max_loops, exit_threshold=1.0 if self.exit_threshold is None else float(self.exit_threshold),
             priority=self.priority, speculative=self.speculative,
         )
@@ -145,13 +162,16 @@ class CompletionRequest(_SamplingFields):
     """POST /v1/completions."""
 
     prompt: PromptInput = Field(description="a string, a list of strings, a token-id list or a list of token-id lists")
-    max_tokens: Optional[int] = Field(16, ge=1, description="null: up to the end of the context")
-    logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    max_tokens: Optional[int] = Field(16, ge=0, description="null: up to the end of the context; 0 only with echo "
+                                      "(the prompt alone, nothing generated)")
+    logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS, description="with echo, the prompt tokens' too")
     echo: Optional[bool] = False
     best_of: Optional[int] = Field(None, ge=1)
     suffix: Optional[str] = None
+    add_special_tokens: Optional[bool] = Field(True, description="vLLM: add the tokenizer's special tokens (e.g. BOS) "
+                                               "to text prompts")
 
-    _NULL_DEFAULTS: ClassVar[dict] = {**_SamplingFields._NULL_DEFAULTS, "echo": False}
+    _NULL_DEFAULTS: ClassVar[dict] = {**_SamplingFields._NULL_DEFAULTS, "echo": False, "add_special_tokens": True}
 
     def check_neutral(self) -> None:
         super().check_neutral()
@@ -159,9 +179,25 @@ class CompletionRequest(_SamplingFields):
             raise unsupported("best_of", "null or a value equal to n")
         if self.suffix:
             raise unsupported("suffix", "null or an empty string")
-        if self.echo and self.logprobs is not None:
-            raise ApiError(400, "echo with logprobs is not supported (prompt log-probabilities are not computed)",
-                           "echo", "unsupported")
+        if self.max_tokens == 0 and not self.echo:
+            raise ApiError(400, "max_tokens must be at least 1 (0 only with echo, which returns the prompt alone)",
+                           "max_tokens", "invalid_value")
+
+    @property
+    def echo_only(self) -> bool:
+        """echo with max_tokens 0: the prompt (and its log-probabilities) alone."""
+        return bool(self.echo) and self.max_tokens == 0
+
+    @property
+    def engine_max_tokens(self) -> Optional[int]:
+        """The engine's max_tokens: echo-only requests run their prompt and one step, whose token is dropped."""
+        return 1 if self.echo_only else self.max_tokens
+
+    @property
+    def engine_prompt_logprobs(self) -> Optional[int]:
+        """Prompt log-probabilities the engine computes: prompt_logprobs, or logprobs with echo."""
+        counts = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None) if k is not None]
+        return max(counts) if counts else None
 
     def prompts(self) -> list[Union[str, list[int]]]:
         """The prompts as a list of strings and token-id lists."""
@@ -202,7 +238,6 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
-    parallel_tool_calls: Optional[bool] = None
     functions: Optional[list[dict[str, Any]]] = None
     function_call: Optional[Union[str, dict[str, Any]]] = None
     response_format: Optional[dict[str, Any]] = None
@@ -213,9 +248,12 @@ class ChatCompletionRequest(_SamplingFields):
                            "add_generation_prompt)")
     chat_template_kwargs: Optional[dict[str, Any]] = Field(
         None, description="vLLM: extra variables for the chat template (e.g. enable_thinking)")
+    add_special_tokens: Optional[bool] = Field(False, description="vLLM: add the tokenizer's special tokens (e.g. BOS) "
+                                               "to the rendered chat prompt")
 
     _NULL_DEFAULTS: ClassVar[dict] = {**_SamplingFields._NULL_DEFAULTS, "logprobs": False,
-                                      "add_generation_prompt": True, "continue_final_message": False}
+                                      "add_generation_prompt": True, "continue_final_message": False,
+                                      "add_special_tokens": False}
 
     def check_neutral(self) -> None:
         super().check_neutral()
@@ -228,6 +266,9 @@ class ChatCompletionRequest(_SamplingFields):
             raise unsupported("function_call", "null, 'none' or 'auto' without functions")
         if self.response_format not in (None, {"type": "text"}):
             raise unsupported("response_format", "null or {'type': 'text'}")
+        if self.prompt_logprobs is not None and self.stream:
+            raise ApiError(400, "prompt_logprobs is not supported with stream in chat completions", "prompt_logprobs",
+                           "unsupported")
         if self.top_logprobs is not None and not self.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs to be true", "top_logprobs")
         if (self.max_tokens is not None and self.max_completion_tokens is not None
@@ -313,18 +354,32 @@ class Usage(BaseModel):
 
 
 class CompletionLogprobs(BaseModel):
-    """OpenAI completions logprobs: parallel lists, one entry per generated token."""
+    """OpenAI completions logprobs: parallel lists, one entry per token (with echo the prompt's
+    first, whose first token has null log-probabilities: nothing precedes it)."""
 
     tokens: list[str] = []
-    token_logprobs: list[float] = []
-    top_logprobs: list[dict[str, float]] = []
+    token_logprobs: list[Optional[float]] = []
+    top_logprobs: list[Optional[dict[str, float]]] = []
     text_offset: list[int] = []
+
+
+class PromptLogprob(BaseModel):
+    """vLLM's entry of a prompt_logprobs dict; rank (1 = most likely) where known."""
+
+    logprob: float
+    rank: Optional[int] = None
+    decoded_token: Optional[str] = None
+
+
+PromptLogprobs = list[Optional[dict[str, PromptLogprob]]]
 
 
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: Optional[CompletionLogprobs] = None
+    prompt_logprobs: Optional[PromptLogprobs] = Field(
+        None, description="vLLM: per prompt token (null first) its token id -> log-probability and the top N")
     finish_reason: Optional[Literal["stop", "length"]] = None
     exit_depths: list[int] = Field(default_factory=list, description="rlt: loops each token of this choice ran")
 
@@ -374,6 +429,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: Optional[PromptLogprobs] = Field(None, description="vLLM: as in completions choices")
 
 
 class ChatDelta(BaseModel):
