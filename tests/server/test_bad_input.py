@@ -95,7 +95,7 @@ COMPLETION_CASES = [
     ("logit bias token out of vocabulary", _with(logit_bias={"999999": 5.0}), "logit_bias"),
     ("negative min_tokens", _with(min_tokens=-1), "min_tokens"),
     ("min_tokens above max_tokens", _with(min_tokens=9, max_tokens=4), "min_tokens"),
-    ("empty bad word", _with(bad_words=[""]), "bad_words"),
+    ("empty bad word", _with(bad_words=[""]), "bad_words[0]"),
     ("bad word too long", _with(bad_words=["a b c d e f g h i j k l m n o p"]), "bad_words"),
     ("suffix", _with(suffix="tail"), "suffix"),
     ("echo with logprobs", _with(echo=True, logprobs=1), "echo"),
