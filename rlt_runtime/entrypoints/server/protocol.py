@@ -3,7 +3,7 @@
 Requests are strict: JSON types must match exactly (no "5" for 5, no 1.0 for an integer) and
 fields this server does not know are rejected with 400 naming the field (the OpenAI API does
 the same). OpenAI fields the engine has no use for are accepted only at their neutral value
-(`presence_penalty: 0`, `logit_bias: {}`, `tools: []`, ...); anything else is a 400 that says
+(`suffix: ""`, `tools: []`, ...); anything else is a 400 that says
 the feature is not supported. Sampling fields beyond OpenAI's `presence_penalty`,
 `frequency_penalty`, `logit_bias` ({token id string: bias in [-100, 100]}) and `best_of`: vLLM's
 `top_k`, `min_p`, `stop_token_ids`, `ignore_eos`, `repetition_penalty`, `min_tokens`, `bad_words`,
