@@ -25,6 +25,7 @@ class CompletionOutput:
     finish_reason: Optional[str]  # "stop" | "length" | "abort" | None while running
     logprobs: Optional[list[TokenLogprob]] = None
     stop_reason: Optional[object] = None  # the stop string or token id that ended generation
+    cumulative_logprob: Optional[float] = None  # sum of the tokens' raw logprobs (with logprobs or best_of > n)
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
@@ -10,6 +11,11 @@ from .errors import ConfigError
 
 MAX_LOGPROBS = 20
 MAX_INT32 = 2**31 - 1  # top_k travels to the device as int32 (values past the vocabulary mean "off")
+MAX_SAMPLES = 64  # n and best_of
+MAX_LOGIT_BIAS = 300  # logit_bias entries per request (the device keeps a fixed-width list per slot)
+MAX_LOGIT_BIAS_VALUE = 100.0
+MAX_BAD_WORDS = 32  # bad word token sequences per request, after tokenization (with and without a leading space)
+MAX_BAD_WORD_TOKENS = 8  # tokens per bad word
 
 
 def _check(cond: bool, name: str, allowed: str, value) -> None:
@@ -44,6 +50,17 @@ class SamplingParams:
     ``min_loops`` / ``max_loops`` bound the loops a generated token may run (prompts always run
     the full depth); ``exit_threshold`` < 1 enables the exit policy's adaptive exit (1 = fixed).
     ``speculative`` = False opts this request out of speculative decoding.
+
+    Logit processing (vLLM's semantics, applied on the device in this order before temperature
+    and the filters): ``logit_bias`` {token id: bias in [-100, 100]} is added to the logits;
+    until ``min_tokens`` tokens exist, EOS (unless ``ignore_eos``) and ``stop_token_ids`` are
+    banned; ``bad_words`` (strings, tokenized with and without a leading space, or token-id
+    lists) ban a word's last token whenever the output ends with its other tokens; then
+    ``repetition_penalty`` divides positive logits and multiplies negative ones of every token in
+    the prompt or the output, and ``frequency_penalty`` * count + ``presence_penalty`` * (count >
+    0) is subtracted, counting output tokens only. Reported logprobs stay those of the raw model.
+    ``best_of`` > n generates best_of samples and returns the n with the highest cumulative
+    log-probability (raw, of the tokens chosen).
     ``trace_id`` keys this request in exit traces: the entry replayed with exit_mode="trace" and
     the key `record_exit_trace` writes (default: the request id).
     """
@@ -68,11 +85,20 @@ class SamplingParams:
     priority: int = 0
     speculative: bool = True
     trace_id: Optional[str] = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Optional[dict[int, float]] = None
+    min_tokens: int = 0
+    bad_words: Optional[list[Union[str, list[int]]]] = None
+    best_of: Optional[int] = None
     stop_list: list[str] = field(init=False, repr=False, default_factory=list)
     _stop_automaton: Optional[StopAutomaton] = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self):
-        _check(_is_int(self.n) and 1 <= self.n <= 64, "n", "an integer in 1..64", self.n)
+        _check(_is_int(self.n) and 1 <= self.n <= MAX_SAMPLES, "n", f"an integer in 1..{MAX_SAMPLES}", self.n)
+        _check(self.best_of is None or (_is_int(self.best_of) and self.n <= self.best_of <= MAX_SAMPLES), "best_of",
+               f"None or an integer in n..{MAX_SAMPLES} (n = {self.n})", self.best_of)
         _check(self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
                "max_tokens", "a positive integer or None", self.max_tokens)
         _check(_is_number(self.temperature) and 0.0 <= self.temperature <= 100.0, "temperature", "a number in [0, 100]", self.temperature)
@@ -109,8 +135,46 @@ class SamplingParams:
         _check(_is_number(self.exit_threshold) and 0.0 <= self.exit_threshold <= 1.0, "exit_threshold", "a number in [0, 1]", self.exit_threshold)
         _check(_is_int(self.priority), "priority", "an integer", self.priority)
         _check(isinstance(self.speculative, bool), "speculative", "a boolean", self.speculative)
+        self._check_processing()
         _check(self.trace_id is None or (isinstance(self.trace_id, str) and self.trace_id != ""), "trace_id",
                "None or a non-empty string", self.trace_id)
+
+    def _check_processing(self) -> None:
+        finite = lambda x: _is_number(x) and math.isfinite(x)  # noqa: E731
+        _check(finite(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 100.0, "repetition_penalty",
+               "a number in (0, 100] (1 = off)", self.repetition_penalty)
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(finite(value) and -2.0 <= value <= 2.0, name, "a number in [-2, 2] (0 = off)", value)
+        if self.logit_bias is not None:
+            _check(isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS, "logit_bias",
+                   f"None or a dict of at most {MAX_LOGIT_BIAS} entries", self.logit_bias)
+            for token, bias in self.logit_bias.items():
+                _check(_is_int(token) and 0 <= token <= MAX_INT32, "logit_bias", "keyed by non-negative token ids",
+                       token)
+                _check(finite(bias) and abs(bias) <= MAX_LOGIT_BIAS_VALUE, "logit_bias",
+                       f"valued in [-{MAX_LOGIT_BIAS_VALUE:g}, {MAX_LOGIT_BIAS_VALUE:g}]", bias)
+            self.logit_bias = {int(t): float(b) for t, b in self.logit_bias.items()}
+        _check(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", "a non-negative integer", self.min_tokens)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ConfigError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        if self.bad_words is not None:
+            ok = isinstance(self.bad_words, (list, tuple)) and all(
+                (isinstance(w, str) and w.strip()) or (isinstance(w, (list, tuple)) and w and all(_is_int(t) and t >= 0 for t in w))
+                for w in self.bad_words)
+            _check(ok, "bad_words", "a list of non-blank strings or non-empty token-id lists", self.bad_words)
+            self.bad_words = [w if isinstance(w, str) else list(w) for w in self.bad_words]
+
+    @property
+    def num_samples(self) -> int:
+        """Sequences generated: best_of when given, else n."""
+        return self.best_of or self.n
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether any logit processing applies (bias, min_tokens, bad words, penalties)."""
+        return bool(self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty or self.logit_bias
+                    or self.min_tokens or self.bad_words)
 
     def stop_automaton(self) -> StopAutomaton:
         """The matcher automaton of `stop_list`, built on first use and kept: every prompt and

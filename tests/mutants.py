@@ -80,6 +80,27 @@ MUTANTS = (
         "a slot reused within a step sends duplicate block-table writes (undefined order on the GPU)",
     ),
     Mutant(
+        "repetition-penalty-divides-negative-logits", "rlt_runtime/executor/logit_processing.py",
+        "x = torch.where(self.prompt_mask[idx] | seen, torch.where(x > 0, x / rep, x * rep), x)",
+        "x = torch.where(self.prompt_mask[idx] | seen, x / rep, x)",
+        ("tests/runtime/test_logit_processing.py::test_apply_matches_the_reference_per_row",),
+        "the repetition penalty divides negative logits too, raising repeated tokens it should lower",
+    ),
+    Mutant(
+        "min-tokens-one-too-many", "rlt_runtime/executor/logit_processing.py",
+        "early = (out_pos - self.prompt_len[idx]) < self.min_tokens[idx]",
+        "early = (out_pos - self.prompt_len[idx]) <= self.min_tokens[idx]",
+        ("tests/runtime/test_logit_processing.py::test_min_tokens_holds_back_eos_and_stop_ids_exactly",),
+        "min_tokens holds EOS and stop ids back for one token more than asked",
+    ),
+    Mutant(
+        "penalty-counts-lost-on-preemption", "rlt_runtime/executor/logit_processing.py",
+        "o_tok += r.output_token_ids",
+        "o_row = o_row[: len(o_tok)]",
+        ("tests/runtime/test_logit_processing.py::test_preemption_restores_the_counts[0.0-recompute]",),
+        "a preempted request resumes with its output-token counts reset, so its penalties change",
+    ),
+    Mutant(
         "huginn-prompt-noise-per-request", "rlt_runtime/executor/model_runner.py",
         "keys += [self.prompt_key] * in_prompt + [c.request.row_key] * (n - in_prompt)",
         "keys += [c.request.row_key] * n",

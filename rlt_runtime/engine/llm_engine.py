@@ -275,10 +275,12 @@ class LLMEngine:
         now = time.monotonic() if arrival_time is None else arrival_time
         stops = params.stop_automaton()  # built once, shared by the prompts and samples using params
         group = []
-        for i in range(params.n):
+        min_token_stops, bad_word_ids = self._processing_ids(params)
+        for i in range(params.num_samples):
             key = sample_key(params.seed, i) if params.seed is not None else unseeded_key(self.cfg.seed, arrival, i)
             req = Request(
-                request_id=request_id if params.n == 1 else f"{request_id}[{i}]", prompt_token_ids=list(ids), params=params,
+                request_id=request_id if params.num_samples == 1 else f"{request_id}[{i}]", prompt_token_ids=list(ids),
+                params=params, min_token_stops=min_token_stops, bad_word_ids=bad_word_ids,
                 arrival_index=arrival, row_key=key, max_tokens=max_tokens,
                 depth_limit=min(params.max_loops or self.depth, self.depth), min_loops=params.min_loops or 1,
                 group_id=request_id, sample_index=i, prompt=text, trace_depths=trace,
@@ -292,6 +294,45 @@ class LLMEngine:
         self._prompts[request_id] = text
         for req in group:
             self.scheduler.add(req)
+
+    def _processing_ids(self, params: SamplingParams) -> tuple[list[int], list[list[int]]]:
+        """(ids min_tokens holds back, bad words as token-id lists), checked against the vocabulary
+        and the per-slot capacities of logit processing (RequestError naming the field)."""
+        from ..executor.logit_processing import MAX_MIN_TOKEN_STOPS
+        from ..sampling_params import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
+
+        vocab = self.model_config.vocab_size
+        bad = [t for t in (params.logit_bias or {}) if t >= vocab]
+        if bad:
+            raise RequestError(f"logit_bias token ids must be in [0, {vocab}) for this model, got {bad[:5]}")
+        stops = []
+        if params.min_tokens:
+            eos = () if params.ignore_eos else self._eos
+            stops = sorted({t for t in [*eos, *(params.stop_token_ids or ())] if t < vocab})
+            if len(stops) > MAX_MIN_TOKEN_STOPS:
+                raise RequestError(f"min_tokens holds back EOS and stop_token_ids: at most {MAX_MIN_TOKEN_STOPS} ids, "
+                                   f"got {len(stops)}")
+        words: list[list[int]] = []
+        for word in params.bad_words or ():
+            if isinstance(word, str):
+                if self.tokenizer is None:
+                    raise RequestError("bad_words: this checkpoint has no tokenizer; give bad words as token-id lists")
+                variants = [self.tokenizer.encode(text, add_special_tokens=False)
+                            for text in (word.lstrip(), " " + word.lstrip())]
+            else:
+                variants = [list(word)]
+            for ids in variants:
+                if ids and ids not in words:
+                    words.append(ids)
+        for ids in words:
+            if len(ids) > MAX_BAD_WORD_TOKENS:
+                raise RequestError(f"bad_words: each word may hold at most {MAX_BAD_WORD_TOKENS} tokens, got {ids}")
+            if any(t >= vocab for t in ids):
+                raise RequestError(f"bad_words token ids must be in [0, {vocab}) for this model, got {ids}")
+        if len(words) > MAX_BAD_WORDS:
+            raise RequestError(f"bad_words: at most {MAX_BAD_WORDS} token sequences (a string counts with and without "
+                               f"a leading space), got {len(words)}")
+        return stops, words
 
     def _check_stop_limits(self, stops: list[str]) -> None:
         """The request's stop strings within max_stop_strings and max_stop_chars (RequestError)."""
@@ -419,6 +460,8 @@ class LLMEngine:
                 self.policy.observe(req.draft, k, committed)
             for j in range(committed):
                 lp = None
+                if res.logprobs is not None and req.wants_logprobs:
+                    req.cumulative_logprob += float(res.logprobs[i, j])
                 if res.logprobs is not None and req.params.logprobs is not None:
                     n = req.params.logprobs
                     top = {int(t): float(v) for t, v in zip(res.top_ids[i, j][:n], res.top_logprobs[i, j][:n])}
@@ -501,23 +544,31 @@ class LLMEngine:
         trace_id = req.params.trace_id
         if trace_id is None:
             return req.request_id
-        return trace_id if req.params.n == 1 else f"{trace_id}[{req.sample_index}]"
+        return trace_id if req.params.num_samples == 1 else f"{trace_id}[{req.sample_index}]"
 
     def _write_trace(self) -> None:
         with open(self.cfg.record_exit_trace, "w", encoding="utf-8") as f:
             json.dump({"depth": self.depth, "depths_by_request": self._recorded_trace}, f)
 
     def _output(self, group_id: str) -> RequestOutput:
+        """The group's outputs. With best_of > n: nothing until every sample finished, then the n
+        samples with the highest cumulative log-probability (ties: lower sample index), indexed 0..n-1."""
         group = self._groups[group_id]
+        finished = all(r.finished for r in group)
+        params = group[0].params
+        shown = group
+        if params.num_samples > params.n:
+            ranked = sorted(group, key=lambda r: (-r.cumulative_logprob, r.sample_index))
+            shown = ranked[: params.n] if finished else []
         outs = []
-        for req in group:
+        for index, req in enumerate(shown):
             tracker = self._trackers[id(req)]
             outs.append(CompletionOutput(
-                index=req.sample_index, text=tracker.stable_text(req.finished), token_ids=list(req.output_token_ids),
+                index=index, text=tracker.stable_text(req.finished), token_ids=list(req.output_token_ids),
                 exit_depths=list(req.exit_depths), finish_reason=req.finish_reason,
                 logprobs=list(req.logprobs) if req.params.logprobs is not None else None, stop_reason=req.stop_reason,
+                cumulative_logprob=req.cumulative_logprob if req.wants_logprobs else None,
             ))
-        finished = all(r.finished for r in group)
         if finished:
             for req in group:
                 self._trackers.pop(id(req), None)

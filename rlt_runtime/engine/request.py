@@ -56,6 +56,14 @@ class Request:
     swapped: object = None  # CPU copy of the K/V while swapped out (swap preemption)
     prompt_block_hashes: Optional[list[int]] = None  # set by the scheduler on first use
     draft: object = None  # DraftState of a speculative request (its own history decides its draft counts)
+    min_token_stops: list[int] = field(default_factory=list)  # ids banned until min_tokens outputs exist
+    bad_word_ids: list[list[int]] = field(default_factory=list)  # the request's bad words as token ids
+    cumulative_logprob: float = 0.0  # sum of the committed tokens' raw log-probabilities (best_of ranking)
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """Whether steps compute this sequence's log-probabilities (asked for, or ranking best_of)."""
+        return self.params.logprobs is not None or self.params.num_samples > self.params.n
 
     @property
     def num_prompt_tokens(self) -> int:

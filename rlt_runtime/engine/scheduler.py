@@ -239,7 +239,7 @@ class Scheduler:
     def _waits_for_sibling(self, r: Request) -> bool:
         """Whether a running sample of r's request is still computing the prompt's full blocks
         (r takes them from the cache once they are published instead of computing them again)."""
-        if r.swapped is not None or r.params.n == 1 or r.needs_prompt_logprobs:
+        if r.swapped is not None or r.params.num_samples == 1 or r.needs_prompt_logprobs:
             return False
         full = (r.num_prompt_tokens - 1) // self.kv.block_size * self.kv.block_size
         return full > 0 and any(s.group_id == r.group_id and s.num_computed < full for s in self.running)
@@ -288,7 +288,7 @@ class Scheduler:
         """Cache keys of r's shareable blocks: the prompt's full blocks (never its last token). With
         prefix caching off they are salted by the request id, so only its own samples share them;
         a lone sample then shares nothing (empty list)."""
-        if not self.kv.enable_prefix_caching and r.params.n == 1:
+        if not self.kv.enable_prefix_caching and r.params.num_samples == 1:
             return []
         if r.prompt_block_hashes is None:
             salt = self.kv.cache_salt if self.kv.enable_prefix_caching else stable_hash(self.kv.cache_salt, r.group_id)

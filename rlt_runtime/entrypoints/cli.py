@@ -39,9 +39,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--min-loops", type=int, default=None)
     s.add_argument("--max-loops", type=int, default=None)
     s.add_argument("--exit-threshold", type=float, default=1.0)
+    s.add_argument("--repetition-penalty", type=float, default=1.0)
+    s.add_argument("--presence-penalty", type=float, default=0.0)
+    s.add_argument("--frequency-penalty", type=float, default=0.0)
+    s.add_argument("--logit-bias", type=_logit_bias, default=None, help='JSON object {"token id": bias}')
+    s.add_argument("--min-tokens", type=int, default=0)
+    s.add_argument("--bad-words", action="append", default=None, help="a word never generated (repeatable)")
+    s.add_argument("--best-of", type=int, default=None)
     s.add_argument("--profile", action="store_true", help="record a torch.profiler trace (see --profile-dir)")
     add_engine_args(p)
     return p
+
+
+def _logit_bias(text: str) -> dict:
+    """--logit-bias: a JSON object of token id (a decimal string) to bias."""
+    try:
+        bias = json.loads(text)
+        return {int(k): v for k, v in bias.items()}
+    except (json.JSONDecodeError, AttributeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f'expected a JSON object {{"token id": bias}}, got {text!r}') from exc
 
 
 def _read_prompts(args) -> list:
@@ -72,7 +88,9 @@ def main(argv=None) -> int:
             n=args.n, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
             min_p=args.min_p, seed=args.sampling_seed, stop=args.stop, stop_token_ids=args.stop_token_ids,
             ignore_eos=args.ignore_eos, logprobs=args.logprobs, min_loops=args.min_loops, max_loops=args.max_loops,
-            exit_threshold=args.exit_threshold,
+            exit_threshold=args.exit_threshold, repetition_penalty=args.repetition_penalty,
+            presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty, logit_bias=args.logit_bias,
+            min_tokens=args.min_tokens, bad_words=args.bad_words, best_of=args.best_of,
         )
         options = engine_kwargs(args)
         if args.profile:

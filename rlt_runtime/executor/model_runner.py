@@ -25,6 +25,7 @@ from ..engine.exit_policy import (
 )
 from ..engine.scheduler import SchedulerOutput
 from .forward_batch import ForwardBatch, KVCacheTensors
+from .logit_processing import LogitProcessing
 from .staging import StaticStaging, upload_arrays
 
 
@@ -140,6 +141,7 @@ class ModelRunner:
         self.slot_top_k = z(torch.int32)
         self.slot_threshold = z(torch.float32)
         self.slot_min_loops, self.slot_max_loops = z(torch.int32), z(torch.int32)
+        self.logit_proc = LogitProcessing(num_slots, model_config.vocab_size, d)
         self.lookahead_w = (
             lookahead_head(model_config.hidden_size, lookahead_seed, d, dtype) if exit_mode == "random_lookahead" else None
         )
@@ -182,10 +184,10 @@ class ModelRunner:
         static = persistent_tensors(self, self.model) if mode == "compile" else []
         self.graphs = DecodeGraphs(self.decode_program, [self.dec_in["num_rows"]],
                                    [s for s in sizes if s <= self.max_rows], mode=mode, static_tensors=static)
-        self.graphs.capture_all((False, 0))
+        self.graphs.capture_all((False, 0, False))
         self.prefill_graphs = DecodeGraphs(self.prefill_program, [self.pre_in["counts"]], token_sizes, mode=mode,
                                            static_tensors=static)
-        self.prefill_graphs.capture_all((False, 0))
+        self.prefill_graphs.capture_all((False, 0, False))
 
     # ---- swap preemption ----------------------------------------------------------------------
     def _swap(self, sched: SchedulerOutput) -> None:
@@ -251,6 +253,7 @@ class ModelRunner:
             self.slot_max_loops[s] = dev["max_loops"]
             self.slot_token[s] = dev["token"]
             self.slot_pos[s] = dev["pos"]
+        self.logit_proc.admit(admitted)
 
     # ---- a step ------------------------------------------------------------------------------
     def execute(self, sched: SchedulerOutput) -> StepHandle:
@@ -263,8 +266,8 @@ class ModelRunner:
         self._apply_updates(sched)
         num_top = max([r.params.logprobs or 0 for r in sched.decodes]
                       + [c.request.params.logprobs or 0 for c in sched.prefills if c.sample] + [0])
-        want_lp = any(r.params.logprobs is not None for r in sched.decodes) or any(
-            c.sample and c.request.params.logprobs is not None for c in sched.prefills)
+        want_lp = any(r.wants_logprobs for r in sched.decodes) or any(
+            c.sample and c.request.wants_logprobs for c in sched.prefills)
         parts, prompt_part = [], None
         handle.round_k = sched.round_k
         if sched.decodes and sched.round_k > 0:
@@ -272,13 +275,15 @@ class ModelRunner:
             reqs = [sched.decodes[i] for i in order]
             drafts = [sched.num_drafts[i] for i in order]
             traces = [self._trace(r, k + 1) for r, k in zip(reqs, drafts)]
-            parts.append(self.spec.run_round(reqs, drafts, traces, sched.round_k, want_lp, num_top))
+            processed = any(r.params.processes_logits for r in reqs)
+            parts.append(self.spec.run_round(reqs, drafts, traces, sched.round_k, want_lp, num_top, processed))
             handle.rows += [(r, r.generation, "decode", k) for r, k in zip(reqs, drafts)]
         elif sched.decodes:
-            parts.append(self._run_decode(sched, want_lp, num_top))
+            parts.append(self._run_decode(sched, want_lp, num_top, any(r.params.processes_logits for r in sched.decodes)))
             handle.rows += [(r, r.generation, "decode", 0) for r in sched.decodes]
         if sched.prefills:
-            part, prompt_part = self._run_prefill(sched, want_lp, num_top, handle.prompt_rows)
+            processed = any(c.sample and c.request.params.processes_logits for c in sched.prefills)
+            part, prompt_part = self._run_prefill(sched, want_lp, num_top, handle.prompt_rows, processed)
             if part is not None:
                 parts.append(part)
             handle.rows += [(c.request, c.request.generation, "prefill", 0) for c in sched.prefills if c.sample]
@@ -317,13 +322,18 @@ class ModelRunner:
         return host, event
 
     # ---- sampling ----------------------------------------------------------------------------
-    def _sample(self, logits, slots, out_positions, want_lp, num_top, active=None):
+    def _sample(self, logits, slots, out_positions, want_lp, num_top, active, processed: bool):
+        """Sample the rows' next tokens (after logit processing when `processed`, which also counts
+        them); reported log-probabilities are those of the raw logits."""
         ops = self.ops
         idx = slots.long()
+        chosen_from = self.logit_proc.apply(logits, idx, out_positions) if processed else logits
         tokens = ops.sample(
-            logits, self.slot_temperature[idx], self.slot_top_k[idx], self.slot_top_p[idx], self.slot_min_p[idx],
+            chosen_from, self.slot_temperature[idx], self.slot_top_k[idx], self.slot_top_p[idx], self.slot_min_p[idx],
             self.slot_key[idx], out_positions, active_rows=active,
         )
+        if processed:
+            self.logit_proc.commit(idx, tokens[:, None], torch.arange(tokens.shape[0], device=tokens.device) < active)
         res = {"tokens": tokens}
         if want_lp:
             if active is not None:  # rows past the live count hold unwritten token ids
@@ -334,7 +344,7 @@ class ModelRunner:
         return res
 
     # ---- prefill -----------------------------------------------------------------------------
-    def _run_prefill(self, sched: SchedulerOutput, want_lp: bool, num_top: int, prompt_runs: list):
+    def _run_prefill(self, sched: SchedulerOutput, want_lp: bool, num_top: int, prompt_runs: list, processed: bool):
         """Stage the step's prefill chunks (padded to a token bucket when graphs exist) and run them.
 
         Returns (the sampled rows' results or None, the prompt log-probabilities or None); the
@@ -392,18 +402,19 @@ class ModelRunner:
             st.write("prompt_rows", np.asarray(prompt_rows, np.int64))
             st.write("prompt_targets", np.asarray(prompt_targets, np.int64))
         st.upload()
+        variant = (want_lp, num_top, processed)
         res = None
         if self.prefill_graphs is not None and not prompt_rows:  # prompt log-probabilities run eagerly
-            res = self.prefill_graphs.run(n_tok, (want_lp, num_top))
+            res = self.prefill_graphs.run(n_tok, variant)
         if res is None:
-            res = self.prefill_program(size, want_lp, num_top, len(prompt_rows), prompt_top)
+            res = self.prefill_program(size, *variant, len(prompt_rows), prompt_top)
         prompt = {k: res.pop(k) for k in list(res) if k.startswith("prompt_")}
         prompt = {k[len("prompt_"):]: v for k, v in prompt.items()} or None
         if not sample_rows:
             return None, prompt
         return {k: v[: len(sample_rows)] for k, v in res.items()}, prompt
 
-    def prefill_program(self, size: int, want_lp: bool, num_top: int, prompt_rows: int = 0,
+    def prefill_program(self, size: int, want_lp: bool, num_top: int, processed: bool = False, prompt_rows: int = 0,
                         prompt_top: int = 0) -> dict:
         """All loops of `size` staged prefill tokens (full depth, or a recomputed output's recorded
         depth), then the LM head and sampling for chunks that complete a prompt (inputs in `pre_in`),
@@ -435,7 +446,7 @@ class ModelRunner:
             final = self.model.coda(s, batch)
         slots = st["sample_slots"]
         logits = self.model.logits(final.index_select(0, st["sample_rows"]), self.ops, n_samples)
-        res = self._sample(logits, slots, st["sample_pos"], want_lp, num_top, n_samples)
+        res = self._sample(logits, slots, st["sample_pos"], want_lp, num_top, n_samples, processed)
         self.store_next(slots.long(), n_samples, res["tokens"])
         res["depths"] = torch.full((slots.shape[0],), self.depth, dtype=torch.int32, device=self.device)
         if prompt_rows:
@@ -479,7 +490,7 @@ class ModelRunner:
         first = len(r.output_token_ids) + r.inflight_outputs - 1
         return [r.trace_depths[min(first + j, len(r.trace_depths) - 1)] for j in range(n)]
 
-    def _run_decode(self, sched: SchedulerOutput, want_lp: bool, num_top: int):
+    def _run_decode(self, sched: SchedulerOutput, want_lp: bool, num_top: int, processed: bool):
         rows = sched.decodes
         b = len(rows)
         st = self.dec_in
@@ -488,13 +499,14 @@ class ModelRunner:
         st.write("trace", np.asarray(trace, np.int32))
         st.write("num_rows", np.asarray([b], np.int32))
         st.upload()
-        res = self.graphs.run(b, (want_lp, num_top)) if self.graphs is not None else None
+        variant = (want_lp, num_top, processed)
+        res = self.graphs.run(b, variant) if self.graphs is not None else None
         if res is None:  # eager, or a fallback: the same program, padded to the bucket when one exists
             size = (self.graphs.bucket(b) if self.graphs is not None else None) or b
-            res = self.decode_program(size, want_lp, num_top)
+            res = self.decode_program(size, *variant)
         return {k: v[:b] for k, v in res.items()}
 
-    def decode_program(self, b: int, want_lp: bool, num_top: int) -> dict:
+    def decode_program(self, b: int, want_lp: bool, num_top: int, processed: bool = False) -> dict:
         """All loops of `b` decode rows (static inputs in `dec_in`), LM head and sampling.
 
         Each row processes its request's pending token (slot_token) at its position (slot_pos);
@@ -508,7 +520,7 @@ class ModelRunner:
         out = RowResults.empty(b, rs.h, self.device)
         self.run_loops(rs, 0, self.depth, out)
         logits = self.head_logits(out, slots, pos, active)
-        res = self._sample(logits, slots, pos + 1, want_lp, num_top, active)
+        res = self._sample(logits, slots, pos + 1, want_lp, num_top, active, processed)
         self.store_next(idx, active, res["tokens"], pos + 1)
         res["depths"] = out.depth
         return res

@@ -61,7 +61,7 @@ def profile_step_peak(engine, graphs: bool) -> int:
     runner.dec_in.write("num_rows", [rows])
     runner.dec_in.upload()
     prefill_peak = measure(prefill)
-    decode_peak = measure(lambda: runner.decode_program(rows, True, min(MAX_LOGPROBS, mc.vocab_size)))
+    decode_peak = measure(lambda: runner.decode_program(rows, True, min(MAX_LOGPROBS, mc.vocab_size), True))
     runner.kv.block_tables.fill_(-1)
     runner.slot_token.zero_()
     torch.cuda.empty_cache()

@@ -57,10 +57,11 @@ class SpeculativeRunner:
         # never waits on a capture. (Rounds that ask for logprobs capture on first use.)
         for k in range(self.k_max, 0, -1):
             for sampling in (False, True):
-                self.graphs.capture_all((k, sampling, False, 0))
+                self.graphs.capture_all((k, sampling, False, 0, False))
 
     # ---- host side ---------------------------------------------------------------------------
-    def run_round(self, requests, num_drafts: list[int], trace_depths, k: int, want_lp: bool, num_top: int) -> dict:
+    def run_round(self, requests, num_drafts: list[int], trace_depths, k: int, want_lp: bool, num_top: int,
+                  processed: bool = False) -> dict:
         """Stage and launch one round. requests are sorted by num_drafts, descending."""
         n = len(requests)
         bucket = self.graphs.bucket(n) if self.graphs is not None else n
@@ -83,15 +84,20 @@ class SpeculativeRunner:
         inp.write("num_verify", np.asarray([len(vj)], np.int32))
         inp.write("num_rows", np.asarray([n], np.int32))
         inp.upload()
-        variant = (k, sampling, want_lp, num_top)
+        variant = (k, sampling, want_lp, num_top, processed)
         res = self.graphs.run(n, variant) if self.graphs is not None and bucket is not None else None
         if res is None:
             res = self.round_program(rows, *variant)
         return {key: value[:n] for key, value in res.items()}
 
     # ---- the round program -------------------------------------------------------------------
-    def round_program(self, rows: int, k: int, sampling: bool, want_lp: bool, num_top: int) -> dict:
-        """One speculative round over `rows` (bucket) rows with k drafts; inputs in `self.inp`."""
+    def round_program(self, rows: int, k: int, sampling: bool, want_lp: bool, num_top: int,
+                      processed: bool = False) -> dict:
+        """One speculative round over `rows` (bucket) rows with k drafts; inputs in `self.inp`.
+
+        processed: logit processing (`logit_processing.py`) applies to every draft and verify
+        distribution, its counts including the round's earlier drafts; the committed tokens are
+        counted after acceptance. Reported log-probabilities are those of the raw logits."""
         run, inp, ops, dev = self.runner, self.inp, self.runner.ops, self.runner.device
         d, depth = self.d, run.depth
         slots = inp["slots"][:rows]
@@ -130,6 +136,8 @@ class SpeculativeRunner:
             rs.ex.park(park_to, park_ex, ops.scatter_rows)
             if j < k:
                 logits = run.head_logits(out, slots, pos0 + j, count)
+                if processed:  # y_{j+1} follows the committed output and drafts y_1..y_j
+                    logits = run.logit_proc.apply(logits, idx, pos0 + j + 1, drafts[:, 1:], torch.full_like(pos0, j))
                 if q is not None:
                     ops.filtered_probs(logits, temp, top_k, top_p, min_p, out=q[:, j], active_rows=count)
                 drawn = ops.sample(logits, temp, top_k, top_p, min_p, keys, pos0 + j + 1, stream=STREAM_DRAFT,
@@ -155,7 +163,9 @@ class SpeculativeRunner:
             e=park_e.index_select(0, flat) if park_e is not None else None, ex=park_ex.gather(flat), active=active,
         ).permute(torch.argsort((~alive).to(torch.int8), stable=True), alive.sum().to(torch.int32).reshape(1))
         run.run_loops(rs, d, depth, out_v)
-        logits_v = run.head_logits(out_v, v_slots, v_pos, num_verify, cached=False)
+        raw_v = logits_v = run.head_logits(out_v, v_slots, v_pos, num_verify, cached=False)
+        if processed:  # the token after draft vj follows drafts y_1..y_vj of its request
+            logits_v = run.logit_proc.apply(raw_v, v_idx, v_pos + 1, drafts[vr, 1:], vj)
         # Arrange per request: row `rows` is the sink of padded verify rows.
         put_r = torch.where(in_use, vr, torch.full_like(vr, rows))
         target = torch.full((rows + 1, k + 1), -1, dtype=torch.int64, device=dev)
@@ -178,12 +188,14 @@ class SpeculativeRunner:
         accepted = torch.where(live_row, accepted, torch.zeros_like(accepted))  # padded rows: not written
         last = out_tokens.gather(1, accepted.long()[:, None])[:, 0]
         run.store_next(idx, active, last, pos0 + accepted.long() + 1)
+        if processed:
+            run.logit_proc.commit(idx, out_tokens, live_row)
         res = {"tokens": out_tokens, "accepted": accepted, "depths": depths[:rows]}
         if want_lp:
             # Padded verify rows and rows past a request's accepted drafts hold -1 or, past the live
             # row count, unwritten memory: every row passes an in-range id (their results are dropped).
             committed = torch.where(in_use & (out_tokens[vr, vj] >= 0), out_tokens[vr, vj], torch.zeros_like(vr))
-            chosen, top_ids, top_lp = ops.compute_logprobs(logits_v, committed, num_top)
+            chosen, top_ids, top_lp = ops.compute_logprobs(raw_v, committed, num_top)
             lp = torch.zeros((rows + 1, k + 1), dtype=torch.float32, device=dev)
             lp[put_r, vj] = chosen
             ids = torch.zeros((rows + 1, k + 1, num_top), dtype=torch.int64, device=dev)

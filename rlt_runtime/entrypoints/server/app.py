@@ -382,7 +382,7 @@ class _Serving:
     async def admit(self, request: Request, body, num_prompts: int, prepare: Callable, fmt: Callable,
                     arrival: float) -> Response:
         """Reserve the request's slots, run `prepare(body)` -> (prompts, params) on the pool, generate."""
-        sequences = self.count_sequences(num_prompts, body.n)
+        sequences = self.count_sequences(num_prompts, body.num_samples)
         self.reserve(sequences)
         try:
             prompts, params = await self.preparer.run(prepare, body)

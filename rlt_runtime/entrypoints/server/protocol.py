@@ -4,12 +4,14 @@ Requests are strict: JSON types must match exactly (no "5" for 5, no 1.0 for an 
 fields this server does not know are rejected with 400 naming the field (the OpenAI API does
 the same); the OpenAI and vLLM fields it knows without implementing are listed in
 field_policy.py. OpenAI features the engine lacks are accepted only at their neutral value
-(`presence_penalty: 0`, `logit_bias: {}`, `tools: []`, ...); anything else is a 400 that says
-the feature is not supported. Extra rlt fields: `min_loops`, `max_loops`, `exit_threshold`,
-`speculative`, `priority`, `trace_id`, plus vLLM's `top_k`, `min_p`, `stop_token_ids`, `ignore_eos`,
-`prompt_logprobs`, `skip_special_tokens`, `include_stop_str_in_output`, `add_special_tokens`,
-`stream_options.continuous_usage_stats` and, on chat, `add_generation_prompt`, `continue_final_message`,
-`chat_template_kwargs`. Chat answers carry `reasoning_content` when a reasoning parser runs (reasoning.py).
+(`suffix: ""`, `tools: []`, ...); anything else is a 400 that says the feature is not supported.
+Sampling fields beyond OpenAI's `presence_penalty`, `frequency_penalty`, `logit_bias` ({token id
+string: bias in [-100, 100]}) and `best_of`: vLLM's `top_k`, `min_p`, `stop_token_ids`, `ignore_eos`,
+`repetition_penalty`, `min_tokens`, `bad_words`, and rlt's `min_loops`, `max_loops`, `exit_threshold`,
+`speculative`, `priority`, `trace_id`. Other vLLM extensions: `prompt_logprobs`, `skip_special_tokens`,
+`include_stop_str_in_output`, `add_special_tokens`, `stream_options.continuous_usage_stats` and, on chat,
+`add_generation_prompt`, `continue_final_message`, `chat_template_kwargs`. Chat answers carry
+`reasoning_content` when a reasoning parser runs (reasoning.py).
 Every response choice (and streamed chunk choice) carries rlt's `exit_depths`: the loops each
 token it adds ran, as `CompletionOutput.exit_depths` offline.
 """
@@ -21,10 +23,11 @@ from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-from ...sampling_params import MAX_INT32, MAX_LOGPROBS, SamplingParams
+from ...sampling_params import MAX_INT32, MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_SAMPLES, SamplingParams
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 TokenId = Annotated[int, Field(ge=0)]
+Bias = Annotated[float, Field(ge=-MAX_LOGIT_BIAS_VALUE, le=MAX_LOGIT_BIAS_VALUE)]
 
 
 class ApiError(Exception):
@@ -80,10 +83,15 @@ class _SamplingFields(_Strict):
     skip_special_tokens: Optional[bool] = Field(True, description="vLLM: false keeps special tokens in the text")
     include_stop_str_in_output: Optional[bool] = Field(
         False, description="vLLM: true keeps a matched stop string at the end of the text")
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    repetition_penalty: Optional[float] = None
-    logit_bias: Optional[dict[str, float]] = None
+    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0, description="default 0: output tokens only")
+    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0, description="default 0: output tokens only")
+    repetition_penalty: Optional[float] = Field(None, gt=0.0, le=100.0,
+                                                description="vLLM: default 1; prompt and output tokens")
+    logit_bias: Optional[dict[str, Bias]] = Field(None, description="{token id as a string: bias in [-100, 100]}")
+    min_tokens: Optional[int] = Field(None, ge=0, description="vLLM: EOS and stop_token_ids are held back until then")
+    bad_words: Optional[list[NonEmptyStr]] = Field(None, description="vLLM: words that are never generated")
+    best_of: Optional[int] = Field(None, ge=1, le=MAX_SAMPLES,
+                                   description="samples generated; the n with the highest cumulative logprob return")
     min_loops: Optional[int] = Field(None, ge=1, description="rlt: fewest loops a generated token runs")
     max_loops: Optional[int] = Field(None, ge=1, description="rlt: most loops a generated token runs")
     exit_threshold: Optional[float] = Field(None, ge=0.0, le=1.0,
@@ -106,15 +114,18 @@ class _SamplingFields(_Strict):
 
     def check_neutral(self) -> None:
         """Reject OpenAI features the engine does not implement (unless given at their neutral value)."""
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0.0):
-                raise unsupported(name, "0")
-        if self.repetition_penalty not in (None, 1.0):
-            raise unsupported("repetition_penalty", "1")
-        if self.logit_bias:
-            raise unsupported("logit_bias", "null or {}")
+        if self.best_of is not None and self.best_of < self.n:
+            raise ApiError(400, f"best_of ({self.best_of}) must be at least n ({self.n})", "best_of", "invalid_value")
+        if self.best_of is not None and self.best_of > self.n and self.stream:
+            raise ApiError(400, "best_of > n cannot stream (the best samples are known only at the end)", "best_of",
+                           "invalid_value")
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed when stream is true", "stream_options")
+
+    @property
+    def num_samples(self) -> int:
+        """Engine sequences per prompt: best_of when given, else n."""
+        return self.best_of or self.n
 
     @property
     def include_usage(self) -> bool:
@@ -132,6 +143,9 @@ class _SamplingFields(_Strict):
         stop_ids += [t for t in extra_stop_token_ids if t not in stop_ids]
         top_k = self.top_k if self.top_k not in (None, 0) else -1
         return SamplingParams(
+            repetition_penalty=1.0 if self.repetition_penalty is None else float(self.repetition_penalty),
+            presence_penalty=float(self.presence_penalty or 0.0), frequency_penalty=float(self.frequency_penalty or 0.0),
+            logit_bias=self.token_bias(), min_tokens=self.min_tokens or 0, bad_words=self.bad_words,
             n=self.n, max_tokens=max_tokens, temperature=1.0 if self.temperature is None else float(self.temperature),
             top_p=1.0 if self.top_p is None else float(self.top_p), top_k=top_k,
             min_p=0.0 if self.min_p is None else float(self.min_p), seed=self.seed, stop=self.stop,
@@ -140,9 +154,21 @@ class _SamplingFields(_Strict):
             skip_special_tokens=self.skip_special_tokens, include_stop_str_in_output=self.include_stop_str_in_output,
             min_loops=self.min_loops,
             max_loops=self.max_loops, exit_threshold=1.0 if self.exit_threshold is None else float(self.exit_threshold),
-            priority=self.priority, speculative=self.speculative,
+            priority=self.priority, speculative=self.speculative, best_of=self.best_of,
         )
 
+
+    def token_bias(self) -> Optional[dict[int, float]]:
+        """`logit_bias` keyed by integer token ids (400 naming the field for a key that is not one)."""
+        if not self.logit_bias:
+            return None
+        bias = {}
+        for key, value in self.logit_bias.items():
+            if not key.isascii() or not key.isdigit() or len(key) > 10:
+                raise ApiError(400, f"logit_bias keys must be token ids written as decimal strings, got {key!r}",
+                               "logit_bias", "invalid_value")
+            bias[int(key)] = float(value)
+        return bias
 
     def trace_ids(self, num_prompts: int) -> Optional[list[str]]:
         """`trace_id` as one id per prompt (a string counts as a list of one), or None."""
@@ -166,7 +192,6 @@ class CompletionRequest(_SamplingFields):
                                       "(the prompt alone, nothing generated)")
     logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS, description="with echo, the prompt tokens' too")
     echo: Optional[bool] = False
-    best_of: Optional[int] = Field(None, ge=1)
     suffix: Optional[str] = None
     add_special_tokens: Optional[bool] = Field(True, description="vLLM: add the tokenizer's special tokens (e.g. BOS) "
                                                "to text prompts")
@@ -175,8 +200,6 @@ class CompletionRequest(_SamplingFields):
 
     def check_neutral(self) -> None:
         super().check_neutral()
-        if self.best_of is not None and self.best_of != self.n:
-            raise unsupported("best_of", "null or a value equal to n")
         if self.suffix:
             raise unsupported("suffix", "null or an empty string")
         if self.max_tokens == 0 and not self.echo:
