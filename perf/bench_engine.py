@@ -118,6 +118,11 @@ def run(out_dir: str, quick: bool) -> dict:
 
     cfg = preset_config("ouro-1.4b")
     batches = [1, 16] if quick else BATCHES
+    if os.environ.get("RLT_ENGINE_BATCHES"):  # e.g. "1,64,256"
+        batches = [int(b) for b in os.environ["RLT_ENGINE_BATCHES"].split(",")]
+    # RLT_ENGINE_PARTS narrows a run to some of: early_exit, cublas, other (baseline, fixed-depth
+    # decode, kernel breakdown and prefill always run).
+    parts = set(os.environ.get("RLT_ENGINE_PARTS", "early_exit,cublas,other").split(","))
 
     # Plain PyTorch, whole step in one CUDA graph.
     from perf.torch_baseline import TorchOuroDecode
@@ -155,6 +160,8 @@ def run(out_dir: str, quick: bool) -> dict:
     del llm
     _free()
 
+    if "early_exit" not in parts:
+        return _other_parts(res, roof, batches, parts, quick)
     ids = [f"ee{b}-{i}" for b in batches for i in range(b)]
     llm, meta = engine("ouro-1.4b", max_num_seqs=max(batches), exit_mode="trace",
                        exit_trace=uniform_trace(ids + [f"warm-{i}" for i in range(4)], 4, 128))
@@ -167,6 +174,13 @@ def run(out_dir: str, quick: bool) -> dict:
     del llm
     _free()
 
+    return _other_parts(res, roof, batches, parts, quick)
+
+
+def _other_parts(res: dict, roof: dict, batches: list[int], parts: set, quick: bool) -> dict:
+    """The cuBLAS (batch_invariant=False) comparison and the other models at batch 1."""
+    if "cublas" not in parts:
+        return _other_models(res, roof, batches, parts, quick)
     llm, _ = engine("ouro-1.4b", max_num_seqs=max(batches), batch_invariant=False)
     decode_benchmark(llm, 4, 32, 8, prefix="warm")
     for b in (batches[0], batches[-1]):
@@ -177,6 +191,14 @@ def run(out_dir: str, quick: bool) -> dict:
     del llm
     _free()
 
+    return _other_models(res, roof, batches, parts, quick)
+
+
+def _other_models(res: dict, roof: dict, batches: list[int], parts: set, quick: bool) -> dict:
+    from rlt_runtime.models.presets import preset_config
+
+    if "other" not in parts:
+        return res
     for model in (["ouro-2.6b"] if quick else ["ouro-2.6b", "huginn-0125"]):
         mcfg = preset_config(model)
         llm, meta = engine(model, max_num_seqs=1)

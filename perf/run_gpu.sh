@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU suite and every benchmark in one call.
-#   OUT=out bash perf/run_gpu.sh [tests|conformance|kernels|gemm-sweep|attn-sweep|engine|compile|spec|serving ...]
+#   OUT=out bash perf/run_gpu.sh [tests|conformance|kernels|decode-attn|gemm-sweep|attn-sweep|engine|compile|spec|serving ...]
 #   (default: all but the sweeps; `tests` runs the GPU pytest suite and the conformance matrix side by
 #   side on the device, each with its own time limit, PART_TIMEOUT and CONF_TIMEOUT (default 480 s), so
 #   both fit one device call). Narrowing a part: TESTS_K (pytest -k for the GPU tests),
@@ -28,7 +28,7 @@ conformance() {  # Random engine configurations, each case in its own process, b
   grep -E -A1 "^ *(fail|crash|timeout) " "$WORK/conformance.log"; grep "^conformance:" "$WORK/conformance.log"
 }
 trap pack EXIT
-parts=${*:-tests kernels engine compile spec serving}
+parts=${*:-tests kernels decode-attn engine compile spec serving}
 python3 - <<'PY' | tee "$WORK/env.txt"
 import torch, triton, transformers, sys, datetime
 print(datetime.date.today(), torch.cuda.get_device_name(0), "torch", torch.__version__, "triton", triton.__version__,
@@ -58,6 +58,9 @@ for part in $parts; do
              RLT_ATTN_SWEEP=1 timeout "$PART_TIMEOUT" python3 -m pytest perf/test_bench_attention.py -q -s -p no:cacheprovider \
                -k sweep --benchmark-json="$WORK/attn_sweep.json" > "$WORK/attn_sweep.log" 2>&1
              grep -E "^(decode|prefill)|passed|failed|Error" "$WORK/attn_sweep.log" ;;
+    decode-attn)  # Decode attention at engine shapes beside cuDNN/FA2 SDPA and cuDNN's paged SDPA (RLT_DECODE_SWEEP=1: geometry sweep).
+             timeout "$PART_TIMEOUT" python3 -m perf.bench_decode_attention --out "$WORK" ${RLT_DECODE_SWEEP:+--sweep} \
+               > "$WORK/decode_attention.log" 2>&1; tail -n 14 "$WORK/decode_attention.log" ;;
     engine)  timeout "$PART_TIMEOUT" python3 -m perf.bench_engine --out "$WORK" ${QUICK:+--quick} > "$WORK/engine.log" 2>&1
              tail -n 25 "$WORK/engine.log" ;;
     compile) timeout "$PART_TIMEOUT" python3 -m perf.bench_compile --out "$WORK" ${QUICK:+--quick} > "$WORK/compile.log" 2>&1
