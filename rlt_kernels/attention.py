@@ -28,20 +28,30 @@ Loop-depth indirection (LAST_EXITED without copies)
 ``seq_slots`` [S] int32 maps each sequence to its row of block_tables (persistent per-request
 tables); default: sequence s uses row s.
 
-Numerics: fp32 scores and softmax, keys visited in tiles of 64 from position 0 upward with an
-online softmax, so a query's result is identical however many queries share its program.
-Long contexts are split into fixed-size key ranges (``split_size``, never derived from the
-batch) merged in a fixed order, so splitting never changes a result.
+Two arithmetics, picked per query row by position: rows at or past ``decode_from`` (None: no
+row; an int; or int32 [S], the sequence's first generated position) are *generated tokens* and
+run the decode kernel, the others the tile kernel. ``decode_from=0`` is a decode launch (only
+the decode kernel runs). Each arithmetic gives a row the same bits however many rows share the
+launch, whatever their kinds; the two give slightly different bits for the same row, so a
+runtime keeps each token on one of them (rlt: prompt tokens on the tile kernel, generated tokens
+on the decode kernel, in decode, verification and recomputation alike).
 
-The Triton kernel (`paged_attention`)
+Numerics: fp32 scores and softmax, keys visited from position 0 upward with an online softmax:
+in 64-key tiles by the tile kernel, in tiles of ``DECODE_LANE_ELEMENTS / GP`` keys whose lanes keep
+separate softmax states (folded at the end of each key range) by the decode kernel. Long contexts
+are split into fixed-size key ranges (``split_size``, never derived from the batch) merged in a
+fixed order, so splitting never changes a result.
+
+The Triton kernels (`paged_attention`)
     Inputs bf16/fp16/fp32 (q, caches and out share a contiguous last dimension; other strides
     are free; k_cache and v_cache share one layout), head_dim up to 256 (non powers of two,
     e.g. Huginn's 96, are padded with masks), any block size (16..256 typical; a 64-key tile
     may span several pages), int64 address arithmetic. ``query_depth`` values must be >= 0.
-    A program owns one KV head and a tile of ``BLOCK_M`` rows: ``BLOCK_M // GP`` consecutive
+    A tile-kernel program owns one KV head and a tile of ``BLOCK_M`` rows: ``BLOCK_M // GP`` consecutive
     queries of one sequence times the ``GP`` (group size rounded up to a power of two) query
     heads that share the KV head. The tile shape depends only on the group size and head_dim,
-    so decode, verify and prefill rows run the same instructions. Every key range of
+    so verify and prefill rows run the same instructions. The decode kernel's program owns one
+    query token and one KV head (its GP query heads) and runs without tensor cores. Every key range of
     ``split_size`` keys starts a fresh (max, sum, acc) state, and the ranges are merged in
     order 0, 1, 2, ...; with few programs (small decode batches at long context) the ranges
     run in parallel programs that write fp32 partials to ``workspace`` and a combine kernel
@@ -262,6 +272,25 @@ def _tile_keys(own_plane_table, table, key_depth_ptr, start, range_end, offs_n, 
     return blk_own, kd
 
 
+@triton.jit
+def _sequence_planes(seq, kvh, tables_ptr, slots_ptr, qdepth_ptr, k_ptr, v_ptr, qdepth_value, plane_offset,
+                     plane_modulus, stride_ts, stride_tp, stride_ch, HAS_SLOTS: tl.constexpr,
+                     QDEPTH_TENSOR: tl.constexpr):
+    """Sequence `seq`'s block tables (plane 0), its query loop, the table of the plane that loop
+    reads, and KV head `kvh`'s K and V bases."""
+    if HAS_SLOTS:
+        slot = tl.load(slots_ptr + seq)
+    else:
+        slot = seq
+    table = tables_ptr + slot.to(tl.int64) * stride_ts
+    if QDEPTH_TENSOR:
+        qd = tl.load(qdepth_ptr + seq)
+    else:
+        qd = qdepth_value + seq * 0
+    own_plane_table = table + (plane_offset + qd % plane_modulus).to(tl.int64) * stride_tp
+    return table, qd, own_plane_table, k_ptr + kvh.to(tl.int64) * stride_ch, v_ptr + kvh.to(tl.int64) * stride_ch
+
+
 @triton.jit(do_not_specialize=["partial"])
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, ws_ptr,
@@ -300,18 +329,9 @@ def _paged_attention_kernel(
     q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=io_mask, other=0.0)
 
-    if HAS_SLOTS:
-        slot = tl.load(slots_ptr + seq)
-    else:
-        slot = seq
-    table = tables_ptr + slot.to(tl.int64) * stride_ts
-    if QDEPTH_TENSOR:
-        qd = tl.load(qdepth_ptr + seq)
-    else:
-        qd = qdepth_value + seq * 0
-    own_plane_table = table + (plane_offset + qd % plane_modulus).to(tl.int64) * stride_tp
-    k_head = k_ptr + kvh.to(tl.int64) * stride_ch
-    v_head = v_ptr + kvh.to(tl.int64) * stride_ch
+    table, qd, own_plane_table, k_head, v_head = _sequence_planes(
+        seq, kvh, tables_ptr, slots_ptr, qdepth_ptr, k_ptr, v_ptr, qdepth_value, plane_offset, plane_modulus,
+        stride_ts, stride_tp, stride_ch, HAS_SLOTS, QDEPTH_TENSOR)
 
     m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_run = tl.zeros([BLOCK_M], tl.float32)
@@ -509,18 +529,9 @@ def _decode_attention_kernel(
     q = tl.load(q_ptr + token * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=io_mask, other=0.0)
     q = (q.to(tl.float32) * qk_scale)[:, None, :]  # [GP, 1, DP]
 
-    if HAS_SLOTS:
-        slot = tl.load(slots_ptr + seq)
-    else:
-        slot = seq
-    table = tables_ptr + slot.to(tl.int64) * stride_ts
-    if QDEPTH_TENSOR:
-        qd = tl.load(qdepth_ptr + seq)
-    else:
-        qd = qdepth_value + seq * 0
-    own_plane_table = table + (plane_offset + qd % plane_modulus).to(tl.int64) * stride_tp
-    k_head = k_ptr + kvh.to(tl.int64) * stride_ch
-    v_head = v_ptr + kvh.to(tl.int64) * stride_ch
+    table, qd, own_plane_table, k_head, v_head = _sequence_planes(
+        seq, kvh, tables_ptr, slots_ptr, qdepth_ptr, k_ptr, v_ptr, qdepth_value, plane_offset, plane_modulus,
+        stride_ts, stride_tp, stride_ch, HAS_SLOTS, QDEPTH_TENSOR)
 
     m_run = tl.full([GP], float("-inf"), tl.float32)
     l_run = tl.zeros([GP], tl.float32)
@@ -617,14 +628,13 @@ def _decode_combine_kernel(
 # Launch configuration: fixed by the group size, head_dim and dtype; never by the batch.
 # ---------------------------------------------------------------------------------------------
 
-# A tile has 64 rows (the smallest Hopper wgmma tile): MHA decode wastes 63 of them, but at 64
-# rows x 64 keys the tile does ~64 FLOP per KV byte, several times below the H200's
-# FLOP/byte balance, so decode stays bandwidth bound while prefill and verify get full tiles.
+# A tile has 64 rows (the smallest Hopper wgmma tile): prompt rows of a chunk fill it (MHA decode,
+# which would use 1 of 64 rows, runs the decode kernel instead).
 MIN_TILE_ROWS = 64
-# Launches with at most this many query tokens per sequence on average (decode, speculative
-# verification) skip the key loop's software pipeline: its shared-memory stages cap the CTAs per
-# SM of a kernel whose tiles hold a few useful rows (H200, Ouro decode at ~192 keys: -12% at 256
-# sequences, -12% at 1; a 2K prefill is 16% slower without it).
+# Tile launches with at most this many query tokens per sequence on average (small prefill chunks)
+# skip the key loop's software pipeline: its shared-memory stages cap the CTAs per SM of a kernel
+# whose tiles hold a few useful rows (H200, measured when decode still ran this kernel: -12% at
+# 256 one-query sequences; a 2K prefill is 16% slower without it).
 FEW_QUERIES_PER_SEQ = 8
 # Split the keys only when the unsplit launch has fewer tile programs than this many per SM.
 SPLIT_BELOW_PROGRAMS_PER_SM = 2

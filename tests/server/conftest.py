@@ -145,6 +145,25 @@ def server():
         yield live
 
 
+# Offline engines built like the shared server's (fp32 on the CPU), for comparing HTTP with LLM.
+OFFLINE = dict(dtype="float32", device="cpu", max_num_seqs=4, num_blocks=256, max_model_len=128)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The official openai client pointed at the shared server."""
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def offline():
+    """An offline LLM of the shared server's model and settings."""
+    from rlt_runtime import LLM
+
+    return LLM(MODEL, **OFFLINE)
+
+
 @pytest.fixture
 def submitted_params(server, monkeypatch) -> list:
     """The SamplingParams of every submission the shared server's worker receives in the test."""

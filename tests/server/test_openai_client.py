@@ -22,11 +22,6 @@ MODEL = "ouro-tiny"
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
 def _metric(server, name: str) -> float:
     text = httpx.get(server.url + "/metrics").text
     m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)

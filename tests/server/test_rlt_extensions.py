@@ -6,27 +6,16 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from rlt_runtime import LLM, SamplingParams
+from rlt_runtime import SamplingParams
 
 openai = pytest.importorskip("openai")
 
 MODEL = "ouro-tiny"
-OFFLINE = dict(dtype="float32", device="cpu", max_num_seqs=4, num_blocks=256, max_model_len=128)  # server: fp32 CPU too
 
 DEPTH = 4  # ouro-tiny
 LOOPY = dict(temperature=0.8, seed=11, max_tokens=8)  # sampled, seeded: batch-independent on both sides
 EXTRA = {"ignore_eos": True, "exit_threshold": 0.5}
 TRACE = {"a": [4, 1, 3, 2, 4, 1], "b": [4, 2, 2, 1, 3, 3]}
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def offline():
-    return LLM(MODEL, **OFFLINE)
 
 
 def _offline(llm, prompt, n=1) -> list:

@@ -7,23 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from rlt_runtime import LLM, SamplingParams
+from rlt_runtime import SamplingParams
 
 openai = pytest.importorskip("openai")
 
 MODEL = "ouro-tiny"
-OFFLINE = dict(dtype="float32", device="cpu", max_num_seqs=4, num_blocks=256, max_model_len=128)
 PROMPT = "Hello there, hello there"
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def offline():
-    return LLM(MODEL, **OFFLINE)
 
 
 def _offline(llm, prompt, **kw):
