@@ -34,7 +34,9 @@ setup(
             "uvicorn>=0.29",
             "pydantic>=2.6",
             "prometheus-client>=0.20",
+            "xgrammar>=0.1.21",  # the structured-output tests
         ],
+        "structured": ["xgrammar>=0.1.21"],  # guided decoding: SamplingParams(guided=...), response_format
         "serve": [
             "fastapi>=0.110",
             "uvicorn>=0.29",

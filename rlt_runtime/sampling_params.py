@@ -8,6 +8,7 @@ from typing import Optional, Union
 
 from .engine.stop_matcher import StopAutomaton
 from .errors import ConfigError
+from .guided_decoding import GuidedDecoding
 
 MAX_LOGPROBS = 20
 MAX_INT32 = 2**31 - 1  # top_k travels to the device as int32 (values past the vocabulary mean "off")
@@ -61,6 +62,12 @@ class SamplingParams:
     0) is subtracted, counting output tokens only. Reported logprobs stay those of the raw model.
     ``best_of`` > n generates best_of samples and returns the n with the highest cumulative
     log-probability (raw, of the tokens chosen).
+    ``guided`` constrains the output to a JSON schema, any JSON object, a regex, one of a list of
+    strings, an EBNF grammar or a structural tag (a `GuidedDecoding`, or a dict of its fields such
+    as ``{"json": schema}``, ``{"regex": "[0-9]+"}``, ``{"choice": ["yes", "no"]}``; needs the
+    `xgrammar` package): tokens the grammar cannot take next are masked on the device before
+    sampling, EOS is allowed exactly when the grammar can end, and generation stops when it has
+    ended. Guided requests do not draft in speculative rounds.
     ``trace_id`` keys this request in exit traces: the entry replayed with exit_mode="trace" and
     the key `record_exit_trace` writes (default: the request id).
     """
@@ -92,6 +99,7 @@ class SamplingParams:
     min_tokens: int = 0
     bad_words: Optional[list[Union[str, list[int]]]] = None
     best_of: Optional[int] = None
+    guided: Optional[Union[GuidedDecoding, dict]] = None
     stop_list: list[str] = field(init=False, repr=False, default_factory=list)
     _stop_automaton: Optional[StopAutomaton] = field(init=False, repr=False, compare=False, default=None)
 
@@ -136,6 +144,8 @@ class SamplingParams:
         _check(_is_int(self.priority), "priority", "an integer", self.priority)
         _check(isinstance(self.speculative, bool), "speculative", "a boolean", self.speculative)
         self._check_processing()
+        if self.guided is not None:
+            self.guided = GuidedDecoding.from_value(self.guided)
         _check(self.trace_id is None or (isinstance(self.trace_id, str) and self.trace_id != ""), "trace_id",
                "None or a non-empty string", self.trace_id)
 

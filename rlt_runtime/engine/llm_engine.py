@@ -175,6 +175,7 @@ class LLMEngine:
         self._prompts: dict[str, Optional[str]] = {}
         self._arrivals = itertools.count()
         self._pending: Optional[StepHandle] = None
+        self._grammars = None  # GrammarBackend, built with the first guided request
         self._wait_s = 0.0
         self._last_device_ms: Optional[float] = None
         self._recorded_trace: dict[str, list[int]] = {}
@@ -274,6 +275,8 @@ class LLMEngine:
         arrival = next(self._arrivals)
         now = time.monotonic() if arrival_time is None else arrival_time
         stops = params.stop_automaton()  # built once, shared by the prompts and samples using params
+        grammar = self._compile_guided(params) if params.guided is not None else None
+        grammar_stops = list(dict.fromkeys([*self._eos, *(params.stop_token_ids or ())]))  # the grammar ends on these
         group = []
         min_token_stops, bad_word_ids = self._processing_ids(params)
         for i in range(params.num_samples):
@@ -284,7 +287,9 @@ class LLMEngine:
                 arrival_index=arrival, row_key=key, max_tokens=max_tokens,
                 depth_limit=min(params.max_loops or self.depth, self.depth), min_loops=params.min_loops or 1,
                 group_id=request_id, sample_index=i, prompt=text, trace_depths=trace,
-                draft=self.policy.new_state(max_tokens) if self.policy is not None and params.speculative else None,
+                draft=(self.policy.new_state(max_tokens) if self.policy is not None and params.speculative and grammar is None
+                       else None),
+                matcher=self._grammars.matcher(grammar, grammar_stops) if grammar is not None else None,
             )
             req.metrics = RequestMetrics(arrival_time=now, num_prompt_tokens=len(ids))
             self._trackers[id(req)] = TextTracker(self.tokenizer, stops, list(ids), params.skip_special_tokens,
@@ -294,6 +299,32 @@ class LLMEngine:
         self._prompts[request_id] = text
         for req in group:
             self.scheduler.add(req)
+
+    def _compile_guided(self, params: SamplingParams):
+        """The compiled grammar of params.guided (RequestError naming its field when it does not compile)."""
+        if self.tokenizer is None:
+            raise RequestError(f"{params.guided.origin}: this checkpoint has no tokenizer, which guided decoding needs")
+        if self._grammars is None:
+            from .grammar import GrammarBackend
+
+            try:
+                self._grammars = GrammarBackend(self.tokenizer, self.model_config.vocab_size, self._eos)
+            except ConfigError as exc:
+                raise RequestError(f"{params.guided.origin}: {exc}") from None
+        return self._grammars.compile(params.guided)
+
+    def _fill_masks(self, sched) -> bool:
+        """Write the next-token bitmasks of the step's guided rows (decode rows and prefill chunks
+        that sample) into `sched`, from their matchers' committed state. Returns whether any."""
+        rows = [r for r in sched.decodes if r.matcher is not None]
+        rows += [c.request for c in sched.prefills if c.sample and c.request.matcher is not None]
+        if not rows:
+            return False
+        masks = self._grammars.new_bitmask(len(rows))
+        for i, r in enumerate(rows):
+            self._grammars.fill(r.matcher, masks, i)
+        sched.guided_slots, sched.guided_masks = [r.slot for r in rows], masks
+        return True
 
     def _processing_ids(self, params: SamplingParams) -> tuple[list[int], list[list[int]]]:
         """(ids min_tokens holds back, bad words as token-id lists), checked against the vocabulary
@@ -405,14 +436,22 @@ class LLMEngine:
         t0 = time.perf_counter()
         self._wait_s = 0.0
         self._profile_tick()
+        touched: dict[str, None] = {}
+        if self._pending is not None and self._pending.guided:
+            # A guided row's next mask needs the token the pending step commits: learn it first
+            # (this step loses its overlap with the previous one).
+            previous, self._pending = self._pending, None
+            self._process(previous, touched)
         sched = self.scheduler.schedule()
         now = time.monotonic()
         for r in sched.admitted:
             if r.metrics.first_scheduled_time is None:
                 r.metrics.first_scheduled_time = now
+        guided = self._fill_masks(sched)
         handle = self.runner.execute(sched) if not sched.is_empty else None
+        if handle is not None:
+            handle.guided = guided
         self.num_steps += 1
-        touched: dict[str, None] = {}
         if self.async_scheduling:
             previous, self._pending = self._pending, handle
             if previous is not None:
@@ -515,6 +554,14 @@ class LLMEngine:
             m.first_token_time = time.monotonic()
         tracker = self._trackers[id(req)]
         p = req.params
+        if req.matcher is not None:
+            if not req.matcher.accept_token(token):
+                logger.error("%s: token %d is not allowed by its grammar; the request is aborted", req.request_id, token)
+                self._finish(req, "abort", None)
+                return
+            if req.matcher.is_terminated():  # the grammar ended with EOS
+                self._finish(req, "stop", token)
+                return
         eos = () if p.ignore_eos else self._eos
         if token in (p.stop_token_ids or ()) or token in eos:
             self._finish(req, "stop", token)

@@ -59,6 +59,12 @@ class Request:
     min_token_stops: list[int] = field(default_factory=list)  # ids banned until min_tokens outputs exist
     bad_word_ids: list[list[int]] = field(default_factory=list)  # the request's bad words as token ids
     cumulative_logprob: float = 0.0  # sum of the committed tokens' raw log-probabilities (best_of ranking)
+    matcher: object = None  # xgrammar GrammarMatcher of a guided request (advanced by committed tokens only)
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether steps process this sequence's logits (logit processing or a guided-decoding mask)."""
+        return self.params.processes_logits or self.matcher is not None
 
     @property
     def wants_logprobs(self) -> bool:

@@ -57,6 +57,8 @@ class SchedulerOutput:
     block_updates: list[tuple[int, int, int, int]] = field(default_factory=list)
     swap_out: list = field(default_factory=list)  # (request, its per-logical-block plane tuples) to copy to CPU
     swap_in: list = field(default_factory=list)  # (request, new plane tuples) to copy back from CPU
+    guided_slots: list[int] = field(default_factory=list)  # slots of the step's guided rows (set by the engine)
+    guided_masks: object = None  # their next-token bitmasks, int32 [len(guided_slots), ceil(vocab / 32)] (CPU)
 
     @property
     def num_tokens(self) -> int:

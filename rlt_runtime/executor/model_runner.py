@@ -27,6 +27,7 @@ from ..engine.scheduler import SchedulerOutput
 from .forward_batch import ForwardBatch, KVCacheTensors
 from .logit_processing import LogitProcessing
 from .staging import StaticStaging, upload_arrays
+from .token_mask import TokenMask
 
 
 @dataclass
@@ -86,6 +87,7 @@ class StepHandle:
 
     rows: list = field(default_factory=list)  # (request, generation, kind, drafts) per result row
     round_k: int = 0
+    guided: bool = False  # carries a guided row (the host needs its token before the row's next mask)
     prefills: list = field(default_factory=list)  # (request, generation, chunk) per prefill chunk
     # (request, generation, first prompt index, count) per run of prompt log-probability rows, in row order
     prompt_rows: list = field(default_factory=list)
@@ -142,6 +144,7 @@ class ModelRunner:
         self.slot_threshold = z(torch.float32)
         self.slot_min_loops, self.slot_max_loops = z(torch.int32), z(torch.int32)
         self.logit_proc = LogitProcessing(num_slots, model_config.vocab_size, d)
+        self.token_mask = TokenMask(num_slots, model_config.vocab_size, d)
         self.lookahead_w = (
             lookahead_head(model_config.hidden_size, lookahead_seed, d, dtype) if exit_mode == "random_lookahead" else None
         )
@@ -218,6 +221,7 @@ class ModelRunner:
 
     # ---- persistent state updates ------------------------------------------------------------
     def _apply_updates(self, sched: SchedulerOutput) -> None:
+        self.token_mask.write([r.slot for r in sched.admitted], sched.guided_slots, sched.guided_masks)
         arrays = {}
         if sched.block_updates:
             arrays["bt"] = np.asarray(sched.block_updates, dtype=np.int64).reshape(-1)
@@ -275,14 +279,14 @@ class ModelRunner:
             reqs = [sched.decodes[i] for i in order]
             drafts = [sched.num_drafts[i] for i in order]
             traces = [self._trace(r, k + 1) for r, k in zip(reqs, drafts)]
-            processed = any(r.params.processes_logits for r in reqs)
+            processed = any(r.processes_logits for r in reqs)
             parts.append(self.spec.run_round(reqs, drafts, traces, sched.round_k, want_lp, num_top, processed))
             handle.rows += [(r, r.generation, "decode", k) for r, k in zip(reqs, drafts)]
         elif sched.decodes:
-            parts.append(self._run_decode(sched, want_lp, num_top, any(r.params.processes_logits for r in sched.decodes)))
+            parts.append(self._run_decode(sched, want_lp, num_top, any(r.processes_logits for r in sched.decodes)))
             handle.rows += [(r, r.generation, "decode", 0) for r in sched.decodes]
         if sched.prefills:
-            processed = any(c.sample and c.request.params.processes_logits for c in sched.prefills)
+            processed = any(c.sample and c.request.processes_logits for c in sched.prefills)
             part, prompt_part = self._run_prefill(sched, want_lp, num_top, handle.prompt_rows, processed)
             if part is not None:
                 parts.append(part)
@@ -323,11 +327,13 @@ class ModelRunner:
 
     # ---- sampling ----------------------------------------------------------------------------
     def _sample(self, logits, slots, out_positions, want_lp, num_top, active, processed: bool):
-        """Sample the rows' next tokens (after logit processing when `processed`, which also counts
-        them); reported log-probabilities are those of the raw logits."""
+        """Sample the rows' next tokens (after logit processing and the guided-decoding masks when
+        `processed`, which also counts them); reported log-probabilities are those of the raw logits."""
         ops = self.ops
         idx = slots.long()
-        chosen_from = self.logit_proc.apply(logits, idx, out_positions) if processed else logits
+        chosen_from = logits
+        if processed:
+            chosen_from = self.token_mask.apply(self.logit_proc.apply(logits, idx, out_positions), idx)
         tokens = ops.sample(
             chosen_from, self.slot_temperature[idx], self.slot_top_k[idx], self.slot_top_p[idx], self.slot_min_p[idx],
             self.slot_key[idx], out_positions, active_rows=active,

@@ -97,7 +97,9 @@ class SpeculativeRunner:
 
         processed: logit processing (`logit_processing.py`) applies to every draft and verify
         distribution, its counts including the round's earlier drafts; the committed tokens are
-        counted after acceptance. Reported log-probabilities are those of the raw logits."""
+        counted after acceptance. The guided-decoding masks (`token_mask.py`) apply after it: a
+        guided row drafts nothing, so its mask (for the token after its committed output) is
+        right for its one verify row. Reported log-probabilities are those of the raw logits."""
         run, inp, ops, dev = self.runner, self.inp, self.runner.ops, self.runner.device
         d, depth = self.d, run.depth
         slots = inp["slots"][:rows]
@@ -138,6 +140,7 @@ class SpeculativeRunner:
                 logits = run.head_logits(out, slots, pos0 + j, count)
                 if processed:  # y_{j+1} follows the committed output and drafts y_1..y_j
                     logits = run.logit_proc.apply(logits, idx, pos0 + j + 1, drafts[:, 1:], torch.full_like(pos0, j))
+                    logits = run.token_mask.apply(logits, idx)  # guided rows draft nothing: only their y_1 counts
                 if q is not None:
                     ops.filtered_probs(logits, temp, top_k, top_p, min_p, out=q[:, j], active_rows=count)
                 drawn = ops.sample(logits, temp, top_k, top_p, min_p, keys, pos0 + j + 1, stream=STREAM_DRAFT,
@@ -165,7 +168,7 @@ class SpeculativeRunner:
         run.run_loops(rs, d, depth, out_v)
         raw_v = logits_v = run.head_logits(out_v, v_slots, v_pos, num_verify, cached=False)
         if processed:  # the token after draft vj follows drafts y_1..y_vj of its request
-            logits_v = run.logit_proc.apply(raw_v, v_idx, v_pos + 1, drafts[vr, 1:], vj)
+            logits_v = run.token_mask.apply(run.logit_proc.apply(raw_v, v_idx, v_pos + 1, drafts[vr, 1:], vj), v_idx)
         # Arrange per request: row `rows` is the sink of padded verify rows.
         put_r = torch.where(in_use, vr, torch.full_like(vr, rows))
         target = torch.full((rows + 1, k + 1), -1, dtype=torch.int64, device=dev)

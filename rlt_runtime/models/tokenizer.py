@@ -56,6 +56,11 @@ class Tokenizer:
         self._config = config
 
     @property
+    def hf_tokenizer(self):
+        """The wrapped `transformers` tokenizer (for libraries that read one, e.g. xgrammar)."""
+        return self._hf
+
+    @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 

@@ -120,7 +120,7 @@ CHAT_CASES = [
      "messages[0].content[0].type"),
     ("tool message", dict(CHAT, messages=[{"role": "tool", "content": "x", "tool_call_id": "1"}]), "messages[0]"),
     ("tools", dict(CHAT, tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
-    ("json mode", dict(CHAT, response_format={"type": "json_object"}), "response_format"),
+    ("unknown response_format", dict(CHAT, response_format={"type": "yaml"}), "response_format"),
     ("top_logprobs without logprobs", dict(CHAT, top_logprobs=2), "top_logprobs"),
     ("streamed prompt_logprobs", dict(CHAT, stream=True, prompt_logprobs=1), "prompt_logprobs"),
     ("huge max_completion_tokens", dict(CHAT, max_completion_tokens=10**9), "max_completion_tokens"),

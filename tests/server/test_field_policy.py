@@ -69,7 +69,7 @@ def test_unknown_names_are_rejected_by_name(server, path, body, name):
 
 @pytest.mark.parametrize("name,neutral,other", [
     ("min_tokens", 0, 3), ("add_generation_prompt", True, False), ("chat_template_kwargs", {}, {"x": 1}),
-    ("use_beam_search", False, True), ("guided_json", None, {"type": "object"}), ("length_penalty", 1.0, 2.0),
+    ("use_beam_search", False, True), ("guided_whitespace_pattern", None, "[ ]*"), ("length_penalty", 1.0, 2.0),
     ("truncate_prompt_tokens", None, 5),
 ])
 def test_neutral_only_fields(server, name, neutral, other):

@@ -43,8 +43,7 @@ NEUTRAL_ONLY: dict[str, tuple] = {
     "allowed_token_ids": (None,),
     "logits_processors": (None, []),
     "return_tokens_as_token_ids": (None, False),
-    "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
-    "guided_decoding_backend": (None,), "guided_whitespace_pattern": (None,), "structural_tag": (None,),
+    "guided_decoding_backend": (None, "xgrammar"), "guided_whitespace_pattern": (None,),
 }
 
 _warned: set[str] = set()

@@ -23,6 +23,7 @@ from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
+from ...guided_decoding import GuidedDecoding
 from ...sampling_params import MAX_INT32, MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_SAMPLES, SamplingParams
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
@@ -100,6 +101,16 @@ class _SamplingFields(_Strict):
     priority: Optional[int] = Field(0, description="rlt/vLLM: lower runs first under the priority scheduling policy")
     trace_id: Optional[Union[NonEmptyStr, list[NonEmptyStr]]] = Field(
         None, description="rlt: the exit-trace entry each prompt replays or is recorded under (one id per prompt)")
+    guided_json: Optional[Union[dict[str, Any], str]] = Field(None, description="vLLM: a JSON schema the output follows")
+    guided_regex: Optional[str] = Field(None, description="vLLM: a regular expression the output matches")
+    guided_choice: Optional[list[str]] = Field(None, description="vLLM: the output is one of these strings")
+    guided_grammar: Optional[str] = Field(None, description="vLLM: an EBNF grammar (xgrammar's dialect) the output "
+                                          "derives")
+    structural_tag: Optional[Union[dict[str, Any], str]] = Field(
+        None, description="vLLM: an xgrammar structural tag (tagged segments of the text follow schemas)")
+
+    _GUIDED: ClassVar[dict] = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+                               "guided_grammar": "grammar", "structural_tag": "structural_tag"}
 
     _NULL_DEFAULTS: ClassVar[dict] = {"n": 1, "ignore_eos": False, "stream": False, "speculative": True, "priority": 0,
                                       "skip_special_tokens": True, "include_stop_str_in_output": False}
@@ -154,8 +165,25 @@ class _SamplingFields(_Strict):
             skip_special_tokens=self.skip_special_tokens, include_stop_str_in_output=self.include_stop_str_in_output,
             min_loops=self.min_loops,
             max_loops=self.max_loops, exit_threshold=1.0 if self.exit_threshold is None else float(self.exit_threshold),
-            priority=self.priority, speculative=self.speculative, best_of=self.best_of,
+            priority=self.priority, speculative=self.speculative, best_of=self.best_of, guided=self.guided(),
         )
+
+    def guided_fields(self) -> list[tuple[str, dict]]:
+        """(request field, GuidedDecoding arguments) of every constraint the request sets."""
+        return [(name, {kind: getattr(self, name)}) for name, kind in self._GUIDED.items()
+                if getattr(self, name) is not None]
+
+    def guided(self) -> Optional[GuidedDecoding]:
+        """The request's structured-output constraint, if any (400 naming the field: at most one may be given)."""
+        given = self.guided_fields()
+        if not given:
+            return None
+        if len(given) > 1:
+            names = [name for name, _ in given]
+            raise ApiError(400, f"{names[1]}: give at most one structured-output constraint, got {names}", names[1],
+                           "invalid_value")
+        name, kwargs = given[0]
+        return GuidedDecoding(**kwargs, origin=name)
 
 
     def token_bias(self) -> Optional[dict[int, float]]:
@@ -287,8 +315,6 @@ class ChatCompletionRequest(_SamplingFields):
             raise unsupported("tool_choice", "null, 'none' or 'auto' without tools")
         if self.function_call not in (None, "none", "auto"):
             raise unsupported("function_call", "null, 'none' or 'auto' without functions")
-        if self.response_format not in (None, {"type": "text"}):
-            raise unsupported("response_format", "null or {'type': 'text'}")
         if self.prompt_logprobs is not None and self.stream:
             raise ApiError(400, "prompt_logprobs is not supported with stream in chat completions", "prompt_logprobs",
                            "unsupported")
@@ -308,6 +334,35 @@ class ChatCompletionRequest(_SamplingFields):
 
     def template_messages(self) -> list[dict]:
         return template_messages(self.messages)
+
+    def guided_fields(self) -> list[tuple[str, dict]]:
+        """`response_format` (json_object, json_schema; text is no constraint) before vLLM's fields."""
+        rf = self.response_format
+        if rf is None:
+            return super().guided_fields()
+        kind = rf.get("type")
+        allowed = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
+        if kind not in allowed:
+            raise ApiError(400, f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+                           "response_format", "invalid_value")
+        extra = sorted(set(rf) - allowed[kind])
+        if extra:
+            raise ApiError(400, f"response_format of type {kind!r} takes no {extra}", "response_format", "invalid_value")
+        if kind == "text":
+            return super().guided_fields()
+        if kind == "json_object":
+            return [("response_format", {"json_object": True})] + super().guided_fields()
+        spec = rf.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+            raise ApiError(400, "response_format.json_schema must be an object with a 'schema' object (and 'name', "
+                           "'description', 'strict')", "response_format", "invalid_value")
+        unknown = sorted(set(spec) - {"name", "description", "schema", "strict"})
+        if unknown:
+            raise ApiError(400, f"response_format.json_schema has unknown keys {unknown}", "response_format",
+                           "invalid_value")
+        # No schema: any JSON object (OpenAI requires one; vLLM falls back the same way).
+        guided = {"json": spec["schema"]} if spec.get("schema") else {"json_object": True}
+        return [("response_format", guided)] + super().guided_fields()
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict]:

@@ -1,0 +1,102 @@
+"""Grammars of guided (structured-output) requests, through xgrammar, on the host.
+
+`GrammarBackend` (one per engine) holds xgrammar's view of the tokenizer and compiles a
+`GuidedDecoding` into a grammar, cached by the constraint's canonical text. Each sequence gets its
+own `GrammarMatcher` (`Request.matcher`); its state is a function of the committed output tokens
+only, so preemption (recompute or swap) leaves it valid. Before a step the host fills the next-token
+bitmask of every guided row (int32 [rows, ceil(vocab / 32)], bit t of word t // 32 set when token t
+is allowed; EOS is allowed exactly when the grammar can end), and after the step the matcher
+accepts each committed token. JSON (``json``, ``json_object``) is generated compact: xgrammar's
+separators, no free whitespace between tokens (a model cannot pad its answer with blanks).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+
+import torch
+
+from ..errors import ConfigError, RequestError
+from ..guided_decoding import GuidedDecoding
+
+CACHE_GRAMMARS = 256  # compiled grammars kept (least recently used dropped first)
+_LOCATION = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")  # "[time] /path/file.cc:123: " before xgrammar's messages
+
+
+def _xgrammar():
+    try:
+        import xgrammar
+    except ImportError as exc:
+        raise ConfigError("guided decoding needs the xgrammar package: pip install 'rlt[structured]'") from exc
+    return xgrammar
+
+
+def _message(exc: Exception) -> str:
+    text = str(exc).strip()
+    text = _LOCATION.sub("", text)
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class GrammarBackend:
+    """xgrammar's tokenizer info and compiler for one engine's vocabulary."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids):
+        xgr = _xgrammar()
+        self.xgr = xgr
+        self.vocab_size = vocab_size
+        self.info = xgr.TokenizerInfo.from_huggingface(tokenizer.hf_tokenizer, vocab_size=vocab_size,
+                                                       stop_token_ids=list(eos_token_ids))
+        self.compiler = xgr.GrammarCompiler(self.info, max_threads=1)
+        self._cache: OrderedDict = OrderedDict()
+
+    def compile(self, guided: GuidedDecoding):
+        """The compiled grammar of `guided` (RequestError naming its origin for a bad schema,
+        regex, grammar or structural tag)."""
+        key = guided.cache_key()
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        kind, text = key
+        c = self.compiler
+        try:
+            if kind in ("json", "json_object"):  # compact JSON: no whitespace between tokens
+                compiled = c.compile_json_schema(text if kind == "json" else '{"type": "object"}', any_whitespace=False)
+            elif kind == "regex":
+                compiled = c.compile_regex(text)
+            elif kind == "choice":
+                compiled = c.compile_grammar("root ::= " + " | ".join(json.dumps(x, ensure_ascii=False) for x in guided.choice))
+            elif kind == "grammar":
+                compiled = c.compile_grammar(text)
+            else:
+                compiled = self._structural_tag(json.loads(text))
+        except Exception as exc:  # xgrammar raises RuntimeError / its own errors for bad input
+            raise RequestError(f"{guided.origin}: invalid {kind.replace('_', ' ')}: {_message(exc)}") from None
+        self._cache[key] = compiled
+        if len(self._cache) > CACHE_GRAMMARS:
+            self._cache.popitem(last=False)
+        return compiled
+
+    def _structural_tag(self, tag: dict):
+        """xgrammar's structural tag ({"type": "structural_tag", "format": ...}), or vLLM's form
+        ({"structures": [{"begin", "schema", "end"}], "triggers": [...]})."""
+        if "structures" not in tag:
+            return self.compiler.compile_structural_tag(json.dumps(tag))
+        items = [self.xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s.get("schema", {})), end=s["end"])
+                 for s in tag["structures"]]
+        return self.compiler.compile_structural_tag(items, list(tag.get("triggers", [])))
+
+    def matcher(self, compiled, stop_token_ids):
+        """A fresh matcher at the start of the grammar; it ends on any of `stop_token_ids`."""
+        return self.xgr.GrammarMatcher(compiled, override_stop_tokens=list(stop_token_ids))
+
+    def new_bitmask(self, rows: int) -> torch.Tensor:
+        """An int32 [rows, ceil(vocab / 32)] CPU bitmask for `fill`."""
+        return self.xgr.allocate_token_bitmask(rows, self.vocab_size)
+
+    @staticmethod
+    def fill(matcher, bitmask: torch.Tensor, row: int) -> None:
+        """Row `row` of `bitmask`: the tokens the matcher accepts next."""
+        matcher.fill_next_token_bitmask(bitmask, row)

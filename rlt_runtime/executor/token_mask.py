@@ -1,0 +1,63 @@
+"""Guided-decoding token masks on the device: a persistent per-slot bitmask applied before sampling.
+
+    mask  int32 [S, W]   W = ceil(V / 32); bit b of word w allows token 32 * w + b
+
+A slot's row is all ones (every token allowed) from the admission of a request without a grammar,
+so its logits pass bit for bit unchanged; before each step the host writes the rows of the step's
+guided slots (`write`, with the step's other host→device updates, outside the step program). The
+step programs apply the rows of their slots to the processed logits (`apply_token_bitmask`:
+disallowed tokens get -inf) in the same program variant as logit processing, so CUDA graphs
+capture it with the buffer at a fixed address. Plain torch ops: the same code runs on CPU, under
+the Triton interpreter and inside CUDA graphs or torch.compile.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .staging import upload_arrays
+
+
+def unpack_bitmask(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """bool [B, vocab_size]: bit t % 32 of words[:, t // 32] (int32 [B, W])."""
+    shifts = torch.arange(32, dtype=torch.int32, device=words.device)
+    bits = (words[:, :, None] >> shifts) & 1
+    return bits.reshape(words.shape[0], -1)[:, :vocab_size].bool()
+
+
+def apply_token_bitmask(logits: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """fp32 logits [B, V] with -inf where the bitmask rows `words` (int32 [B, W]) clear a token's bit
+    (a new tensor; allowed tokens keep their values bit for bit)."""
+    allowed = unpack_bitmask(words, logits.shape[1])
+    return logits.masked_fill(~allowed, -math.inf)
+
+
+class TokenMask:
+    """The per-slot bitmask buffer and its host-side updates."""
+
+    def __init__(self, num_slots: int, vocab_size: int, device):
+        self.vocab_size = vocab_size
+        self.words = -(-vocab_size // 32)
+        self.device = torch.device(device)
+        self.mask = torch.full((num_slots, self.words), -1, dtype=torch.int32, device=self.device)
+
+    def write(self, admitted_slots: list[int], guided_slots: list[int], rows) -> None:
+        """Reset the admitted slots' rows to all ones, then set the guided slots' rows to `rows`
+        (int32 [len(guided_slots), W], a CPU tensor or array): one upload for both."""
+        if not admitted_slots and not guided_slots:
+            return
+        arrays = {"reset": np.asarray(admitted_slots, np.int64), "slot": np.asarray(guided_slots, np.int64)}
+        if guided_slots:
+            arrays["rows"] = np.asarray(rows, np.int32).reshape(len(guided_slots), self.words)
+        dev = upload_arrays(arrays, self.device)
+        if admitted_slots:
+            self.mask[dev["reset"]] = -1
+        if guided_slots:
+            self.mask[dev["slot"]] = dev["rows"].view(len(guided_slots), self.words)
+
+    def apply(self, logits: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """`apply_token_bitmask` with the rows of slots idx (int64 [B])."""
+        return apply_token_bitmask(logits, self.mask.index_select(0, idx))

@@ -1,0 +1,88 @@
+"""GuidedDecoding: the constraint a structured-output request's text must satisfy (validated).
+
+Exactly one of:
+
+* ``json``: a JSON schema (a dict, or its JSON text); the output is a JSON value it validates.
+* ``json_object``: True; the output is any JSON object.
+* ``regex``: a regular expression the whole output matches.
+* ``choice``: a list of strings; the output is one of them.
+* ``grammar``: an EBNF grammar (xgrammar's dialect, GBNF-like: ``root ::= ...``) the output derives.
+* ``structural_tag``: an xgrammar structural tag (a dict or its JSON text): free text in which
+  tagged segments follow their schemas.
+
+``origin`` names the request field the
+constraint came from in error messages (the server sets "response_format", "guided_json", ...).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from .errors import ConfigError
+
+KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+
+
+@dataclass(frozen=True)
+class GuidedDecoding:
+    json: Optional[Union[dict, str]] = None
+    json_object: bool = False
+    regex: Optional[str] = None
+    choice: Optional[list[str]] = None
+    grammar: Optional[str] = None
+    structural_tag: Optional[Union[dict, str]] = None
+    origin: str = field(default="guided", compare=False)
+
+    def __post_init__(self):
+        o = self.origin
+        given = [k for k in KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ConfigError(f"{o} must set exactly one of {', '.join(KINDS)}, got {given or 'none'}")
+        if not isinstance(self.json_object, bool):
+            raise ConfigError(f"{o}.json_object must be a boolean, got {self.json_object!r}")
+        for name in ("json", "structural_tag"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, str):
+                try:
+                    value = json.loads(value)
+                except ValueError as exc:
+                    raise ConfigError(f"{o}: the {name} text is not valid JSON ({exc})") from None
+            if not isinstance(value, dict):
+                raise ConfigError(f"{o}: {name} must be a JSON object (a dict or its JSON text), got {value!r}")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and value):
+                raise ConfigError(f"{o}: {name} must be a non-empty string, got {value!r}")
+        if self.choice is not None:
+            ok = isinstance(self.choice, (list, tuple)) and self.choice and all(isinstance(c, str) and c for c in self.choice)
+            if not ok:
+                raise ConfigError(f"{o}: choice must be a non-empty list of non-empty strings, got {self.choice!r}")
+            object.__setattr__(self, "choice", list(self.choice))
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in KINDS if getattr(self, k) not in (None, False))
+
+    def cache_key(self) -> tuple:
+        """A hashable key of the constraint (its kind and canonical text): equal keys compile alike."""
+        value = getattr(self, self.kind)
+        if isinstance(value, (dict, list, bool)):
+            value = json.dumps(value, sort_keys=True, separators=(",", ":"))
+        return self.kind, value
+
+    @staticmethod
+    def from_value(value) -> "GuidedDecoding":
+        """A GuidedDecoding from itself or a dict of its fields (ConfigError naming `guided`)."""
+        if isinstance(value, GuidedDecoding):
+            return value
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - set(KINDS) - {"origin"})
+            if unknown:
+                raise ConfigError(f"guided has unknown keys {unknown}; allowed: {', '.join(KINDS)}")
+            return GuidedDecoding(**value)
+        raise ConfigError(f"guided must be None, a GuidedDecoding or a dict with one of {', '.join(KINDS)}, "
+                          f"got {type(value).__name__}")

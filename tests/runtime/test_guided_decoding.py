@@ -1,0 +1,178 @@
+"""Guided decoding (structured output through xgrammar): the device mask against a per-token
+reference, outputs of a random-weight model (which writes garbage unmasked) that parse and match
+their constraint, EOS exactly when the grammar ends, batch invariance in an async crowd,
+speculation, preemption and the errors naming the field."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("xgrammar")
+
+from rlt_runtime import LLM, GuidedDecoding, SamplingParams  # noqa: E402
+from rlt_runtime.errors import ConfigError, RequestError  # noqa: E402
+from rlt_runtime.executor.token_mask import TokenMask, apply_token_bitmask  # noqa: E402
+from test_logit_processing import _drive  # noqa: E402
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                                           "b": {"enum": ["x", "y"]}},
+          "required": ["a", "b"], "additionalProperties": False}
+REGEX = "[a-c]{2}-[0-9]{2}"
+CHOICES = ["yes", "no", "maybe"]
+GRAMMAR = 'root ::= "(" [a-z] [a-z]? ")"'
+
+
+def _check_schema(obj):
+    try:
+        import jsonschema
+    except ImportError:  # the schema's rules by hand
+        assert set(obj) == {"a", "b"} and isinstance(obj["a"], int) and 0 <= obj["a"] <= 99 and obj["b"] in "xy"
+    else:
+        jsonschema.validate(obj, SCHEMA)
+
+
+# ---- the device mask -----------------------------------------------------------------------------
+
+def test_bitmask_matches_a_per_token_reference_and_all_ones_is_bit_identical():
+    torch.manual_seed(0)
+    vocab = 70  # not a multiple of 32: the last word's high bits lie past the vocabulary
+    words = torch.randint(-2**31, 2**31 - 1, (3, 3), dtype=torch.int64).to(torch.int32)
+    words[2] = -1
+    logits = torch.randn(3, vocab)
+    got = apply_token_bitmask(logits, words)
+    for r in range(3):
+        for t in range(vocab):
+            allowed = (int(words[r, t // 32]) >> (t % 32)) & 1
+            assert got[r, t].item() == (logits[r, t].item() if allowed else -float("inf"))
+    assert torch.equal(got[2], logits[2])
+
+
+def test_slot_rows_follow_their_slots():
+    """write() resets admitted slots to all ones and sets guided slots' rows; apply() picks rows by slot."""
+    mask = TokenMask(num_slots=5, vocab_size=40, device="cpu")
+    rows = torch.zeros((2, 2), dtype=torch.int32)
+    rows[0, 0], rows[1, 1] = 1 << 3, 1 << 2  # slot 4 allows token 3, slot 1 allows token 34
+    mask.write([0, 1, 4], [4, 1], rows)
+    logits = torch.randn(3, 40)
+    got = mask.apply(logits, torch.tensor([1, 0, 4]))
+    assert torch.isfinite(got[0]).nonzero().flatten().tolist() == [34]
+    assert torch.equal(got[1], logits[1])
+    assert torch.isfinite(got[2]).nonzero().flatten().tolist() == [3]
+    mask.write([4], [], None)  # a new request without a grammar takes slot 4
+    assert torch.equal(mask.apply(logits[2:3], torch.tensor([4])), logits[2:3])
+
+
+# ---- outputs -------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM("ouro-tiny", dtype="float32", max_num_seqs=4)
+
+
+def _run(llm, guided, temperature=0.0, max_tokens=24, **kw):
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=7, guided=guided, **kw)
+    return llm.generate(["Answer:"], params, use_tqdm=False)[0].outputs
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_json_schema_output_parses_and_validates(llm, temperature):
+    out = _run(llm, {"json": SCHEMA}, temperature)[0]
+    assert out.finish_reason == "stop" and out.token_ids[-1] in llm.engine._eos  # EOS once the object closed
+    _check_schema(json.loads(out.text))
+
+
+def test_unguided_output_is_not_json(llm):
+    """The check above has teeth: the random-weight model writes garbage without the mask."""
+    out = llm.generate(["Answer:"], SamplingParams(max_tokens=24, temperature=1.0, seed=7), use_tqdm=False)[0].outputs[0]
+    with pytest.raises(ValueError):
+        json.loads(out.text)
+
+
+def test_json_object_regex_choice_and_grammar(llm):
+    close = llm.engine.tokenizer.encode("}", add_special_tokens=False)[0]  # favoured: the mask must put "{" first
+    obj = _run(llm, GuidedDecoding(json_object=True), 1.0, logit_bias={close: 8.0})[0]
+    assert obj.finish_reason == "stop" and isinstance(json.loads(obj.text), dict)
+    for out in _run(llm, {"regex": REGEX}, 1.0, n=3):
+        assert re.fullmatch(REGEX, out.text) and out.finish_reason == "stop"
+    assert {o.text for o in _run(llm, {"choice": CHOICES}, 1.0, n=4)} <= set(CHOICES)
+    out = _run(llm, {"grammar": GRAMMAR}, 1.0)[0]
+    assert re.fullmatch(r"\([a-z][a-z]?\)", out.text) and out.finish_reason == "stop"
+
+
+def test_eos_only_when_the_grammar_can_end(llm):
+    """A strongly favoured EOS is held back until the regex is complete, then taken at once."""
+    eos = llm.engine._eos[0]
+    out = _run(llm, {"regex": "[a-z]{5}"}, 0.0, logit_bias={eos: 50.0})[0]
+    assert len(out.token_ids) == 6 and out.token_ids[-1] == eos and re.fullmatch("[a-z]{5}", out.text)
+
+
+# ---- invariance, speculation, preemption --------------------------------------------------------
+
+def test_guided_and_unguided_requests_in_an_async_crowd_match_running_alone():
+    plain = SamplingParams(max_tokens=10, temperature=0.9, seed=4, logprobs=1, ignore_eos=True)
+    guided = SamplingParams(max_tokens=16, temperature=0.9, seed=3, logprobs=1, guided={"regex": REGEX})
+    llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=4)
+    plain_alone = _drive(llm, [([40, 41, 42], plain, 0)])[0]
+    guided_alone = _drive(llm, [([9, 10, 11], guided, 0)])[0]
+    crowded = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, async_scheduling=True)
+    _drive(crowded, [([9, 10, 11], guided, 0)])  # leaves its mask in the slot `plain` takes next
+    crowd = _drive(crowded, [([40, 41, 42], plain, 0), ([9, 10, 11], guided, 1), ([7, 7, 7], plain, 2)])
+    assert crowd[0] == plain_alone and crowd[2][0] == _drive(llm, [([7, 7, 7], plain, 0)])[0][0]
+    assert crowd[1] == guided_alone
+
+
+def test_speculation_leaves_guided_requests_undrafted_and_exact():
+    spec = {"num_speculative_tokens": 3, "draft_loops": 3, "draft_policy": "fixed"}
+    guided = SamplingParams(max_tokens=28, temperature=0, logprobs=1, guided={"json": SCHEMA})
+    plain = SamplingParams(max_tokens=12, temperature=0, logprobs=1, ignore_eos=True)
+    work = [([5, 6, 7], guided, 0), ([40, 41, 42], plain, 0)]
+    want = _drive(LLM("ouro-tiny", dtype="float32", max_num_seqs=4), work)
+    spec_llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, speculative_config=spec)
+    assert _drive(spec_llm, work) == want
+    assert spec_llm.stats()["speculative"]["accepted"] > 0
+    _check_schema(json.loads(spec_llm.engine.tokenizer.decode(want[0][0])))
+
+
+def test_preemption_keeps_the_matcher():
+    prompts = [list(range(5, 30)), [40, 41, 42], list(range(60, 95)), [7, 8, 9, 10, 11], list(range(100, 120))]
+    params = SamplingParams(max_tokens=14, temperature=0.8, seed=5, logprobs=1, guided={"regex": "[a-z]{6,12}"})
+    options = dict(dtype="float32", max_num_seqs=4, block_size=16, enable_prefix_caching=False)
+
+    def outputs(llm):
+        return _drive(llm, [(p, params, 0) for p in prompts])
+
+    roomy = outputs(LLM("ouro-tiny", **options))
+    tight = LLM("ouro-tiny", num_blocks=16, **options)
+    assert outputs(tight) == roomy
+    assert tight.engine.stats()["preemptions"] > 0
+    assert all(re.fullmatch("[a-z]{6,12}", tight.engine.tokenizer.decode(toks)) for toks, _ in roomy.values())
+
+
+# ---- validation --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("guided,match", [
+    ({}, "guided must set exactly one"),
+    ({"regex": "a", "choice": ["a"]}, "guided must set exactly one"),
+    ({"json": "{not json"}, "guided: the json text is not valid JSON"),
+    ({"choice": []}, "guided: choice must be"),
+    ({"choice": ["a", 3]}, "guided: choice must be"),
+    ({"regx": "a"}, "guided has unknown keys"),
+    ("[0-9]+", "guided must be None"),
+])
+def test_sampling_params_errors_name_the_field(guided, match):
+    with pytest.raises(ConfigError, match=f"^{re.escape(match)}"):
+        SamplingParams(guided=guided)
+
+
+@pytest.mark.parametrize("guided,match", [
+    ({"regex": "(ab"}, "guided: invalid regex"),
+    ({"json": {"type": "object", "properties": {"a": {"type": "frobnicate"}}}}, "guided: invalid json"),
+    ({"grammar": "root ::= "}, "guided: invalid grammar"),
+])
+def test_grammars_that_do_not_compile_name_the_field(llm, guided, match):
+    with pytest.raises(RequestError, match=f"^{match}"):
+        llm.engine.add_request("bad", [5, 6], SamplingParams(guided=guided))

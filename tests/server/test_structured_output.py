@@ -1,0 +1,81 @@
+"""Structured output over HTTP with the official `openai` client: response_format json_schema and
+json_object on chat completions, vLLM's guided_regex / guided_choice / guided_grammar / guided_json
+in extra_body, the engine receiving the offline GuidedDecoding, and 400s naming the field for bad
+schemas, regexes, grammars and conflicting constraints."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("xgrammar")
+
+from rlt_runtime import GuidedDecoding  # noqa: E402
+
+MODEL = "ouro-tiny"
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "pattern": "^[a-z]{1,4}$"},
+                                           "rank": {"type": "integer", "minimum": 1, "maximum": 9}},
+          "required": ["city", "rank"], "additionalProperties": False}
+CHAT = dict(model=MODEL, messages=[{"role": "user", "content": "Reply in JSON."}], max_tokens=40)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_response_format_json_schema(client, submitted_params):
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA, "strict": True}}
+    resp = client.chat.completions.create(response_format=fmt, temperature=1.0, seed=3, **CHAT)
+    choice = resp.choices[0]
+    assert choice.finish_reason == "stop"
+    obj = json.loads(choice.message.content)
+    assert set(obj) == {"city", "rank"} and re.fullmatch("[a-z]{1,4}", obj["city"])
+    assert isinstance(obj["rank"], int) and 1 <= obj["rank"] <= 9
+    assert submitted_params[-1].guided == GuidedDecoding(json=SCHEMA)
+
+
+def test_response_format_json_object_and_text(client):
+    resp = client.chat.completions.create(response_format={"type": "json_object"}, temperature=1.0, seed=4, **CHAT)
+    assert isinstance(json.loads(resp.choices[0].message.content), dict)
+    resp = client.chat.completions.create(response_format={"type": "text"}, temperature=0, **dict(CHAT, max_tokens=3))
+    assert resp.choices[0].finish_reason in ("stop", "length")
+
+
+def test_vllm_guided_fields(client):
+    regex = "[0-9]{3}-[a-z]{2}"
+    resp = client.completions.create(model=MODEL, prompt="Code:", max_tokens=20, temperature=1.0, seed=5,
+                                     extra_body={"guided_regex": regex})
+    assert re.fullmatch(regex, resp.choices[0].text) and resp.choices[0].finish_reason == "stop"
+    resp = client.chat.completions.create(temperature=1.0, seed=6, n=3, extra_body={"guided_choice": ["red", "blue"]},
+                                          **CHAT)
+    assert {c.message.content for c in resp.choices} <= {"red", "blue"}
+    resp = client.completions.create(model=MODEL, prompt="P", max_tokens=20, temperature=1.0, seed=7,
+                                     extra_body={"guided_grammar": 'root ::= "<" [a-z]+ ">"', "guided_json": None})
+    assert re.fullmatch("<[a-z]+>", resp.choices[0].text)
+    resp = client.completions.create(model=MODEL, prompt="P", max_tokens=40, temperature=1.0, seed=8,
+                                     extra_body={"guided_json": json.dumps(SCHEMA)})
+    assert set(json.loads(resp.choices[0].text)) == {"city", "rank"}
+
+
+@pytest.mark.parametrize("body,param", [
+    (dict(CHAT, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frob"}}}),
+     "response_format"),
+    (dict(CHAT, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}), "response_format"),
+    (dict(CHAT, response_format={"type": "json_schema"}), "response_format"),
+    (dict(CHAT, response_format={"type": "json_object", "schema": {}}), "response_format"),
+    (dict(CHAT, guided_regex="(ab"), "guided_regex"),
+    (dict(CHAT, guided_grammar="root ::= "), "guided_grammar"),
+    (dict(CHAT, guided_choice=[]), "guided_choice"),
+    (dict(CHAT, guided_json="{not json"), "guided_json"),
+    (dict(CHAT, response_format={"type": "json_object"}, guided_regex="a"), "guided_regex"),
+    (dict(CHAT, guided_decoding_backend="outlines"), "guided_decoding_backend"),
+])
+def test_bad_constraints_are_400s_naming_the_field(server, body, param):
+    resp = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == param, resp.text
