@@ -68,8 +68,8 @@ def test_unknown_names_are_rejected_by_name(server, path, body, name):
 
 
 @pytest.mark.parametrize("name,neutral,other", [
-    ("min_tokens", 0, 3), ("add_generation_prompt", True, False), ("chat_template_kwargs", {}, {"x": 1}),
-    ("use_beam_search", False, True), ("guided_whitespace_pattern", None, "[ ]*"), ("length_penalty", 1.0, 2.0),
+    ("documents", [], [{"title": "x"}]), ("return_tokens_as_token_ids", False, True),
+    ("allowed_token_ids", None, [1, 2]), ("use_beam_search", False, True), ("guided_whitespace_pattern", None, "[ ]*"), ("length_penalty", 1.0, 2.0),
     ("truncate_prompt_tokens", None, 5),
 ])
 def test_neutral_only_fields(server, name, neutral, other):
@@ -79,9 +79,9 @@ def test_neutral_only_fields(server, name, neutral, other):
 
 
 def test_a_declared_field_wins_over_the_lists():
-    assert field_policy.apply_field_policy({"min_tokens": 3, "store": 1}, {"min_tokens", "store"}) == {
-        "min_tokens": 3, "store": 1}
-    assert field_policy.apply_field_policy({"min_tokens": 0, "store": 1, "x": 2}, set()) == {"x": 2}
+    assert field_policy.apply_field_policy({"use_beam_search": True, "store": 1}, {"use_beam_search", "store"}) == {
+        "use_beam_search": True, "store": 1}
+    assert field_policy.apply_field_policy({"use_beam_search": False, "store": 1, "x": 2}, set()) == {"x": 2}
 
 
 def test_continuous_usage_needs_include_usage(server):
