@@ -79,15 +79,23 @@ def attention_reports() -> dict:
     out = {}
     ptrs = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
     ptrs.update({n: "*i32" for n in ("tables_ptr", "seq_lens_ptr", "qsl_ptr", "slots_ptr", "qdepth_ptr",
-                                     "key_depth_ptr", "active_ptr")}, ws_ptr="*fp32")
+                                     "key_depth_ptr", "active_ptr", "decode_from_ptr")}, ws_ptr="*fp32")
     for warps, few_queries in ((4, False), (4, True), (8, False)):
         cfg = attention._tile_shape(16, 16, 128, torch.bfloat16, few_queries)  # Ouro: 16 heads of 128, MHA
         cfg.pop("num_warps")
         stages = cfg.pop("num_stages")
         const = dict(cfg, BLOCK_N=attention.KEY_TILE, BLOCK_SIZE=16, HAS_ACTIVE=True, HAS_SLOTS=True,
-                     QDEPTH_TENSOR=True, HAS_KEY_DEPTH=True, DOT_PRECISION="tf32", EXACT_DOT=False)
+                     QDEPTH_TENSOR=True, HAS_KEY_DEPTH=True, DECODE_FROM_TENSOR=True, DOT_PRECISION="tf32",
+                     EXACT_DOT=False)
         out[f"paged_attention depth-aware, {warps} warps, {stages} stages"] = compile_sm90(
             attention._paged_attention_kernel, ptrs, const, floats=("qk_scale",), num_warps=warps, num_stages=stages)
+    cfg = attention._decode_shape(16, 16, 128)
+    warps = cfg.pop("num_warps")
+    const = dict(cfg, BLOCK_SIZE=16, HAS_ACTIVE=True, HAS_SLOTS=True, QDEPTH_TENSOR=True, HAS_KEY_DEPTH=True,
+                 DECODE_FROM_TENSOR=False)
+    out[f"decode attention depth-aware, {cfg['BLOCK_N']} lanes, {warps} warps"] = compile_sm90(
+        attention._decode_attention_kernel, ptrs, const, floats=("qk_scale",), num_warps=warps,
+        num_stages=attention.DECODE_STAGES)
     return out
 
 
