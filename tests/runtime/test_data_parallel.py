@@ -1,0 +1,162 @@
+"""Data parallelism: routing, replica devices, bitwise equality with one engine, aborts, failures.
+
+The reference for every output is a single LLMEngine given the same requests: batch invariance
+and arrival-keyed randomness make each request's tokens, log-probabilities and exit depths
+independent of which replica runs it and of its neighbours there.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+
+import pytest
+import torch
+
+from rlt_runtime import ConfigError, EngineConfig, LLM, SamplingParams
+from rlt_runtime.engine.data_parallel import DataParallelEngine, replica_devices
+from rlt_runtime.engine.llm_engine import LLMEngine
+from rlt_runtime.engine.routing import Router
+from rlt_runtime.errors import ReplicaError
+
+OPTIONS = dict(dtype="float32", device="cpu", max_num_seqs=4, num_blocks=256, max_model_len=128)
+
+
+# ---- routing ---------------------------------------------------------------------------------------
+def test_router_sends_to_least_outstanding_work():
+    router = Router(3, block_size=4)
+    router.add(0, 50)
+    router.add(1, 10)
+    router.add(2, 30)
+    assert router.choose([1, 2], [True, True, True]) == 1  # shorter than a block: no affinity
+    router.add(1, 100)
+    assert router.choose([1, 2], [True, True, True]) == 2
+    assert router.choose([1, 2], [True, True, False]) == 0  # a failed replica never takes work
+    router.add(0, -50)
+    router.add(2, -30)
+    assert router.choose([3], [True, True, True]) == 0  # ties: the lowest index
+
+
+def test_router_keeps_a_prefix_on_its_replica_within_the_slack():
+    router = Router(2, block_size=4, affinity_slack=100)
+    shared = [5, 6, 7, 8]
+    first = router.choose(shared + [1], [True, True])
+    assert first == 0
+    router.add(0, 80)  # replica 0 is busier but within the slack: the prefix stays
+    assert router.choose(shared + [2, 3], [True, True]) == 0
+    assert router.choose([9, 9, 9, 9, 1], [True, True]) == 1  # another first block: least work
+    router.add(0, 100)  # now 180 > 0 + 100: the prefix moves to replica 1 and stays there
+    assert router.choose(shared + [4], [True, True]) == 1
+    router.add(0, -180)
+    assert router.choose(shared + [5], [True, True]) == 1
+    assert router.choose(shared, [True, False]) == 0  # its home failed: the others take it
+    assert router.choose([5, 6, 7, 1, 8], [True, True]) == 0  # differs inside the first block
+
+
+def test_router_forgets_the_oldest_prefixes():
+    router = Router(2, block_size=2, affinity_slack=1000, max_prefixes=1)
+    assert router.choose([1, 1], [True, True]) == 0
+    router.add(0, 10)
+    assert router.choose([1, 1, 5], [True, True]) == 0  # remembered: affinity beats least work
+    assert router.choose([2, 2], [True, True]) == 1  # the one remembered prefix is now [2, 2]
+    assert router.choose([1, 1], [True, True]) == 1  # [1, 1] forgotten: least work decides
+
+
+# ---- options ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_data_parallel_size_must_be_a_positive_integer(bad):
+    with pytest.raises(ConfigError, match="data_parallel_size"):
+        EngineConfig(data_parallel_size=bad).validate_static()
+
+
+def test_replica_devices(monkeypatch):
+    assert replica_devices(EngineConfig(device="cpu", data_parallel_size=3)) == ["cpu"] * 3
+    with pytest.raises(ConfigError, match="data_parallel_size"):
+        replica_devices(EngineConfig(device="cuda:1", data_parallel_size=2))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert replica_devices(EngineConfig(device="auto", data_parallel_size=2)) == ["cpu", "cpu"]
+    with pytest.raises(ConfigError, match=r"data_parallel_size must be at most the number of CUDA devices \(0\)"):
+        replica_devices(EngineConfig(device="cuda", data_parallel_size=2))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert replica_devices(EngineConfig(device="auto", data_parallel_size=2)) == ["cuda:0", "cuda:1"]
+    with pytest.raises(ConfigError, match=r"at most the number of CUDA devices \(2\).*got 3"):
+        replica_devices(EngineConfig(device="auto", data_parallel_size=3))
+
+
+def test_a_single_engine_refuses_data_parallel_size():
+    with pytest.raises(ConfigError, match="data_parallel_size=2"):
+        LLMEngine("ouro-tiny", data_parallel_size=2, **OPTIONS)
+
+
+# ---- bitwise equality with one engine ----------------------------------------------------------------
+def _workload():
+    """Prompts (two share a first block) and a mix of greedy, seeded, unseeded and n=2 requests."""
+    shared = list(range(3, 19))  # one full 16-token block
+    prompts = [shared + [40, 41], [7, 8, 9, 10, 11], shared + [50], list(range(60, 90)), [2, 3], shared + [70, 71, 72],
+               [100 + i for i in range(20)], [5]]
+    params = [
+        SamplingParams(max_tokens=10, temperature=0, logprobs=3, ignore_eos=True, exit_threshold=0.6),
+        SamplingParams(max_tokens=8, temperature=1.0, seed=11, logprobs=2, ignore_eos=True),
+        SamplingParams(max_tokens=9, temperature=0.8, top_p=0.9, logprobs=1, ignore_eos=True),  # unseeded
+        SamplingParams(max_tokens=7, temperature=1.0, seed=3, n=2, logprobs=2, ignore_eos=True, exit_threshold=0.5),
+        SamplingParams(max_tokens=6, temperature=0, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=1.2, top_k=20, seed=5, logprobs=0, ignore_eos=True),
+        SamplingParams(max_tokens=5, temperature=0, logprobs=2, ignore_eos=True, max_loops=2),
+        SamplingParams(max_tokens=9, temperature=0.7, logprobs=1, ignore_eos=True),  # unseeded
+    ]
+    return prompts, params
+
+
+def _run(engine, prompts, params) -> dict:
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        engine.add_request(f"q{i}", prompt, p)
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    return done
+
+
+def _signature(out):
+    """Everything a request's result is: tokens, exit depths, logprobs with their top-N, text."""
+    return [(c.index, c.token_ids, c.exit_depths, c.finish_reason, c.text, c.cumulative_logprob,
+             None if c.logprobs is None else [(lp.logprob, sorted(lp.top.items())) for lp in c.logprobs])
+            for c in out.outputs]
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(model: str) -> dict:
+    prompts, params = _workload()
+    return {rid: _signature(out) for rid, out in _run(LLMEngine(model, **OPTIONS), prompts, params).items()}
+
+
+@pytest.mark.parametrize("model", ["ouro-tiny", "huginn-tiny"])
+def test_in_process_replicas_match_one_engine_bit_for_bit(model):
+    engine = DataParallelEngine(model, data_parallel_size=2, backend="inprocess", **OPTIONS)
+    prompts, params = _workload()
+    done = _run(engine, prompts, params)
+    assert {rid: _signature(out) for rid, out in done.items()} == _reference(model)
+    per = engine.stats()["data_parallel"]["replicas"]
+    assert all(r["stats"]["steps"] > 0 for r in per), "both replicas must have run requests"
+    assert engine.stats()["prefix_cache_hits"] > 0  # the shared first block went to one replica
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["ouro-tiny", "huginn-tiny"])
+def test_replica_processes_match_one_engine_bit_for_bit(model):
+    llm = LLM(model, data_parallel_size=2, **OPTIONS)
+    try:
+        prompts, params = _workload()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        assert {f"q{i}": _signature(out) for i, out in enumerate(outs)} == _reference(model)
+        stats = llm.stats()
+        assert stats["data_parallel"]["alive"] == 2
+        assert all(r["stats"]["steps"] > 0 and r["alive"] for r in stats["data_parallel"]["replicas"])
+        assert stats["steps"] == sum(r["stats"]["steps"] for r in stats["data_parallel"]["replicas"])
+        assert stats["prefix_cache_hits"] > 0
+    finally:
+        llm.engine.shutdown()
