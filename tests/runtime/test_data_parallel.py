@@ -160,3 +160,102 @@ def test_replica_processes_match_one_engine_bit_for_bit(model):
         assert stats["prefix_cache_hits"] > 0
     finally:
         llm.engine.shutdown()
+
+
+# ---- aborts and failures -----------------------------------------------------------------------------
+LONG = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+SHORT_PROMPTS = [[10 + i] * 3 for i in range(4)]  # shorter than a block: routed by work alone -> 0, 1, 0, 1
+
+
+def _replica_stats(engine, key):
+    return [r["stats"][key] if key in r["stats"] else r[key] for r in engine.stats()["data_parallel"]["replicas"]]
+
+
+def _finish_all(engine) -> dict:
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    return done
+
+
+def test_abort_reaches_the_replica_that_runs_the_request():
+    engine = DataParallelEngine("ouro-tiny", data_parallel_size=2, backend="inprocess", **OPTIONS)
+    for i, prompt in enumerate(SHORT_PROMPTS):
+        engine.add_request(f"a{i}", prompt, LONG)
+    assert _replica_stats(engine, "outstanding_requests") == [2, 2]
+    engine.step()
+    engine.step()
+    assert _replica_stats(engine, "running") == [2, 2]
+    for rid in ("a0", "a1"):  # one on each replica
+        out = engine.abort_request(rid)
+        assert out.finished and out.outputs[0].finish_reason == "abort" and len(out.outputs[0].token_ids) < 40
+    assert _replica_stats(engine, "running") == [1, 1]
+    assert engine.abort_request("a0") is None and engine.abort_request("nope") is None
+    done = _finish_all(engine)
+    assert sorted(done) == ["a2", "a3"] and all(len(o.outputs[0].token_ids) == 40 for o in done.values())
+    assert _replica_stats(engine, "outstanding_work") == [0, 0]
+    for r in engine.replicas:
+        r.engine.check_invariants()
+        assert r.engine.kv.pool.num_free == r.engine.kv.pool.num_blocks
+
+
+def test_a_failed_replica_errors_its_requests_and_the_others_keep_serving():
+    engine = DataParallelEngine("ouro-tiny", data_parallel_size=2, backend="inprocess", **OPTIONS)
+    broken = engine.replicas[1].engine
+    calls = []
+
+    def failing_step(final_only=False):
+        calls.append(1)
+        if len(calls) > 2:
+            raise RuntimeError("device lost")
+        return LLMEngine.step(broken, final_only)
+
+    broken.step = failing_step
+    for i, prompt in enumerate(SHORT_PROMPTS):
+        engine.add_request(f"f{i}", prompt, LONG)
+    done = _finish_all(engine)
+    for rid in ("f1", "f3"):  # replica 1's
+        out = done[rid]
+        assert out.error is not None and "replica 1" in out.error and "device lost" in out.error
+        assert out.outputs[0].finish_reason == "error" and 0 < len(out.outputs[0].token_ids) < 40
+    for rid in ("f0", "f2"):
+        assert done[rid].error is None and done[rid].outputs[0].finish_reason == "length"
+    stats = engine.stats()["data_parallel"]
+    assert stats["alive"] == 1 and [r["alive"] for r in stats["replicas"]] == [True, False]
+    assert "device lost" in stats["replicas"][1]["failure"]
+    engine.add_request("after", [1, 2, 3], SamplingParams(max_tokens=4, temperature=0))
+    assert _replica_stats(engine, "outstanding_requests") == [1, 0]
+    assert _finish_all(engine)["after"].outputs[0].finish_reason in ("length", "stop")
+    engine.replicas[0].failure = "replica 0 lost"
+    with pytest.raises(ReplicaError, match="every data-parallel replica has failed"):
+        engine.add_request("none", [1, 2, 3], LONG)
+
+
+@pytest.mark.slow
+def test_replica_processes_abort_and_survive_a_killed_replica():
+    engine = DataParallelEngine("ouro-tiny", data_parallel_size=2, **OPTIONS)
+    try:
+        reference = _run(LLMEngine("ouro-tiny", **OPTIONS), SHORT_PROMPTS, [LONG] * 4)
+        for i, prompt in enumerate(SHORT_PROMPTS):
+            engine.add_request(f"q{i}", prompt, LONG)
+        assert _replica_stats(engine, "outstanding_requests") == [2, 2]
+        out = engine.abort_request("q3")  # across the pipe to replica 1
+        assert out.finished and out.outputs[0].finish_reason == "abort" and len(out.outputs[0].token_ids) < 40
+        streamed = {}
+        while "q1" not in streamed:  # replica 1 is mid-request when it dies
+            streamed.update({o.request_id: o for o in engine.step() if o.outputs[0].token_ids})
+        os.kill(engine.replicas[1].pid, signal.SIGKILL)
+        done = _finish_all(engine)
+        failed = done["q1"]
+        assert failed.outputs[0].finish_reason == "error" and len(failed.outputs[0].token_ids) < 40
+        assert "replica 1" in failed.error and "killed by signal 9" in failed.error
+        for rid in ("q0", "q2"):  # replica 0's requests are untouched: bit for bit those of one engine
+            assert _signature(done[rid]) == _signature(reference[rid])
+        stats = engine.stats()
+        assert stats["data_parallel"]["alive"] == 1 and not stats["data_parallel"]["replicas"][1]["alive"]
+        engine.add_request("after", SHORT_PROMPTS[1], LONG)
+        assert _signature(_finish_all(engine)["after"]) == _signature(reference["q1"])
+    finally:
+        engine.shutdown()
