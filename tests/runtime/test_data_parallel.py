@@ -162,6 +162,19 @@ def test_replica_processes_match_one_engine_bit_for_bit(model):
         llm.engine.shutdown()
 
 
+def test_a_shared_prefix_follows_its_replica_and_hits_its_cache():
+    engine = DataParallelEngine("ouro-tiny", data_parallel_size=2, backend="inprocess", **OPTIONS)
+    shared = list(range(20, 52))  # two full blocks
+    engine.add_request("first", shared + [1], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+    engine.step()  # its prompt is computed and its blocks published
+    engine.add_request("second", shared + [2, 3], SamplingParams(max_tokens=2, temperature=0))
+    assert _replica_stats(engine, "outstanding_requests") == [2, 0]  # least work alone would pick replica 1
+    engine.add_request("other", list(range(60, 80)), SamplingParams(max_tokens=2, temperature=0))
+    assert _replica_stats(engine, "outstanding_requests") == [2, 1]
+    _finish_all(engine)
+    assert _replica_stats(engine, "prefix_cache_hits") == [2, 0]
+
+
 # ---- aborts and failures -----------------------------------------------------------------------------
 LONG = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
 SHORT_PROMPTS = [[10 + i] * 3 for i in range(4)]  # shorter than a block: routed by work alone -> 0, 1, 0, 1
