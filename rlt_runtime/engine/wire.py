@@ -39,9 +39,7 @@ def output_from_dict(data: dict) -> RequestOutput:
             c["logprobs"] = [_logprob(lp) for lp in c["logprobs"]]
         completions.append(CompletionOutput(**c))
     prompt_lps = data["prompt_logprobs"]
-    return RequestOutput(
-        request_id=data["request_id"], prompt=data["prompt"], prompt_token_ids=list(data["prompt_token_ids"]),
-        outputs=completions, finished=data["finished"],
-        metrics=None if data["metrics"] is None else RequestMetrics(**data["metrics"]),
-        prompt_logprobs=None if prompt_lps is None else [_logprob(lp) for lp in prompt_lps], error=data["error"],
-    )
+    return RequestOutput(**dict(
+        data, outputs=completions, metrics=None if data["metrics"] is None else RequestMetrics(**data["metrics"]),
+        prompt_logprobs=None if prompt_lps is None else [_logprob(lp) for lp in prompt_lps],
+    ))

@@ -18,7 +18,9 @@ from rlt_runtime import ConfigError, EngineConfig, LLM, SamplingParams
 from rlt_runtime.engine.data_parallel import DataParallelEngine, replica_devices
 from rlt_runtime.engine.llm_engine import LLMEngine
 from rlt_runtime.engine.routing import Router
+from rlt_runtime.engine.wire import output_from_dict, output_to_dict, params_from_dict, params_to_dict
 from rlt_runtime.errors import ReplicaError
+from rlt_runtime.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 
 OPTIONS = dict(dtype="float32", device="cpu", max_num_seqs=4, num_blocks=256, max_model_len=128)
 
@@ -61,6 +63,29 @@ def test_router_forgets_the_oldest_prefixes():
     assert router.choose([1, 1, 5], [True, True]) == 0  # remembered: affinity beats least work
     assert router.choose([2, 2], [True, True]) == 1  # the one remembered prefix is now [2, 2]
     assert router.choose([1, 1], [True, True]) == 1  # [1, 1] forgotten: least work decides
+
+
+# ---- what crosses to a replica ---------------------------------------------------------------------------
+def test_requests_and_outputs_cross_as_plain_data_and_come_back_equal():
+    params = SamplingParams(n=2, best_of=3, max_tokens=5, temperature=0.7, seed=9, stop=["x", "yz"], logprobs=2,
+                            prompt_logprobs=1, logit_bias={3: -1.5}, bad_words=["no", [4, 5]], min_tokens=1)
+    data = params_to_dict(params)
+    assert _plain(data) and params_from_dict(data) == params
+    out = RequestOutput("r", "hi", [1, 2], [CompletionOutput(
+        0, "ab", [3, 4], [2, 4], "stop", [TokenLogprob(-0.25, {3: -0.25, 7: -1.0}), TokenLogprob(-1e-9, {})], "b",
+        -0.250000001)], True, RequestMetrics(1.5, 1.6, 1.7, 1.8, 2, 0, 6, 0),
+        [None, TokenLogprob(-2.0, {1: -0.5})], error=None)
+    data = output_to_dict(out)
+    assert _plain(data) and output_from_dict(data) == out
+
+
+def _plain(value) -> bool:
+    """Only builtin values: what any transport (pipes, Ray, JSON with int keys restored) carries."""
+    if isinstance(value, dict):
+        return all(isinstance(k, (str, int)) and _plain(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, (str, int, float, bool))
 
 
 # ---- options ---------------------------------------------------------------------------------------
@@ -272,3 +297,9 @@ def test_replica_processes_abort_and_survive_a_killed_replica():
         assert _signature(_finish_all(engine)["after"]) == _signature(reference["q1"])
     finally:
         engine.shutdown()
+
+
+@pytest.mark.slow
+def test_a_replica_that_cannot_load_raises_its_own_error():
+    with pytest.raises(ConfigError, match=r"replica \d \(cpu\) failed to load: num_loops must be in 1\.\.8"):
+        DataParallelEngine("ouro-tiny", data_parallel_size=2, num_loops=9, **OPTIONS)
