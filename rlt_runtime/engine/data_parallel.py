@@ -68,12 +68,15 @@ def build_engine(model: str, cfg: Optional[EngineConfig] = None, **kwargs):
     return DataParallelEngine(model, cfg)
 
 
-def _replica_options(cfg: EngineConfig) -> dict:
-    """The replicas' engine options as plain data (data_parallel_size 1; the device is set per replica)."""
+def _replica_options(cfg: EngineConfig, index: int) -> dict:
+    """Replica `index`'s engine options as plain data: data_parallel_size 1, profiles in a
+    subdirectory of profile_dir of their own (the device is set per replica)."""
     out = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "extra"}
     if isinstance(out["speculative_config"], SpeculativeConfig):
         out["speculative_config"] = dataclasses.asdict(out["speculative_config"])
     out["data_parallel_size"] = 1
+    if cfg.profile_dir:
+        out["profile_dir"] = os.path.join(cfg.profile_dir, f"replica-{index}")
     return out
 
 
@@ -102,6 +105,9 @@ class DataParallelEngine:
         cfg.validate_static()
         if backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+        if cfg.record_exit_trace:
+            raise ConfigError("record_exit_trace cannot be combined with data_parallel_size > 1 (every replica would "
+                              "write the file); record with one engine: its depths are those of every replica")
         devices = replica_devices(cfg)
         self.cfg = cfg
         self.model_name = model
@@ -110,7 +116,7 @@ class DataParallelEngine:
         self._shutdown = weakref.finalize(self, _shutdown_all, self.replicas)
         info = self.replicas[0].info
         self.max_model_len, self.depth = info["max_model_len"], info["depth"]
-        self.device = torch.device(devices[0])
+        self.device = torch.device("cpu")  # the front end runs nothing on a device (the replicas' are in stats)
         self.router = Router(len(self.replicas), cfg.block_size)
         self._tracked: dict[str, _Tracked] = {}
         self._arrivals = itertools.count()
@@ -317,14 +323,14 @@ def _start_replicas(model: str, cfg: EngineConfig, devices: list[str], backend: 
     if backend == "inprocess":
         from .llm_engine import LLMEngine
 
-        options = _replica_options(cfg)
-        return [InProcessReplica(i, LLMEngine(model, EngineConfig.from_kwargs(**dict(options, device=device))))
+        return [InProcessReplica(i, LLMEngine(model, EngineConfig.from_kwargs(**dict(_replica_options(cfg, i),
+                                                                                  device=device))))
                 for i, device in enumerate(devices)]
     from .process_replica import ProcessReplica
 
     context = torch.multiprocessing.get_context("spawn")
     threads = max(1, (os.cpu_count() or 1) // len(devices))
-    replicas = [ProcessReplica(i, model, _replica_options(cfg), device, threads, context)
+    replicas = [ProcessReplica(i, model, _replica_options(cfg, i), device, threads, context)
                 for i, device in enumerate(devices)]
     try:
         for replica in replicas:  # they load in parallel; wait for each in turn

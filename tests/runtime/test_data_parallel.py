@@ -111,6 +111,11 @@ def test_replica_devices(monkeypatch):
         replica_devices(EngineConfig(device="auto", data_parallel_size=3))
 
 
+def test_recording_an_exit_trace_needs_one_engine(tmp_path):
+    with pytest.raises(ConfigError, match="record_exit_trace cannot be combined with data_parallel_size > 1"):
+        DataParallelEngine("ouro-tiny", data_parallel_size=2, record_exit_trace=str(tmp_path / "t.json"), **OPTIONS)
+
+
 def test_a_single_engine_refuses_data_parallel_size():
     with pytest.raises(ConfigError, match="data_parallel_size=2"):
         LLMEngine("ouro-tiny", data_parallel_size=2, **OPTIONS)
@@ -154,9 +159,10 @@ def _signature(out):
 
 
 @functools.lru_cache(maxsize=None)
-def _reference(model: str) -> dict:
+def _reference(model: str, speculative_tokens: int = 0) -> dict:
+    spec = {"speculative_config": {"num_speculative_tokens": speculative_tokens}} if speculative_tokens else {}
     prompts, params = _workload()
-    return {rid: _signature(out) for rid, out in _run(LLMEngine(model, **OPTIONS), prompts, params).items()}
+    return {rid: _signature(out) for rid, out in _run(LLMEngine(model, **OPTIONS, **spec), prompts, params).items()}
 
 
 @pytest.mark.parametrize("model", ["ouro-tiny", "huginn-tiny"])
@@ -168,6 +174,20 @@ def test_in_process_replicas_match_one_engine_bit_for_bit(model):
     per = engine.stats()["data_parallel"]["replicas"]
     assert all(r["stats"]["steps"] > 0 for r in per), "both replicas must have run requests"
     assert engine.stats()["prefix_cache_hits"] > 0  # the shared first block went to one replica
+
+
+def test_speculative_replicas_match_one_speculative_engine_and_sum_their_counts():
+    engine = DataParallelEngine("ouro-tiny", data_parallel_size=2, backend="inprocess",
+                                speculative_config={"num_speculative_tokens": 2}, **OPTIONS)
+    prompts, params = _workload()
+    done = _run(engine, prompts, params)
+    assert {rid: _signature(out) for rid, out in done.items()} == _reference("ouro-tiny", 2)
+    stats = engine.stats()
+    per = [r["stats"]["speculative"] for r in stats["data_parallel"]["replicas"]]
+    assert all(p["rounds"] > 0 for p in per)
+    for key in ("rounds", "drafted", "accepted"):
+        assert stats["speculative"][key] == sum(p[key] for p in per)
+    assert stats["speculative"]["drafted_per_position"] == [a + b for a, b in zip(*(p["drafted_per_position"] for p in per))]
 
 
 @pytest.mark.slow
