@@ -70,6 +70,7 @@ class EngineConfig:
     download_dir: Optional[str] = None  # the Hugging Face cache to read and download into (default: HF_HUB_CACHE)
     device: str = "auto"
     seed: int = 0
+    data_parallel_size: int = 1  # engine replicas, one process each (one GPU each on CUDA)
     num_loops: Optional[int] = None  # depth override (Huginn recurrences; Ouro loops)
     max_model_len: Optional[int] = None
     # Scheduling.
@@ -142,6 +143,7 @@ class EngineConfig:
         if not isinstance(self.device, str) or not re.match(r"^(auto|cpu|cuda(:\d+)?)$", self.device):
             raise _fail("device", "'auto', 'cpu', 'cuda' or 'cuda:N'", self.device)
         _int(self.seed, "seed", 0)
+        _int(self.data_parallel_size, "data_parallel_size", 1)
         _int(self.num_loops, "num_loops", 1, 128, allow_none=True)
         _int(self.max_model_len, "max_model_len", 1, allow_none=True)
         _int(self.max_num_seqs, "max_num_seqs", 1, 4096, allow_none=True)

@@ -15,3 +15,7 @@ class CheckpointError(RltError, ValueError):
 
 class RequestError(RltError, ValueError):
     """A request rejected at admission (bad prompt, parameters or limits)."""
+
+
+class ReplicaError(RltError):
+    """An engine replica failed (its process died or its step raised); the message says which and why."""

@@ -22,7 +22,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     exit_depths: list[int]
-    finish_reason: Optional[str]  # "stop" | "length" | "abort" | None while running
+    finish_reason: Optional[str]  # "stop" | "length" | "abort" | "error" | None while running
     logprobs: Optional[list[TokenLogprob]] = None
     stop_reason: Optional[object] = None  # the stop string or token id that ended generation
     cumulative_logprob: Optional[float] = None  # sum of the tokens' raw logprobs (with logprobs or best_of > n)
@@ -48,7 +48,10 @@ class RequestOutput:
 
     ``prompt_logprobs`` (requested with SamplingParams.prompt_logprobs): one entry per prompt
     token, None for the first, then the token's log-probability given the tokens before it and
-    the top-N alternatives at its position."""
+    the top-N alternatives at its position.
+
+    ``error`` is set when the request ended because the engine replica running it failed (with
+    data_parallel_size > 1); its unfinished samples then have finish_reason "error"."""
 
     request_id: str
     prompt: Optional[str]
@@ -57,3 +60,4 @@ class RequestOutput:
     finished: bool
     metrics: Optional[RequestMetrics] = None
     prompt_logprobs: Optional[list[Optional[TokenLogprob]]] = None
+    error: Optional[str] = None

@@ -150,6 +150,20 @@ MUTANTS = (
         ("tests/runtime/test_prompt_logprobs.py::test_prompt_logprobs_do_not_depend_on_scheduling[ouro-tiny]",),
         "a prefix-cache hit skips prompt positions whose log-probabilities were asked for",
     ),
+    Mutant(
+        "data-parallel-arrival-order-lost", "rlt_runtime/engine/data_parallel.py",
+        "arrival_time=now, arrival_index=arrival)",
+        "arrival_time=now, arrival_index=None)",
+        ("tests/runtime/test_data_parallel.py::test_in_process_replicas_match_one_engine_bit_for_bit[ouro-tiny]",),
+        "replicas number arrivals themselves, so unseeded samples draw other streams than one engine's",
+    ),
+    Mutant(
+        "data-parallel-prefix-affinity-off", "rlt_runtime/engine/routing.py",
+        "if home is not None and alive[home] and self.work[home] <= self.work[least] + self.affinity_slack:",
+        "if False:",
+        ("tests/runtime/test_data_parallel.py::test_a_shared_prefix_follows_its_replica_and_hits_its_cache",),
+        "a shared prompt prefix goes to the least loaded replica, away from the one whose cache holds it",
+    ),
 )
 
 

@@ -79,6 +79,9 @@ class LLMEngine:
     def __init__(self, model: str, cfg: Optional[EngineConfig] = None, **kwargs):
         cfg = cfg or EngineConfig.from_kwargs(**kwargs)
         cfg.validate_static()
+        if cfg.data_parallel_size != 1:
+            raise ConfigError(f"LLMEngine runs one replica but data_parallel_size={cfg.data_parallel_size}; build the "
+                              "engine with rlt_runtime.engine.data_parallel.build_engine (LLM and rlt-serve do)")
         self.cfg = cfg
         self.device = _resolve_device(cfg.device)
         self._init(model, cfg)
@@ -226,8 +229,12 @@ class LLMEngine:
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Union[str, list[int], dict, None], params: Optional[SamplingParams] = None,
-                    *, arrival_time: Optional[float] = None) -> None:
-        """Validate and queue a request (n samples become n sequences). Errors name the field."""
+                    *, arrival_time: Optional[float] = None, arrival_index: Optional[int] = None) -> None:
+        """Validate and queue a request (n samples become n sequences). Errors name the field.
+
+        arrival_index: the request's place in the arrival order (default: this engine's own count);
+        it orders FCFS admission and keys the randomness of unseeded samples, so a front end over
+        several engines gives it to keep their outputs those of one engine."""
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise RequestError("sampling_params must be a SamplingParams")
@@ -272,7 +279,7 @@ class LLMEngine:
         trace = None
         if self.trace is not None:
             trace = self._trace_for(request_id, max_tokens, params)
-        arrival = next(self._arrivals)
+        arrival = next(self._arrivals) if arrival_index is None else arrival_index
         now = time.monotonic() if arrival_time is None else arrival_time
         stops = params.stop_automaton()  # built once, shared by the prompts and samples using params
         grammar = self._compile_guided(params) if params.guided is not None else None

@@ -17,6 +17,8 @@ HELP = {
     "revision": "Hub revision (branch, tag or commit) of a model given by Hub name (default: main)",
     "download_dir": "Hugging Face cache to read and download models into (default: $HF_HUB_CACHE, $HF_HOME/hub)",
     "seed": "engine seed (initialises presets and seeds requests without their own seed)",
+    "data_parallel_size": "engine replicas, one process each (cuda:0..N-1 on CUDA, else the CPU); requests are "
+                          "routed by least outstanding work and shared prompt prefix",
     "num_loops": "override the model depth (Ouro loops 1..8, Huginn recurrences 1..128)",
     "max_model_len": "context length limit (default: the model's)",
     "max_num_seqs": "maximum running requests (default 256 on CUDA, 16 on CPU)",

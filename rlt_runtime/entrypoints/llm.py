@@ -6,7 +6,7 @@ import dataclasses
 import itertools
 from typing import Optional, Sequence, Union
 
-from ..engine.llm_engine import LLMEngine
+from ..engine.data_parallel import build_engine
 from ..errors import RequestError
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
@@ -21,10 +21,11 @@ class LLM:
     (`ByteDance/Ouro-1.4B`; options `revision`, `download_dir`) or a preset name (`ouro-tiny`,
     `huginn-tiny`, `ouro-1.4b`, `ouro-2.6b`, `huginn-0125`). Engine options are keyword
     arguments (see docs/options.md), e.g. `LLM("ouro-1.4b", max_num_seqs=64, kv_layout="shared")`.
+    `data_parallel_size=N` runs N engine replicas, one process per GPU (docs/distributed.md).
     """
 
     def __init__(self, model: str, *, dtype: str = "auto", device: str = "auto", seed: int = 0, **engine_options):
-        self.engine = LLMEngine(model, dtype=dtype, device=device, seed=seed, **engine_options)
+        self.engine = build_engine(model, dtype=dtype, device=device, seed=seed, **engine_options)
         self._ids = itertools.count()
 
     @property

@@ -118,14 +118,16 @@ def warn_if_exposed(host: str, api_key: Optional[str]) -> None:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from ...engine.llm_engine import LLMEngine
+    from ...engine.data_parallel import build_engine, replica_devices
     from .app import ServerConfig, create_app
     from .http_server import build_server
     from .worker import EngineWorker
 
     try:
         options = engine_kwargs(args)
-        EngineConfig.from_kwargs(**options).validate_static()  # option errors exit here, before the port opens
+        engine_config = EngineConfig.from_kwargs(**options)
+        engine_config.validate_static()  # option errors exit here, before the port opens
+        replica_devices(engine_config)
         config = ServerConfig(
             served_model_name=args.served_model_name or args.model, api_key=api_key_from(args),
             max_concurrent_requests=args.max_concurrent_requests, max_body_bytes=args.max_body_bytes,
@@ -144,7 +146,7 @@ def main(argv=None) -> int:
         print(f"rlt-serve: error: {exc}", file=sys.stderr)
         return 2
     warn_if_exposed(args.host, config.api_key)
-    worker = EngineWorker(lambda: LLMEngine(args.model, **options))
+    worker = EngineWorker(lambda: build_engine(args.model, **options))
     app = create_app(worker, config)
     server = build_server(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
 

@@ -9,6 +9,10 @@ seconds, and are exported at scrape time.
 `engine.stats()["speculative"]` (present with speculative decoding) is read as a dict of
 cumulative counts: `rounds`, `drafted`, `accepted`, and the lists `accepted_per_position` /
 `drafted_per_position` (index = draft position). Missing keys are simply not exported.
+
+With data parallelism the engine-wide values are the front end's aggregate (counters summed over
+replicas, gauges over live ones) and `stats()["data_parallel"]["replicas"]` adds one labelled
+series per replica: up (1/0), running and waiting requests, KV usage.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from ...outputs import RequestOutput
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.25, 0.5, 0.75, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
-FINISH_REASONS = ("stop", "length", "abort")
+FINISH_REASONS = ("stop", "length", "abort", "error")
 # (exported name, key of engine.stats()["speculative"], help)
 SPEC_COUNTERS = (("vllm:spec_decode_num_drafts", "rounds", "Speculative rounds"),
                  ("vllm:spec_decode_num_draft_tokens", "drafted", "Drafted tokens"),
@@ -150,6 +154,23 @@ class ServerMetrics:
                     for pos, count in enumerate(spec[key]):
                         fam.add_metric([str(pos)], count)
                     yield fam
+        dp = s.get("data_parallel")
+        if isinstance(dp, dict):
+            yield from _replica_metrics(dp)
         buckets, total = self.loop_histogram()
         yield HistogramMetricFamily("rlt:loops_per_token", "Loops run by each generated token (its exit depth)",
                                     buckets=buckets, sum_value=total)
+
+
+def _replica_metrics(dp: dict):
+    """Per-replica series of a data-parallel engine (label `replica` = its index)."""
+    series = (("rlt:replica_up", "1 while the data-parallel replica serves, 0 once it failed", None),
+              ("rlt:replica_num_requests_running", "Requests in the replica's running batch", "running"),
+              ("rlt:replica_num_requests_waiting", "Requests waiting for admission on the replica", "waiting"),
+              ("rlt:replica_kv_cache_usage_perc", "Fraction of the replica's KV blocks in use", "kv_usage"))
+    for name, help_text, key in series:
+        fam = GaugeMetricFamily(name, help_text, labels=["replica"])
+        for r in dp["replicas"]:
+            value = float(r["alive"]) if key is None else (r["stats"].get(key, 0) if r["alive"] else 0)
+            fam.add_metric([str(r["index"])], value)
+        yield fam

@@ -22,6 +22,7 @@ import time
 import uuid
 from typing import Callable, Optional, Union
 
+from ...engine.data_parallel import DataParallelEngine
 from ...engine.llm_engine import LLMEngine
 from ...errors import ConfigError, RequestError, RltError
 from ...outputs import RequestOutput
@@ -119,13 +120,16 @@ class _Active:
 
 
 class EngineWorker:
-    """Runs an LLMEngine on its own thread.
+    """Runs an LLMEngine (or a DataParallelEngine: the same surface) on its own thread.
 
-    engine: an LLMEngine, or a zero-argument callable that builds one on the owner thread (the
+    engine: an engine, or a zero-argument callable that builds one on the owner thread (the
     server then answers /health with 503 while the model loads).
+
+    An output with `error` set (a data-parallel replica failed under it) fails its stream with a
+    500, as an engine failure does; the other requests go on.
     """
 
-    def __init__(self, engine: Union[LLMEngine, Callable[[], LLMEngine]], metrics: Optional[ServerMetrics] = None,
+    def __init__(self, engine: Union[LLMEngine, DataParallelEngine, Callable[[], LLMEngine]], metrics: Optional[ServerMetrics] = None,
                  stats_interval: float = 0.05):
         self._source = engine
         self.metrics = metrics or ServerMetrics()
@@ -222,7 +226,7 @@ class EngineWorker:
     # ---- owner thread -------------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            engine = self._source if isinstance(self._source, LLMEngine) else self._source()
+            engine = self._source if isinstance(self._source, (LLMEngine, DataParallelEngine)) else self._source()
             self.metrics.set_depth(engine.depth)
             self.metrics.update_engine(engine.stats())
             self._engine = engine
@@ -244,6 +248,8 @@ class EngineWorker:
             self.failure = exc
         finally:
             self._stop_all(engine)
+            if isinstance(engine, DataParallelEngine):
+                engine.shutdown()
 
     def _loop(self, engine: LLMEngine) -> None:
         while True:
@@ -333,7 +339,12 @@ class EngineWorker:
         if entry is None:
             return
         self.metrics.observe(entry.timer, out, now)
-        self._post(entry.stream, entry.stream._deliver, entry.index, out)
+        if out.error is not None:
+            logger.error("rlt-serve: request %s failed: %s", out.request_id, out.error)
+            self._post(entry.stream, entry.stream.fail, ApiError(500, f"the engine failed: {out.error}", None,
+                                                                 "internal_error"))
+        else:
+            self._post(entry.stream, entry.stream._deliver, entry.index, out)
         if out.finished:
             del self._active[out.request_id]
             left = self._streams[entry.stream] - 1

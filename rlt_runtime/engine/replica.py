@@ -1,0 +1,98 @@
+"""One engine replica as a data-parallel front end sees it, and the in-process implementation.
+
+A replica takes requests (token ids, SamplingParams), runs them to completion on its own and
+hands back RequestOutputs. The front end never reaches inside: it adds, aborts, polls for
+outputs, reads stats and shuts the replica down. Implementations: `InProcessReplica` (an
+LLMEngine in this process, stepped by `poll`), `ProcessReplica` (process_replica.py: an
+LLMEngine in its own process that steps by itself). An actor on another machine fits the same
+interface: `wait_handles` lists what `multiprocessing.connection.wait` can block on until the
+replica has something to say.
+
+A replica that fails sets `failure` (a sentence naming the replica and the cause) and stops
+returning outputs; the front end finishes its requests with an error.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Optional
+
+from ..outputs import RequestOutput
+from ..sampling_params import SamplingParams
+
+
+class Replica(abc.ABC):
+    """The front end's handle on one engine replica.
+
+    `info` (set once the replica is ready): {"model_name", "max_model_len", "depth", "device"}.
+    """
+
+    index: int
+    info: dict
+    failure: Optional[str] = None
+
+    @property
+    def alive(self) -> bool:
+        return self.failure is None
+
+    @abc.abstractmethod
+    def add_request(self, request_id: str, prompt: dict, params: SamplingParams, *, arrival_time: float,
+                    arrival_index: int) -> None:
+        """Queue a request; prompt is {"prompt_token_ids": [...], "prompt": text or None}.
+        Raises the engine's RequestError/ConfigError when the replica rejects it."""
+
+    @abc.abstractmethod
+    def abort_request(self, request_id: str) -> Optional[RequestOutput]:
+        """Abort a request; returns its final output, or None if the replica does not hold it."""
+
+    @abc.abstractmethod
+    def poll(self, final_only: bool) -> list[RequestOutput]:
+        """Outputs available now, without waiting (final_only: only those of finished requests)."""
+
+    def wait_handles(self) -> list:
+        """Objects `multiprocessing.connection.wait` can wait on until `poll` has news; empty when
+        `poll` itself makes progress (it runs a step)."""
+        return []
+
+    @abc.abstractmethod
+    def stats(self) -> dict:
+        """The replica engine's latest `stats()`."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Stop the replica and free its resources (idempotent)."""
+
+    def describe(self) -> dict:
+        """Identity and health for the front end's stats."""
+        return {"index": self.index, "device": self.info.get("device"), "alive": self.alive, "failure": self.failure}
+
+
+class InProcessReplica(Replica):
+    """An LLMEngine in this process; `poll` runs one engine step when it has work."""
+
+    def __init__(self, index: int, engine):
+        self.index = index
+        self.engine = engine
+        self.info = {"model_name": engine.model_name, "max_model_len": engine.max_model_len, "depth": engine.depth,
+                     "device": str(engine.device)}
+
+    def add_request(self, request_id, prompt, params, *, arrival_time, arrival_index):
+        self.engine.add_request(request_id, prompt, params, arrival_time=arrival_time, arrival_index=arrival_index)
+
+    def abort_request(self, request_id):
+        return self.engine.abort_request(request_id)
+
+    def poll(self, final_only):
+        if not self.alive or not self.engine.has_unfinished_requests():
+            return []
+        try:
+            return self.engine.step(final_only=final_only)
+        except Exception as exc:  # noqa: BLE001 - the front end fails this replica's requests, others go on
+            self.failure = f"data-parallel replica {self.index} ({self.info['device']}): its engine step failed: {exc!r}"
+            return []
+
+    def stats(self):
+        return self.engine.stats()
+
+    def shutdown(self):
+        pass
