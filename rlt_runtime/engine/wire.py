@@ -15,8 +15,10 @@ from ..sampling_params import SamplingParams
 
 
 def params_to_dict(params: SamplingParams) -> dict:
-    """The constructor arguments of `params` (derived fields left out)."""
-    return {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.init}
+    """The constructor arguments of `params` (derived fields left out; nested dataclasses such
+    as `guided` as dicts, which the constructor accepts)."""
+    data = {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.init}
+    return {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in data.items()}
 
 
 def params_from_dict(data: dict) -> SamplingParams:

@@ -68,7 +68,8 @@ def test_router_forgets_the_oldest_prefixes():
 # ---- what crosses to a replica ---------------------------------------------------------------------------
 def test_requests_and_outputs_cross_as_plain_data_and_come_back_equal():
     params = SamplingParams(n=2, best_of=3, max_tokens=5, temperature=0.7, seed=9, stop=["x", "yz"], logprobs=2,
-                            prompt_logprobs=1, logit_bias={3: -1.5}, bad_words=["no", [4, 5]], min_tokens=1)
+                            prompt_logprobs=1, logit_bias={3: -1.5}, bad_words=["no", [4, 5]], min_tokens=1,
+                            guided={"regex": "[ab]+"})
     data = params_to_dict(params)
     assert _plain(data) and params_from_dict(data) == params
     out = RequestOutput("r", "hi", [1, 2], [CompletionOutput(
