@@ -606,7 +606,7 @@ class _Format:
                         index = pi * self.body.n + c.index
                         st = progress.get(index)
                         if st is None:
-                            st = progress[index] = _Progress()
+                            st = progress[index] = self.start(pi)
                         chunk = self.delta(index, st, self.shown(c), out)
                         if chunk is not None:
                             if continuous:
@@ -623,6 +623,10 @@ class _Format:
 
     def opening(self) -> list:
         return []
+
+    def start(self, prompt_index: int) -> _Progress:
+        """The stream state of a new choice of prompt `prompt_index`."""
+        return _Progress()
 
     def advance(self, st: _Progress, c: CompletionOutput) -> Optional[tuple[str, int, int, Optional[str]]]:
         """(new text, first new token, end token, finish reason) or None when nothing changed."""
