@@ -105,3 +105,22 @@ def test_fp8_linear_argument_errors(device):
             fn(x, w8, weight_scale=scale[:4])
         with pytest.raises(ValueError, match="weight_scale is for float8_e4m3fn weights"):
             fn(x, torch.ones((8, 32), dtype=torch.bfloat16, device=device), weight_scale=scale)
+
+
+OURO_LAYER_WEIGHTS = [(6144, 2048, None), (2048, 2048, None), (11264, 2048, "swiglu"), (2048, 5632, None)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k,activation", OURO_LAYER_WEIGHTS)
+def test_gpu_fp8_row_classes_keep_the_bits(device, n, k, activation):
+    """Ouro-1.4B's layer shapes: a row's bits are the same in the decode, middle and prefill row
+    classes (their tiles differ, their reduction plan does not), and close to the reference."""
+    gen = seeded(n + k, device)
+    w8, scale = quantize_weight_fp8(_weight(n, k, device, n))
+    x = randn((1100, k), torch.bfloat16, device, gen)
+    full = gemm.linear(x, w8, weight_scale=scale, activation=activation)
+    ref = gemm.linear_reference(x, w8, weight_scale=scale, activation=activation)
+    torch.testing.assert_close(full.float(), ref.float(), rtol=2 * 2.0**-7, atol=2e-2)
+    for m in (1, 5, 64, 65, 300):
+        assert torch.equal(gemm.linear(x[:m], w8, weight_scale=scale, activation=activation), full[:m]), \
+            f"row bits changed at M={m}"
