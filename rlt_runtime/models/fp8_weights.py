@@ -16,9 +16,6 @@ import torch
 
 from rlt_kernels.fp8 import quantize_weight_fp8
 
-QUANTIZATIONS = (None, "fp8")
-
-
 @dataclass(frozen=True)
 class Fp8Weight:
     """data: float8_e4m3fn [N, K]; scale: fp32 [N] (row n of the weight is data[n] * scale[n])."""
@@ -38,9 +35,3 @@ def linear_weight(weight: torch.Tensor, quantization: Optional[str]):
     data, scale = quantize_weight_fp8(weight)
     return Fp8Weight(data, scale)
 
-
-def weight_bytes(weight) -> int:
-    """Device bytes of a stored weight (tensor or Fp8Weight)."""
-    if isinstance(weight, Fp8Weight):
-        return weight.data.numel() * weight.data.element_size() + weight.scale.numel() * 4
-    return weight.numel() * weight.element_size()
