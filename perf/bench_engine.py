@@ -56,12 +56,15 @@ def weight_bytes_per_step(cfg, depth) -> int:
     return 2 * total
 
 
-def floor_ms(cfg, depth, batch, roof, ctx=192) -> float:
-    """max(bytes / bandwidth, FLOPs / GEMM rate) of one decode step (weights + KV reads)."""
-    wbytes = weight_bytes_per_step(cfg, depth)
+def floor_ms(cfg, depth, batch, roof, ctx=192, *, weight_bytes=None, kv_elem_bytes=2) -> float:
+    """max(bytes / bandwidth, FLOPs / GEMM rate) of one decode step (weights + KV reads).
+    weight_bytes: the step's weight bytes when they are not bf16 (FP8: `perf.bench_fp8`);
+    kv_elem_bytes: bytes of one cached K/V element (1 for an FP8 cache)."""
+    bf16_bytes = weight_bytes_per_step(cfg, depth)
+    wbytes = bf16_bytes if weight_bytes is None else weight_bytes
     layers = cfg.num_hidden_layers if cfg.family == "ouro" else cfg.n_layers_in_recurrent_block
-    kv = batch * ctx * 2 * cfg.kv_heads * cfg.head_dim * 2 * layers * depth
-    flops = batch * wbytes  # 2 FLOPs per weight parameter = bytes in bf16
+    kv = batch * ctx * 2 * cfg.kv_heads * cfg.head_dim * kv_elem_bytes * layers * depth
+    flops = batch * bf16_bytes  # 2 FLOPs per weight parameter = bytes in bf16
     return max((wbytes + kv) / (roof["copy_gbps"] * 1e9), flops / (roof["gemm_tflops"] * 1e12)) * 1e3
 
 

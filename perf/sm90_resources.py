@@ -60,42 +60,52 @@ def compile_sm90(fn, pointers: dict, constexprs: dict, floats=(), **options) -> 
 
 
 def linear_reports() -> dict:
+    """bf16 weights, and FP8 weights (quantization="fp8": fp8 tiles widened to bf16, scales in the epilogue)."""
     out = {}
-    ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32", "active_ptr": "*i32"}
-    for name, n, k, act in OURO_WEIGHTS:
-        for rows in (1, 256, 2048):  # the decode, middle and prefill row classes
-            cfg = gemm.linear_config(n, k, torch.bfloat16, act, rows)
-            const = dict(HAS_ACTIVE=True, SWIGLU=act == "swiglu", EXACT_DOT=False, PRECISION="tf32",
-                         EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                         GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k)
-            out[f"linear {name} M={rows} {cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.num_stages} split {cfg.split_k}"] = \
-                compile_sm90(gemm._linear_kernel, ptrs, const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    const = dict(HAS_ACTIVE=True, SWIGLU=True, SPLIT_K=2, BLOCK_M=gemm.REDUCE_BLOCK_M, BLOCK_N=gemm.REDUCE_BLOCK_N)
-    out["linear split-K reduction"] = compile_sm90(gemm._split_reduce_kernel, ptrs, const, num_warps=4)
+    for weight in ("bf16", "fp8"):
+        ptrs = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv" if weight == "fp8" else "*bf16", "scale_ptr": "*fp32",
+                "out_ptr": "*bf16", "ws_ptr": "*fp32", "active_ptr": "*i32"}
+        for name, n, k, act in OURO_WEIGHTS:
+            if weight == "fp8" and name == "lm_head":
+                continue  # the LM head stays bf16
+            for rows in (1, 256, 2048):  # the decode, middle and prefill row classes
+                cfg = gemm.linear_config(n, k, torch.bfloat16, act, rows)
+                const = dict(HAS_ACTIVE=True, SWIGLU=act == "swiglu", HAS_SCALE=weight == "fp8", EXACT_DOT=False,
+                             PRECISION="tf32", EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                             BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k)
+                out[f"linear {weight} {name} M={rows} {cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.num_stages} "
+                    f"split {cfg.split_k}"] = compile_sm90(gemm._linear_kernel, ptrs, const, num_warps=cfg.num_warps,
+                                                           num_stages=cfg.num_stages)
+        const = dict(HAS_ACTIVE=True, SWIGLU=True, HAS_SCALE=weight == "fp8", SPLIT_K=2, BLOCK_M=gemm.REDUCE_BLOCK_M,
+                     BLOCK_N=gemm.REDUCE_BLOCK_N)
+        out[f"linear {weight} split-K reduction"] = compile_sm90(gemm._split_reduce_kernel, ptrs, const, num_warps=4)
     return out
 
 
 def attention_reports() -> dict:
+    """The tile kernel and the decode kernel, on bf16 and FP8 (kv_cache_dtype="fp8") caches."""
     out = {}
-    ptrs = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")}
-    ptrs.update({n: "*i32" for n in ("tables_ptr", "seq_lens_ptr", "qsl_ptr", "slots_ptr", "qdepth_ptr",
-                                     "key_depth_ptr", "active_ptr", "decode_from_ptr")}, ws_ptr="*fp32")
-    for warps, few_queries in ((4, False), (4, True), (8, False)):
-        cfg = attention._tile_shape(16, 16, 128, torch.bfloat16, few_queries)  # Ouro: 16 heads of 128, MHA
-        cfg.pop("num_warps")
-        stages = cfg.pop("num_stages")
-        const = dict(cfg, BLOCK_N=attention.KEY_TILE, BLOCK_SIZE=16, HAS_ACTIVE=True, HAS_SLOTS=True,
-                     QDEPTH_TENSOR=True, HAS_KEY_DEPTH=True, DECODE_FROM_TENSOR=True, DOT_PRECISION="tf32",
-                     EXACT_DOT=False)
-        out[f"paged_attention depth-aware, {warps} warps, {stages} stages"] = compile_sm90(
-            attention._paged_attention_kernel, ptrs, const, floats=("qk_scale",), num_warps=warps, num_stages=stages)
-    cfg = attention._decode_shape(16, 16, 128)
-    warps = cfg.pop("num_warps")
-    const = dict(cfg, BLOCK_SIZE=16, HAS_ACTIVE=True, HAS_SLOTS=True, QDEPTH_TENSOR=True, HAS_KEY_DEPTH=True,
-                 DECODE_FROM_TENSOR=False)
-    out[f"decode attention depth-aware, {cfg['BLOCK_N']} lanes, {warps} warps"] = compile_sm90(
-        attention._decode_attention_kernel, ptrs, const, floats=("qk_scale",), num_warps=warps,
-        num_stages=attention.DECODE_STAGES)
+    for cache in ("bf16", "fp8"):
+        ptrs = {"q_ptr": "*bf16", "out_ptr": "*bf16", "k_ptr": "*fp8e4nv" if cache == "fp8" else "*bf16",
+                "v_ptr": "*fp8e4nv" if cache == "fp8" else "*bf16"}
+        ptrs.update({n: "*i32" for n in ("tables_ptr", "seq_lens_ptr", "qsl_ptr", "slots_ptr", "qdepth_ptr",
+                                         "key_depth_ptr", "active_ptr", "decode_from_ptr")},
+                    ws_ptr="*fp32", k_scale_ptr="*fp32", v_scale_ptr="*fp32")
+        flags = dict(BLOCK_SIZE=16, HAS_ACTIVE=True, HAS_SLOTS=True, QDEPTH_TENSOR=True, HAS_KEY_DEPTH=True,
+                     DECODE_FROM_TENSOR=True, KV_FP8=cache == "fp8")
+        for warps, few_queries in ((4, False), (4, True), (8, False)):
+            cfg = attention._tile_shape(16, 16, 128, torch.bfloat16, few_queries)  # Ouro: 16 heads of 128, MHA
+            cfg.pop("num_warps")
+            stages = cfg.pop("num_stages")
+            const = dict(cfg, BLOCK_N=attention.KEY_TILE, DOT_PRECISION="tf32", EXACT_DOT=False, **flags)
+            out[f"paged_attention {cache} depth-aware, {warps} warps, {stages} stages"] = compile_sm90(
+                attention._paged_attention_kernel, ptrs, const, floats=("qk_scale",), num_warps=warps,
+                num_stages=stages)
+        cfg = attention._decode_shape(16, 16, 128)
+        warps = cfg.pop("num_warps")
+        out[f"decode attention {cache} depth-aware, {warps} warps"] = compile_sm90(
+            attention._decode_attention_kernel, ptrs, dict(cfg, **flags), floats=("qk_scale",), num_warps=warps,
+            num_stages=attention.DECODE_STAGES)
     return out
 
 

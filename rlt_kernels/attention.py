@@ -25,6 +25,11 @@ Loop-depth indirection (LAST_EXITED without copies)
     Huginn's core layers use ``plane_offset=1`` and ``plane_modulus`` = number of core planes
     (compress-sN is a smaller modulus).
 
+FP8 caches: k/v_cache float8_e4m3fn with ``k_scale``, ``v_scale`` fp32 [KVH] (stored value
+times its KV head's scale is the key / value; `rlt_kernels.fp8`). K and V tiles are widened
+exactly to q's dtype, K's scale multiplies the score scale and V's the output, so the key order
+and the tiles, and with them the batch invariance, are those of a cache in q's dtype.
+
 ``seq_slots`` [S] int32 maps each sequence to its row of block_tables (persistent per-request
 tables); default: sequence s uses row s.
 
@@ -75,6 +80,7 @@ import torch
 from ._dot import exact_dots, mma
 from ._rows import active_count, compute_dtype
 from ._triton import check_launchable, tl, triton
+from .fp8 import FP8_DTYPE
 
 KEY_TILE = 64
 DEFAULT_SPLIT_SIZE = 1024
@@ -89,14 +95,17 @@ def paged_attention_reference(
     q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *,
     scale=None, out=None, workspace=None, seq_slots=None, query_depth=None, key_depth=None,
     plane_offset=0, plane_modulus=None, active_seqs=None, split_size=None, decode_from=None,
+    k_scale=None, v_scale=None,
 ):
     """Torch reference of `paged_attention` (same arguments; `workspace`, `split_size` and
-    `decode_from` choose arithmetic, not results, and are unused)."""
+    `decode_from` choose arithmetic, not results, and are unused). FP8 caches: scores are
+    q . k_stored * k_scale, outputs softmax @ v_stored * v_scale."""
     del workspace, split_size, decode_from
     t_total, h, d = q.shape
     _, bs, kvh, _ = k_cache.shape
     if h % kvh:
         raise ValueError(f"query heads ({h}) must be a multiple of kv heads ({kvh})")
+    _check_kv_scales(k_cache, v_cache, k_scale, v_scale)
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     out = torch.empty_like(q) if out is None else out
     tables = block_tables if block_tables.dim() == 3 else block_tables.unsqueeze(0)
@@ -153,6 +162,8 @@ def paged_attention_reference(
         kt = torch.where(valid[..., None, None], kt, torch.zeros_like(kt)).permute(0, 2, 1, 3)  # [n, KVH, 64, D]
         vt = torch.where(valid[..., None, None], vt, torch.zeros_like(vt)).permute(0, 2, 1, 3)
         s = (qf[:, :, :, None, :] * kt[:, :, None]).sum(-1)  # [n, KVH, G, 64]
+        if k_scale is not None:
+            s = s * k_scale.to(cd)[None, :, None, None]
         s = torch.where(valid[:, None, None, :], s, torch.full_like(s, -math.inf))
         m_new = torch.maximum(m_i, s.amax(-1))
         m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
@@ -163,6 +174,8 @@ def paged_attention_reference(
         m_i = m_new
     acc, l_i = acc.reshape(n_tok, h, d), l_i.reshape(n_tok, h)
     res = acc / torch.where(l_i > 0, l_i, torch.ones_like(l_i))[..., None]
+    if v_scale is not None:
+        res = res * v_scale.to(cd).repeat_interleave(group)[None, :, None]
     res = torch.where(live[:, None, None], res, torch.zeros_like(res))
     out[tok_idx] = res.to(out.dtype)
     return out
@@ -230,9 +243,13 @@ def _dim_mask(ok, offs_d, HEAD_DIM: tl.constexpr, DP: tl.constexpr):
 
 
 @triton.jit
-def _store_output(out_ptr, token, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run):
-    """out = acc / l (zero for rows that saw no key), rounded to out's dtype."""
+def _store_output(out_ptr, token, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run, v_scale_ptr, kvh,
+                  KV_FP8: tl.constexpr):
+    """out = acc / l (zero for rows that saw no key), times the KV head's V scale with an FP8
+    cache, rounded to out's dtype."""
     o = acc_run / tl.where(l_run > 0, l_run, 1.0)[:, None]
+    if KV_FP8:
+        o = o * tl.load(v_scale_ptr + kvh)
     ptrs = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
     tl.store(ptrs, o.to(out_ptr.dtype.element_ty), mask=io_mask)
 
@@ -295,7 +312,7 @@ def _sequence_planes(seq, kvh, tables_ptr, slots_ptr, qdepth_ptr, k_ptr, v_ptr, 
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, ws_ptr,
     tables_ptr, seq_lens_ptr, qsl_ptr, slots_ptr, qdepth_ptr, key_depth_ptr, active_ptr, decode_from_ptr,
-    qk_scale, n_seqs, n_heads, qdepth_value, decode_from_value, plane_offset, plane_modulus,
+    k_scale_ptr, v_scale_ptr, qk_scale, n_seqs, n_heads, qdepth_value, decode_from_value, plane_offset, plane_modulus,
     split_size, n_splits_max, ml_base, partial,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_co, stride_ch,
@@ -303,7 +320,7 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr, GP: tl.constexpr, QPT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HAS_ACTIVE: tl.constexpr, HAS_SLOTS: tl.constexpr, QDEPTH_TENSOR: tl.constexpr,
-    HAS_KEY_DEPTH: tl.constexpr, DECODE_FROM_TENSOR: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_KEY_DEPTH: tl.constexpr, DECODE_FROM_TENSOR: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
     EXACT_DOT: tl.constexpr,
 ):
     """One program: KV head program_id(1), a tile of BLOCK_M (query, head) rows, and either
@@ -332,6 +349,8 @@ def _paged_attention_kernel(
     table, qd, own_plane_table, k_head, v_head = _sequence_planes(
         seq, kvh, tables_ptr, slots_ptr, qdepth_ptr, k_ptr, v_ptr, qdepth_value, plane_offset, plane_modulus,
         stride_ts, stride_tp, stride_ch, HAS_SLOTS, QDEPTH_TENSOR)
+    if KV_FP8:  # FP8 K/V are widened exactly; K's scale joins the score scale, V's the output's
+        qk_scale = qk_scale * tl.load(k_scale_ptr + kvh)
 
     m_run = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_run = tl.zeros([BLOCK_M], tl.float32)
@@ -361,6 +380,9 @@ def _paged_attention_kernel(
                 kv_row = tl.where(early, blk.to(tl.int64) * stride_cb + within.to(tl.int64) * stride_co, kv_row)
             k = tl.load(k_head + kv_row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(v_head + kv_row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+            if KV_FP8:
+                k = k.to(q.dtype)
+                v = v.to(q.dtype)
             blk_own, kd = _tile_keys(own_plane_table, table, key_depth_ptr, start + BLOCK_N, range_end, offs_n,
                                      BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
 
@@ -387,15 +409,17 @@ def _paged_attention_kernel(
         tl.store(ws_ptr + ml_base + 2 * idx, m_run, mask=has)
         tl.store(ws_ptr + ml_base + 2 * idx + 1, l_run, mask=has)
     else:  # unsplit, or a split launch whose tile has one key range: its merged state is final
-        _store_output(out_ptr, token, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run)
+        _store_output(out_ptr, token, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run, v_scale_ptr, kvh,
+                      KV_FP8)
 
 
 @triton.jit
 def _combine_kernel(
-    out_ptr, ws_ptr, seq_lens_ptr, qsl_ptr, active_ptr, decode_from_ptr,
+    out_ptr, ws_ptr, seq_lens_ptr, qsl_ptr, active_ptr, decode_from_ptr, v_scale_ptr,
     n_seqs, n_heads, decode_from_value, split_size, n_splits_max, ml_base, stride_ot, stride_oh,
     GROUP: tl.constexpr, GP: tl.constexpr, QPT: tl.constexpr, BLOCK_M: tl.constexpr,
     HEAD_DIM: tl.constexpr, DP: tl.constexpr, HAS_ACTIVE: tl.constexpr, DECODE_FROM_TENSOR: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """Merge the key-range partials of one (query tile, KV head) in order 0, 1, 2, ... with
     `_merge` (the very arithmetic the unsplit kernel uses) and write the output rows. Tiles
@@ -426,7 +450,7 @@ def _combine_kernel(
         ws_mask = _dim_mask(has, offs_d, HEAD_DIM, DP)
         acc_part = tl.load(ws_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], mask=ws_mask, other=0.0)
         m_run, l_run, acc_run = _merge(m_run, l_run, acc_run, m_part, l_part, acc_part)
-    _store_output(out_ptr, token, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run)
+    _store_output(out_ptr, token, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run, v_scale_ptr, kvh, KV_FP8)
 
 
 @triton.jit
@@ -492,14 +516,14 @@ def _decode_kv_tile(k_head, v_head, table, blk_own, kd, qd, start, range_end, of
 def _decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, ws_ptr,
     tables_ptr, seq_lens_ptr, qsl_ptr, slots_ptr, qdepth_ptr, key_depth_ptr, active_ptr, decode_from_ptr,
-    qk_scale, n_seqs, n_heads, qdepth_value, decode_from_value, plane_offset, plane_modulus,
+    k_scale_ptr, v_scale_ptr, qk_scale, n_seqs, n_heads, qdepth_value, decode_from_value, plane_offset, plane_modulus,
     split_size, n_splits_max, ml_base, partial,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_co, stride_ch,
     stride_tp, stride_ts, stride_tb, stride_kdb, stride_kdo,
     GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, HAS_ACTIVE: tl.constexpr, HAS_SLOTS: tl.constexpr, QDEPTH_TENSOR: tl.constexpr,
-    HAS_KEY_DEPTH: tl.constexpr, DECODE_FROM_TENSOR: tl.constexpr,
+    HAS_KEY_DEPTH: tl.constexpr, DECODE_FROM_TENSOR: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     """The decode arithmetic: one program per (query token program_id(0), KV head program_id(1))
     and key range program_id(2) when splitting (partial != 0). Its GP query heads attend without
@@ -527,6 +551,8 @@ def _decode_attention_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     io_mask = _dim_mask(g_ok, offs_d, HEAD_DIM, DP)
     q = tl.load(q_ptr + token * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=io_mask, other=0.0)
+    if KV_FP8:  # FP8 K/V are widened exactly; K's scale joins the score scale, V's the output's
+        qk_scale = qk_scale * tl.load(k_scale_ptr + kvh)
     q = (q.to(tl.float32) * qk_scale)[:, None, :]  # [GP, 1, DP]
 
     table, qd, own_plane_table, k_head, v_head = _sequence_planes(
@@ -584,15 +610,16 @@ def _decode_attention_kernel(
         tl.store(ws_ptr + ml_base + 2 * idx, m_run, mask=g_ok)
         tl.store(ws_ptr + ml_base + 2 * idx + 1, l_run, mask=g_ok)
     else:
-        _store_output(out_ptr, token + g * 0, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run)
+        _store_output(out_ptr, token + g * 0, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run, v_scale_ptr,
+                      kvh, KV_FP8)
 
 
 @triton.jit
 def _decode_combine_kernel(
-    out_ptr, ws_ptr, seq_lens_ptr, qsl_ptr, active_ptr, decode_from_ptr,
+    out_ptr, ws_ptr, seq_lens_ptr, qsl_ptr, active_ptr, decode_from_ptr, v_scale_ptr,
     n_seqs, n_heads, decode_from_value, split_size, n_splits_max, ml_base, stride_ot, stride_oh,
     GROUP: tl.constexpr, GP: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr, HAS_ACTIVE: tl.constexpr,
-    DECODE_FROM_TENSOR: tl.constexpr,
+    DECODE_FROM_TENSOR: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     """Merge one decode row's key-range partials in order 0, 1, 2, ... with `_merge` and write
     it; a row whose keys fit one range was written by its range program."""
@@ -621,7 +648,8 @@ def _decode_combine_kernel(
         l_part = tl.load(ws_ptr + ml_base + 2 * idx + 1, mask=g_ok, other=0.0)
         acc_part = tl.load(ws_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], mask=io_mask, other=0.0)
         m_run, l_run, acc_run = _merge(m_run, l_run, acc_run, m_part, l_part, acc_part)
-    _store_output(out_ptr, token + g * 0, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run)
+    _store_output(out_ptr, token + g * 0, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run, v_scale_ptr, kvh,
+                  KV_FP8)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -723,6 +751,21 @@ def new_attention_workspace(num_tokens: int, num_heads: int, head_dim: int, max_
     return torch.empty(n, dtype=torch.float32, device=device)
 
 
+def _check_kv_scales(k_cache, v_cache, k_scale, v_scale) -> None:
+    """FP8 caches need fp32 scales [KVH]; caches in another dtype take none."""
+    fp8 = k_cache.dtype == FP8_DTYPE
+    if v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"k_cache and v_cache must share a dtype, got {k_cache.dtype} and {v_cache.dtype}")
+    kvh = k_cache.shape[-2]
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if not fp8 and t is not None:
+            raise ValueError(f"{name} is for float8_e4m3fn caches, got a {k_cache.dtype} cache")
+        if fp8 and (t is None or t.dtype != torch.float32 or tuple(t.shape) != (kvh,) or not t.is_contiguous()):
+            got = None if t is None else f"{t.dtype} {tuple(t.shape)}"
+            raise ValueError(f"a float8_e4m3fn cache needs {name}: a contiguous fp32 tensor [{kvh}] (one scale per "
+                             f"KV head), got {got}")
+
+
 def _check_int(name, t, dtypes=(torch.int32,), dim=1):
     if t.dtype not in dtypes or t.dim() != dim:
         raise ValueError(f"{name} must be a {dim}-D tensor of {[str(d) for d in dtypes]}, got "
@@ -733,6 +776,7 @@ def paged_attention(
     q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *,
     scale=None, out=None, workspace=None, seq_slots=None, query_depth=None, key_depth=None,
     plane_offset=0, plane_modulus=None, active_seqs=None, split_size=None, decode_from=None,
+    k_scale=None, v_scale=None,
 ):
     """Paged attention (Triton). Same arguments and semantics as `paged_attention_reference`;
     see the module docstring for layouts, the loop-depth plane map, the two arithmetics and the
@@ -741,10 +785,11 @@ def paged_attention(
     q [T, H, D] bf16/fp16/fp32; k/v_cache [num_blocks, block_size, KVH, D] (same dtype);
     block_tables int32 [S_rows, max_blocks] or [P, S_rows, max_blocks]; seq_lens int32 [S];
     query_start_loc int32 [S + 1]; out [T, H, D] (default: new, q's dtype); workspace fp32
-    (see `attention_workspace_size`); decode_from None, an int or int32 [S]. Returns out.
+    (see `attention_workspace_size`); decode_from None, an int or int32 [S]; k_scale, v_scale
+    fp32 [KVH] with float8_e4m3fn caches (else None). Returns out.
     """
     check_launchable(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, workspace,
-                     seq_slots, key_depth, active_seqs,
+                     seq_slots, key_depth, active_seqs, k_scale, v_scale,
                      query_depth if isinstance(query_depth, torch.Tensor) else None,
                      decode_from if isinstance(decode_from, torch.Tensor) else None)
     if q.dim() != 3 or k_cache.dim() != 4:
@@ -756,9 +801,11 @@ def paged_attention(
         raise ValueError("k_cache and v_cache must have the same shape and strides")
     if d_cache != d or h % kvh:
         raise ValueError(f"q [T, {h}, {d}] does not fit a cache with {kvh} kv heads of dim {d_cache}")
-    if q.dtype not in _KERNEL_DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ValueError(f"q, k_cache and v_cache must share one of {_KERNEL_DTYPES}; got "
-                         f"{q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if q.dtype not in _KERNEL_DTYPES or k_cache.dtype not in (q.dtype, FP8_DTYPE) or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"q, k_cache and v_cache must share one of {_KERNEL_DTYPES} (or the caches be "
+                         f"float8_e4m3fn); got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    _check_kv_scales(k_cache, v_cache, k_scale, v_scale)
+    kv_fp8 = k_cache.dtype == FP8_DTYPE
     if d > 256:
         raise ValueError(f"head_dim {d} > 256 is not supported")
     out = torch.empty_like(q) if out is None else out
@@ -810,7 +857,8 @@ def paged_attention(
             seq_slots if seq_slots is not None else seq_lens,
             query_depth if qdepth_tensor else seq_lens,
             key_depth if key_depth is not None else seq_lens,
-            active, decode_from if decode_tensor else seq_lens)
+            active, decode_from if decode_tensor else seq_lens,
+            k_scale if kv_fp8 else seq_lens, v_scale if kv_fp8 else seq_lens)
     scalars = (float(scale if scale is not None else 1.0 / math.sqrt(d)) * _LOG2E,
                n_seqs, h, 0 if qdepth_tensor or query_depth is None else int(query_depth), decode_value,
                plane_offset, modulus, split, num_ranges)
@@ -820,9 +868,10 @@ def paged_attention(
                key_depth.stride(0) if key_depth is not None else 0,
                key_depth.stride(1) if key_depth is not None else 0)
     flags = dict(BLOCK_SIZE=block_size, HAS_ACTIVE=active_seqs is not None, HAS_SLOTS=seq_slots is not None,
-                 QDEPTH_TENSOR=qdepth_tensor, HAS_KEY_DEPTH=key_depth is not None, DECODE_FROM_TENSOR=decode_tensor)
+                 QDEPTH_TENSOR=qdepth_tensor, HAS_KEY_DEPTH=key_depth is not None, DECODE_FROM_TENSOR=decode_tensor,
+                 KV_FP8=kv_fp8)
     ml_base = t_total * h * num_ranges * d
-    combine_args = (out, None, seq_lens, query_start_loc, active, ptrs[-1], n_seqs, h, decode_value, split,
+    combine_args = (out, None, seq_lens, query_start_loc, active, ptrs[12], ptrs[14], n_seqs, h, decode_value, split,
                     num_ranges, ml_base, out.stride(0), out.stride(1))
 
     launches = []
@@ -851,6 +900,6 @@ def paged_attention(
             combine_cfg = {k: v for k, v in cfg.items() if k not in ("BLOCK_N", "BLOCK_SIZE")}
             combine[(programs, kvh)](
                 combine_args[0], ws, *combine_args[2:], num_warps=num_warps,
-                HAS_ACTIVE=flags["HAS_ACTIVE"], DECODE_FROM_TENSOR=decode_tensor, **combine_cfg,
+                HAS_ACTIVE=flags["HAS_ACTIVE"], DECODE_FROM_TENSOR=decode_tensor, KV_FP8=kv_fp8, **combine_cfg,
             )
     return out

@@ -13,12 +13,18 @@ Contract shared by the Triton kernel and the torch reference:
   and a second kernel adds the partials in range order). On the GPU the tile around that
   reduction follows M (decode, middle and prefill row classes); tensor-core dots keep the
   per-element order whatever the tile, which the GPU tests check bit for bit.
+* FP8 weights: ``weight`` float8_e4m3fn [N, K] with ``weight_scale`` fp32 [N] (one scale per
+  output channel, `rlt_kernels.fp8.quantize_weight_fp8`). The kernel widens each weight tile to
+  x's dtype (exact: every e4m3 value is a bf16/fp16/fp32 value), accumulates in fp32 as for any
+  weight and multiplies the accumulator by the channel's scale in the epilogue (before SwiGLU;
+  gate and up rows have their own scales). The K reduction, its order and the tiles are those
+  of an x.dtype weight of the same shape, so FP8 keeps the batch invariance above.
 * ``active_rows`` (int32 [1] on the device): rows at or past the count are not written and
   their tiles are skipped inside the kernel, so a CUDA graph captured at a large bucket only
   pays for the live rows.
 
-The Triton kernel (`linear`) takes bf16/fp16/fp32 x and weight of the same dtype with a
-contiguous last dimension (row strides are free). Its launch configuration comes from
+The Triton kernel (`linear`) takes bf16/fp16/fp32 x and a weight of the same dtype (or FP8 with
+its scales) with a contiguous last dimension (row strides are free). Its launch configuration comes from
 `linear_config(N, K, dtype, activation, rows)` -- the one place to tune after measuring.
 """
 
@@ -32,27 +38,32 @@ import torch
 from ._rows import active_count, by_row_chunks, compute_dtype
 from ._dot import exact_dots, mma
 from ._triton import check_launchable, interpreter_active, tl, triton
+from .fp8 import FP8_DTYPE
 from .norms import silu_mul
 
 
-def _matmul_rows(x, weight, activation):
+def _matmul_rows(x, weight, activation, weight_scale):
     cd = compute_dtype(x.dtype)
     acc = x.to(cd) @ weight.to(cd).T
+    if weight_scale is not None:
+        acc = acc * weight_scale.to(cd)
     if activation == "swiglu":
         f = weight.shape[0] // 2
         acc = torch.nn.functional.silu(acc[:, :f]) * acc[:, f:]
     return acc
 
 
-def linear_reference(x, weight, *, out=None, active_rows=None, activation=None):
-    """Torch reference of `linear` (row-invariant on CPU and GPU)."""
+def linear_reference(x, weight, *, out=None, active_rows=None, activation=None, weight_scale=None):
+    """Torch reference of `linear` (row-invariant on CPU and GPU). An FP8 weight is widened to
+    the compute dtype, multiplied into x and the product scaled per output channel."""
     if activation not in (None, "swiglu"):
         raise ValueError(f"activation must be None or 'swiglu', got {activation!r}")
+    _check_scale(weight, weight_scale)
     n = weight.shape[0] // 2 if activation == "swiglu" else weight.shape[0]
     out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device) if out is None else out
     m = active_count(active_rows, x.shape[0])
     if m:
-        out[:m] = by_row_chunks(_matmul_rows, x[:m], weight, activation).to(out.dtype)
+        out[:m] = by_row_chunks(_matmul_rows, x[:m], weight, activation, weight_scale).to(out.dtype)
     return out
 
 
@@ -166,14 +177,34 @@ def _check_activation(activation) -> None:
         raise ValueError(f"activation must be None or 'swiglu', got {activation!r}")
 
 
+def _check_scale(weight, weight_scale) -> None:
+    """An FP8 weight needs fp32 scales [N]; other weights take none."""
+    if weight.dtype != FP8_DTYPE:
+        if weight_scale is not None:
+            raise ValueError(f"weight_scale is for float8_e4m3fn weights, got a {weight.dtype} weight")
+        return
+    if (weight_scale is None or weight_scale.dtype != torch.float32 or weight_scale.dim() != 1
+            or weight_scale.shape[0] != weight.shape[0] or not weight_scale.is_contiguous()):
+        got = None if weight_scale is None else f"{weight_scale.dtype} {tuple(weight_scale.shape)}"
+        raise ValueError(f"a float8_e4m3fn weight [{weight.shape[0]}, K] needs weight_scale: a contiguous fp32 "
+                         f"tensor [{weight.shape[0]}] (one scale per output channel), got {got}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Kernel
 # ---------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _store_result(out_ptr, rows, cols, stride_out, acc_g, acc_u, io_mask, SWIGLU: tl.constexpr):
-    """out[rows, cols] = acc_g (or silu(acc_g) * acc_u) from fp32, rounded once to out's dtype."""
+def _store_result(out_ptr, scale_ptr, rows, cols, n_out, stride_out, acc_g, acc_u, io_mask, SWIGLU: tl.constexpr,
+                  HAS_SCALE: tl.constexpr):
+    """out[rows, cols] = acc_g (or silu(acc_g) * acc_u) from fp32, rounded once to out's dtype;
+    with FP8 weights each accumulator is first multiplied by its output channel's scale."""
+    if HAS_SCALE:
+        col_ok = cols < n_out
+        acc_g = acc_g * tl.load(scale_ptr + cols, mask=col_ok, other=1.0)[None, :]
+        if SWIGLU:
+            acc_u = acc_u * tl.load(scale_ptr + n_out + cols, mask=col_ok, other=1.0)[None, :]
     if SWIGLU:
         result = silu_mul(acc_g, acc_u)
     else:
@@ -184,8 +215,8 @@ def _store_result(out_ptr, rows, cols, stride_out, acc_g, acc_u, io_mask, SWIGLU
 
 @triton.jit(do_not_specialize=["m"])
 def _linear_kernel(
-    x_ptr, w_ptr, out_ptr, ws_ptr, active_ptr, m, n_out, k, k_range, stride_x, stride_w, stride_out,
-    HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, EXACT_DOT: tl.constexpr, PRECISION: tl.constexpr,
+    x_ptr, w_ptr, scale_ptr, out_ptr, ws_ptr, active_ptr, m, n_out, k, k_range, stride_x, stride_w, stride_out,
+    HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr, EXACT_DOT: tl.constexpr, PRECISION: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
 ):
@@ -230,19 +261,23 @@ def _linear_kernel(
             k_ok = (k0 + ks) < k_hi
             a = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             g = tl.load(g_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        if HAS_SCALE:
+            g = g.to(a.dtype)  # FP8 tile widened exactly; its scale is applied in the epilogue
         acc_g = mma(a, g, acc_g, PRECISION, EXACT_DOT)
         if SWIGLU:
             if EVEN_K:
                 u = tl.load(u_ptrs, mask=col_ok[None, :], other=0.0)
             else:
                 u = tl.load(u_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            if HAS_SCALE:
+                u = u.to(a.dtype)
             acc_u = mma(a, u, acc_u, PRECISION, EXACT_DOT)
             u_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
     io_mask = row_ok[:, None] & col_ok[None, :]
     if SPLIT_K == 1:
-        _store_result(out_ptr, rows, cols, stride_out, acc_g, acc_u, io_mask, SWIGLU)
+        _store_result(out_ptr, scale_ptr, rows, cols, n_out, stride_out, acc_g, acc_u, io_mask, SWIGLU, HAS_SCALE)
     else:
         # fp32 partials: workspace [SPLIT_K, m, n_acc] with gate columns first, then up.
         n_acc = n_out * (2 if SWIGLU else 1)
@@ -254,8 +289,8 @@ def _linear_kernel(
 
 @triton.jit(do_not_specialize=["m"])
 def _split_reduce_kernel(
-    ws_ptr, out_ptr, active_ptr, m, n_out, stride_out,
-    HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+    ws_ptr, scale_ptr, out_ptr, active_ptr, m, n_out, stride_out,
+    HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """out = sum of the SPLIT_K partials in range order (then SwiGLU), rounded once."""
@@ -275,17 +310,18 @@ def _split_reduce_kernel(
         g += tl.load(base, mask=io_mask, other=0.0)
         if SWIGLU:
             u += tl.load(base + n_out, mask=io_mask, other=0.0)
-    _store_result(out_ptr, rows, cols, stride_out, g, u, io_mask, SWIGLU)
+    _store_result(out_ptr, scale_ptr, rows, cols, n_out, stride_out, g, u, io_mask, SWIGLU, HAS_SCALE)
 
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def linear(x, weight, *, out=None, active_rows=None, activation=None):
+def linear(x, weight, *, out=None, active_rows=None, activation=None, weight_scale=None):
     """Batch-invariant ``x @ weight.T`` (Triton), same contract as `linear_reference`.
 
-    x [M, K] bf16/fp16/fp32 (row stride free, last dim contiguous); weight [N, K] same dtype
-    (nn.Linear layout; [2F, K] = [gate rows | up rows] for ``activation="swiglu"``); out
+    x [M, K] bf16/fp16/fp32 (row stride free, last dim contiguous); weight [N, K] same dtype, or
+    float8_e4m3fn with ``weight_scale`` fp32 [N] (nn.Linear layout; [2F, K] = [gate rows | up
+    rows] for ``activation="swiglu"``); out
     [M, N] (or [M, F]) in x.dtype by default or fp32 when given so; active_rows int32 [1] on
     the device or None. fp32 accumulation, rounded once to out.dtype. The tile configuration
     is `linear_config(N, K, dtype, activation, M)` (M only on the GPU: the interpreter keeps the
@@ -295,9 +331,10 @@ def linear(x, weight, *, out=None, active_rows=None, activation=None):
     _check_activation(activation)
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x [M, K] and weight [N, K] expected, got {tuple(x.shape)} and {tuple(weight.shape)}")
-    if x.dtype not in _KERNEL_DTYPES or weight.dtype != x.dtype:
-        raise ValueError(f"x and weight must share a bf16/fp16/fp32 dtype (got {x.dtype}, {weight.dtype}); "
-                         "fp64 runs on rlt_kernels.reference")
+    if x.dtype not in _KERNEL_DTYPES or weight.dtype not in (x.dtype, FP8_DTYPE):
+        raise ValueError(f"x and weight must share a bf16/fp16/fp32 dtype, or the weight be float8_e4m3fn "
+                         f"(got {x.dtype}, {weight.dtype}); fp64 runs on rlt_kernels.reference")
+    _check_scale(weight, weight_scale)
     m, k = x.shape
     n = weight.shape[0]
     if activation == "swiglu" and n % 2:
@@ -312,14 +349,15 @@ def linear(x, weight, *, out=None, active_rows=None, activation=None):
             raise ValueError(f"{name} must have a contiguous last dimension")
     if active_rows is not None and (active_rows.numel() < 1 or active_rows.dtype not in (torch.int32, torch.int64)):
         raise ValueError("active_rows must be an int32 tensor of shape [1]")
-    check_launchable(x, weight, out, active_rows)
+    check_launchable(x, weight, out, active_rows, weight_scale)
     if m == 0 or n_out == 0:
         return out
     rows = m if x.is_cuda and not interpreter_active() else None
-    return _launch(x, weight, out, active_rows, activation, linear_config(n, k, x.dtype, activation, rows))
+    return _launch(x, weight, out, active_rows, activation, linear_config(n, k, x.dtype, activation, rows),
+                   weight_scale)
 
 
-def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig):
+def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_scale=None):
     """Launch the kernel on validated arguments with an explicit configuration (`linear` passes
     `linear_config`'s; the perf sweep passes candidates)."""
     m, k = x.shape
@@ -332,16 +370,19 @@ def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig):
         ws = torch.empty((split, m, n_out * (2 if swiglu else 1)), dtype=torch.float32, device=x.device)
     active = out if active_rows is None else active_rows
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n_out, cfg.block_n), split)
+    scale = out if weight_scale is None else weight_scale
+    has_scale = weight_scale is not None
     _linear_kernel[grid](
-        x, weight, out, ws, active, m, n_out, k, k_range, x.stride(0), weight.stride(0), out.stride(0),
-        HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu, EXACT_DOT=exact_dots(),
+        x, weight, scale, out, ws, active, m, n_out, k, k_range, x.stride(0), weight.stride(0), out.stride(0),
+        HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu, HAS_SCALE=has_scale, EXACT_DOT=exact_dots(),
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, SPLIT_K=split, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split > 1:
         _split_reduce_kernel[(triton.cdiv(m, REDUCE_BLOCK_M), triton.cdiv(n_out, REDUCE_BLOCK_N))](
-            ws, out, active, m, n_out, out.stride(0), HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu,
+            ws, scale, out, active, m, n_out, out.stride(0), HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu,
+            HAS_SCALE=has_scale,
             SPLIT_K=split, BLOCK_M=REDUCE_BLOCK_M, BLOCK_N=REDUCE_BLOCK_N, num_warps=4,
         )
     return out

@@ -7,6 +7,10 @@ head_dim] pool); only the innermost dimension must be contiguous. A token's slot
 at or past ``active_rows[0]`` (int32 device tensor), write nothing; the kernels test the row
 count before they read a row's slot, so padding rows with stale metadata stay inert.
 
+FP8 caches (float8_e4m3fn) take ``k_scale``, ``v_scale`` fp32 [KVH]: a value is stored as
+``fp8(clamp(x / scale, ±448))`` rounded to nearest even (`rlt_kernels.fp8.quantize_fp8`), from x
+in its own dtype (the rotated k rounded to k's dtype first, as for any cache).
+
 Kernels: one program per (token, group of heads); all address arithmetic is int64. The
 scatter is a bit-exact copy when k/v and the cache share a dtype. The fused RoPE kernel
 evaluates the rotation with the same fp32 operations as ``norms.apply_rope_reference`` and is
@@ -19,14 +23,18 @@ import torch
 
 from ._rows import active_count
 from ._triton import check_launchable, tl, triton
+from .fp8 import FP8_DTYPE, FP8_MAX, quantize_fp8
 from .norms import apply_rope_reference
 
+FP8_LIMIT: tl.constexpr = FP8_MAX
 TILE_ELEMENTS = 2048  # heads x head_dim elements per program and tensor
 NUM_WARPS = 4
 
 
-def kv_scatter_reference(k, v, k_cache, v_cache, slot_mapping, *, active_rows=None):
-    """Write k, v [T, KVH, D] to the caches at slot_mapping [T] (int64). Returns None."""
+def kv_scatter_reference(k, v, k_cache, v_cache, slot_mapping, *, active_rows=None, k_scale=None, v_scale=None):
+    """Write k, v [T, KVH, D] to the caches at slot_mapping [T] (int64), quantized with the
+    scales [KVH] into FP8 caches. Returns None."""
+    _check_scales(k_cache, v_cache, k_scale, v_scale)
     m = active_count(active_rows, k.shape[0])
     if not m:
         return
@@ -35,15 +43,20 @@ def kv_scatter_reference(k, v, k_cache, v_cache, slot_mapping, *, active_rows=No
     slots = slots[keep]
     bs = k_cache.shape[1]
     blocks, offsets = slots // bs, slots % bs
-    k_cache[blocks, offsets] = k[:m][keep].to(k_cache.dtype)
-    v_cache[blocks, offsets] = v[:m][keep].to(v_cache.dtype)
+    if k_scale is None:
+        k_cache[blocks, offsets] = k[:m][keep].to(k_cache.dtype)
+        v_cache[blocks, offsets] = v[:m][keep].to(v_cache.dtype)
+    else:
+        k_cache[blocks, offsets] = quantize_fp8(k[:m][keep], k_scale[:, None])
+        v_cache[blocks, offsets] = quantize_fp8(v[:m][keep], v_scale[:, None])
 
 
 def rope_kv_scatter_reference(
     q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, *,
-    style="neox", q_bias=None, k_bias=None, q_out=None, active_rows=None,
+    style="neox", q_bias=None, k_bias=None, q_out=None, active_rows=None, k_scale=None, v_scale=None,
 ):
-    """Rotate q and k (see norms.apply_rope), write rotated k and v into the caches.
+    """Rotate q and k (see norms.apply_rope), write rotated k and v into the caches (FP8
+    caches: quantized with k_scale / v_scale [KVH]).
 
     q [T, H, D], k, v [T, KVH, D], positions [T], cos_sin [P, D] fp32, slot_mapping [T] int64.
     Returns the rotated q (q_out when given; may alias q). Rows past the active count are
@@ -51,7 +64,8 @@ def rope_kv_scatter_reference(
     """
     q_out = apply_rope_reference(q, positions, cos_sin, style=style, bias=q_bias, out=q_out, active_rows=active_rows)
     k_rot = apply_rope_reference(k, positions, cos_sin, style=style, bias=k_bias, active_rows=active_rows)
-    kv_scatter_reference(k_rot, v, k_cache, v_cache, slot_mapping, active_rows=active_rows)
+    kv_scatter_reference(k_rot, v, k_cache, v_cache, slot_mapping, active_rows=active_rows, k_scale=k_scale,
+                         v_scale=v_scale)
     return q_out
 
 
@@ -72,6 +86,31 @@ def slot_offset(slot, block_size, stride_block, stride_slot):
 
 
 @triton.jit
+def _round_to_e4m3(y):
+    """fp32 y (|y| <= 448) rounded to nearest even on the e4m3 grid, still in fp32: the ulp of
+    y's binade (2^(e - 3), at least 2^-9 for subnormals) taken from its exponent bits, and the
+    rounding done by an fp32 add of 1.5 * 2^23 ulps. The cast to fp8 after it is exact; the
+    Triton interpreter's own fp32 -> fp8 cast drops the carry when rounding crosses a binade."""
+    a = tl.abs(y)
+    exp_bits = (a.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    ulp = ((tl.maximum(exp_bits, 127 - 6) - 3) << 23).to(tl.float32, bitcast=True)
+    shift = ulp * 12582912.0  # 1.5 * 2^23 ulps: the sum's fp32 ulp is this binade's e4m3 ulp
+    r = (a + shift) - shift
+    return tl.where(y < 0, -r, r)
+
+
+@triton.jit
+def _to_cache(x, cache_ptr, scale_ptr, heads, num_heads, FP8: tl.constexpr):
+    """A [BLOCK_H, BLOCK_D] tile in the cache's dtype: a cast, or with FP8 x / scale[head] in
+    fp32, clamped to ±448 and rounded to nearest even."""
+    if FP8:
+        scale = tl.load(scale_ptr + heads, mask=heads < num_heads, other=1.0)
+        y = tl.clamp(tl.math.div_rn(x.to(tl.float32), scale[:, None]), -FP8_LIMIT, FP8_LIMIT)
+        return _round_to_e4m3(y).to(cache_ptr.dtype.element_ty)
+    return x.to(cache_ptr.dtype.element_ty)
+
+
+@triton.jit
 def _head_mask(heads, dims, num_heads, HEAD_DIM: tl.constexpr):
     """In-bounds mask [BLOCK_H, BLOCK_D] of a (heads, dims) tile."""
     return (heads[:, None] < num_heads) & (dims[None, :] < HEAD_DIM)
@@ -79,11 +118,12 @@ def _head_mask(heads, dims, num_heads, HEAD_DIM: tl.constexpr):
 
 @triton.jit(do_not_specialize=["num_rows"])
 def _kv_scatter_kernel(
-    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, active_ptr,
+    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, active_ptr, k_scale_ptr, v_scale_ptr,
     num_rows, num_kv_heads, block_size,
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
     HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, HAS_ACTIVE: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     t = tl.program_id(0)
     if t < row_limit(active_ptr, num_rows, HAS_ACTIVE):
@@ -98,8 +138,8 @@ def _kv_scatter_kernel(
             v = tl.load(v_ptr + t64 * stride_vt + h64 * stride_vh + dims[None, :], mask=mask)
             k_dst = k_cache_ptr + slot_offset(slot, block_size, stride_kcb, stride_kcs) + h64 * stride_kch
             v_dst = v_cache_ptr + slot_offset(slot, block_size, stride_vcb, stride_vcs) + h64 * stride_vch
-            tl.store(k_dst + dims[None, :], k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-            tl.store(v_dst + dims[None, :], v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(k_dst + dims[None, :], _to_cache(k, k_cache_ptr, k_scale_ptr, heads, num_kv_heads, FP8), mask=mask)
+            tl.store(v_dst + dims[None, :], _to_cache(v, v_cache_ptr, v_scale_ptr, heads, num_kv_heads, FP8), mask=mask)
 
 
 @triton.jit
@@ -130,14 +170,14 @@ def _rotate_tile(
 @triton.jit(do_not_specialize=["num_rows"])
 def _rope_kv_scatter_kernel(
     q_ptr, q_out_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, q_bias_ptr, k_bias_ptr,
-    k_cache_ptr, v_cache_ptr, slot_ptr, active_ptr,
+    k_cache_ptr, v_cache_ptr, slot_ptr, active_ptr, k_scale_ptr, v_scale_ptr,
     num_rows, num_q_heads, num_kv_heads, q_chunks, block_size,
     stride_qt, stride_qh, stride_qot, stride_qoh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_cs, stride_qbh, stride_kbh,
     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
     HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, GPTJ: tl.constexpr,
     HAS_Q_BIAS: tl.constexpr, HAS_K_BIAS: tl.constexpr, HAS_ACTIVE: tl.constexpr,
-    Q_FP64: tl.constexpr, K_FP64: tl.constexpr,
+    Q_FP64: tl.constexpr, K_FP64: tl.constexpr, FP8: tl.constexpr,
 ):
     # Programs (t, c) with c < q_chunks rotate a group of q heads; the others rotate a group
     # of k heads, copy the matching v heads and write both into the caches.
@@ -176,14 +216,15 @@ def _rope_kv_scatter_kernel(
                     k_ptr, k_bias_ptr, t64, heads, num_kv_heads, stride_kt, stride_kh, stride_kbh, dims, partner,
                     cos, signed_sin, HEAD_DIM, HAS_K_BIAS, K_FP64,
                 )
-                k = k.to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
+                k = _to_cache(k.to(k_ptr.dtype.element_ty), k_cache_ptr, k_scale_ptr, heads, num_kv_heads, FP8)
                 h64 = heads.to(tl.int64)[:, None]
                 mask = _head_mask(heads, dims, num_kv_heads, HEAD_DIM)
                 v = tl.load(v_ptr + t64 * stride_vt + h64 * stride_vh + dims[None, :], mask=mask)
                 k_dst = k_cache_ptr + slot_offset(slot, block_size, stride_kcb, stride_kcs) + h64 * stride_kch
                 v_dst = v_cache_ptr + slot_offset(slot, block_size, stride_vcb, stride_vcs) + h64 * stride_vch
                 tl.store(k_dst + dims[None, :], k, mask=mask)
-                tl.store(v_dst + dims[None, :], v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+                tl.store(v_dst + dims[None, :], _to_cache(v, v_cache_ptr, v_scale_ptr, heads, num_kv_heads, FP8),
+                         mask=mask)
 
 
 def head_tile_shape(num_heads: int, head_dim: int) -> tuple[int, int]:
@@ -212,16 +253,34 @@ def _check_kv(k, v, k_cache, v_cache, slot_mapping, active_rows):
         raise ValueError("active_rows must be an int tensor of shape [1]")
 
 
-def kv_scatter(k, v, k_cache, v_cache, slot_mapping, *, active_rows=None):
+def _check_scales(k_cache, v_cache, k_scale, v_scale) -> None:
+    """FP8 caches need fp32 scales [KVH]; caches in another dtype take none."""
+    fp8 = k_cache.dtype == FP8_DTYPE
+    if v_cache.dtype != k_cache.dtype and FP8_DTYPE in (k_cache.dtype, v_cache.dtype):
+        raise ValueError(f"k_cache and v_cache must both be float8_e4m3fn or neither, got {k_cache.dtype}, "
+                         f"{v_cache.dtype}")
+    kvh = k_cache.shape[-2]
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if not fp8 and t is not None:
+            raise ValueError(f"{name} is for float8_e4m3fn caches, got a {k_cache.dtype} cache")
+        if fp8 and (t is None or t.dtype != torch.float32 or tuple(t.shape) != (kvh,) or not t.is_contiguous()):
+            got = None if t is None else f"{t.dtype} {tuple(t.shape)}"
+            raise ValueError(f"a float8_e4m3fn cache needs {name}: a contiguous fp32 tensor [{kvh}] (one scale per "
+                             f"KV head), got {got}")
+
+
+def kv_scatter(k, v, k_cache, v_cache, slot_mapping, *, active_rows=None, k_scale=None, v_scale=None):
     """Write k, v [T, KVH, D] into k_cache, v_cache [num_blocks, block_size, KVH, D].
 
     Row i goes to slot ``slot_mapping[i]`` (int64, ``block * block_size + offset``); rows with a
     negative slot or with ``i >= active_rows[0]`` write nothing. Values are cast to the cache
-    dtype (a bit-exact copy when the dtypes match). Live slots must be distinct. One launch, no
-    allocation, no host sync (graph-safe). Returns None.
+    dtype (a bit-exact copy when the dtypes match), or quantized with k_scale / v_scale fp32
+    [KVH] into float8_e4m3fn caches. Live slots must be distinct. One launch, no allocation, no
+    host sync (graph-safe). Returns None.
     """
     _check_kv(k, v, k_cache, v_cache, slot_mapping, active_rows)
-    check_launchable(k, v, k_cache, v_cache, slot_mapping, active_rows)
+    _check_scales(k_cache, v_cache, k_scale, v_scale)
+    check_launchable(k, v, k_cache, v_cache, slot_mapping, active_rows, k_scale, v_scale)
     num_rows, num_kv_heads, head_dim = k.shape
     if num_rows == 0:
         return
@@ -229,18 +288,19 @@ def kv_scatter(k, v, k_cache, v_cache, slot_mapping, *, active_rows=None):
     grid = (num_rows, triton.cdiv(num_kv_heads, block_h))
     _kv_scatter_kernel[grid](
         k, v, k_cache, v_cache, slot_mapping, slot_mapping if active_rows is None else active_rows,
+        k_cache if k_scale is None else k_scale, v_cache if v_scale is None else v_scale,
         num_rows, num_kv_heads, k_cache.shape[1],
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d, HAS_ACTIVE=active_rows is not None,
-        num_warps=NUM_WARPS,
+        FP8=k_scale is not None, num_warps=NUM_WARPS,
     )
 
 
 def rope_kv_scatter(
     q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, *,
-    style="neox", q_bias=None, k_bias=None, q_out=None, active_rows=None,
+    style="neox", q_bias=None, k_bias=None, q_out=None, active_rows=None, k_scale=None, v_scale=None,
 ):
     """Rotate q and k, write the rotated k and v into the paged caches: one launch.
 
@@ -251,11 +311,13 @@ def rope_kv_scatter(
     (fp64 for fp64 inputs), rounded once to the input dtype, then to the cache / q_out dtype.
     The rotated q goes to q_out (allocated when None; may alias q) and is returned. Rows at or
     past ``active_rows[0]`` are neither rotated nor written; rows with a negative slot still get
-    q rotated but write no K/V. Graph-safe when q_out is given.
+    q rotated but write no K/V. Graph-safe when q_out is given. float8_e4m3fn caches take
+    k_scale / v_scale fp32 [KVH] (see the module docstring).
     """
     if style not in ("neox", "gptj"):
         raise ValueError(f"style must be 'neox' or 'gptj', got {style!r}")
     _check_kv(k, v, k_cache, v_cache, slot_mapping, active_rows)
+    _check_scales(k_cache, v_cache, k_scale, v_scale)
     if q.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
         raise ValueError(f"q must be [T, H, D] matching k {tuple(k.shape)}, got {tuple(q.shape)}")
     num_rows, num_heads, head_dim = q.shape
@@ -272,7 +334,8 @@ def rope_kv_scatter(
     q_out = torch.empty_like(q) if q_out is None else q_out
     if q_out.shape != q.shape or q.stride(-1) != 1 or q_out.stride(-1) != 1:
         raise ValueError("q_out must have q's shape; q and q_out must be contiguous in head_dim")
-    check_launchable(q, q_out, k, v, positions, cos_sin, q_bias, k_bias, k_cache, v_cache, slot_mapping, active_rows)
+    check_launchable(q, q_out, k, v, positions, cos_sin, q_bias, k_bias, k_cache, v_cache, slot_mapping, active_rows,
+                     k_scale, v_scale)
     if num_rows == 0:
         return q_out
     block_h, block_d = head_tile_shape(max(num_heads, num_kv_heads), head_dim)
@@ -282,6 +345,7 @@ def rope_kv_scatter(
         q, q_out, k, v, positions, cos_sin,
         q if q_bias is None else q_bias, k if k_bias is None else k_bias,
         k_cache, v_cache, slot_mapping, slot_mapping if active_rows is None else active_rows,
+        k_cache if k_scale is None else k_scale, v_cache if v_scale is None else v_scale,
         num_rows, num_heads, num_kv_heads, q_chunks, k_cache.shape[1],
         q.stride(0), q.stride(1), q_out.stride(0), q_out.stride(1),
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -290,7 +354,7 @@ def rope_kv_scatter(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d, GPTJ=style == "gptj",
         HAS_Q_BIAS=q_bias is not None, HAS_K_BIAS=k_bias is not None, HAS_ACTIVE=active_rows is not None,
-        Q_FP64=q.dtype == torch.float64, K_FP64=k.dtype == torch.float64,
+        Q_FP64=q.dtype == torch.float64, K_FP64=k.dtype == torch.float64, FP8=k_scale is not None,
         num_warps=NUM_WARPS, enable_fp_fusion=False,
     )
     return q_out

@@ -22,6 +22,8 @@ EXECUTION_MODES = ("eager", "graphs", "compile")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 PREEMPTION_MODES = ("recompute", "swap")
 DRAFT_POLICIES = ("adaptive", "fixed")
+QUANTIZATIONS = (None, "fp8")
+KV_CACHE_DTYPES = ("auto", "fp8")
 _COMPRESS = re.compile(r"^compress-s(\d+)$")
 
 
@@ -65,6 +67,7 @@ class EngineConfig:
 
     # Model and device.
     dtype: str = "auto"
+    quantization: Optional[str] = None  # "fp8": the layers' linear weights stored as FP8 e4m3, per-channel scales
     tokenizer: Optional[str] = None  # a tokenizer directory (tokenizer.json) or Hub name other than the model's
     revision: Optional[str] = None  # the Hub revision (branch, tag or commit) of a model given by Hub name
     download_dir: Optional[str] = None  # the Hugging Face cache to read and download into (default: HF_HUB_CACHE)
@@ -86,6 +89,7 @@ class EngineConfig:
     preemption_mode: str = "recompute"
     # KV cache.
     block_size: int = 16
+    kv_cache_dtype: str = "auto"  # "auto": the model dtype; "fp8": FP8 e4m3 with per-(layer, KV head) scales
     kv_layout: str = "last_exited"
     last_exited_reads: Optional[str] = None  # "indirect" (key-depth table) | "copy" (finalize copies); auto
     enable_prefix_caching: bool = True
@@ -134,6 +138,11 @@ class EngineConfig:
     def validate_static(self) -> None:
         """Checks that need no model or device."""
         _choice(self.dtype, "dtype", ("auto", "float32", "float16", "bfloat16", "float64"))
+        _choice(self.quantization, "quantization", QUANTIZATIONS)
+        _choice(self.kv_cache_dtype, "kv_cache_dtype", KV_CACHE_DTYPES)
+        if self.kv_cache_dtype == "fp8" and self.attention_backend == "flash":
+            raise ConfigError("kv_cache_dtype='fp8' needs attention_backend 'auto', 'triton' or 'torch' (the flash "
+                              "adapter reads K/V in the model dtype)")
         if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer):
             raise _fail("tokenizer", "None or a tokenizer directory (holding tokenizer.json) or Hugging Face Hub name", self.tokenizer)
         for name in ("revision", "download_dir"):

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from .errors import ConfigError
 
-VLLM_OPTIONS = ("enforce_eager", "tensor_parallel_size", "disable_log_stats", "trust_remote_code", "swap_space",
-                "kv_cache_dtype", "quantization")
+VLLM_OPTIONS = ("enforce_eager", "tensor_parallel_size", "disable_log_stats", "trust_remote_code", "swap_space")
 
 
 def _bool(name: str, value) -> bool:
@@ -48,12 +47,4 @@ def translate_vllm_options(kwargs: dict) -> dict:
             raise ConfigError(f"swap_space=0 (vLLM option) means no swapping but preemption_mode="
                               f"{kwargs['preemption_mode']!r} was also given; give one of them")
         out["preemption_mode"] = "recompute"
-    kv_dtype = kwargs.get("kv_cache_dtype", "auto")
-    if kv_dtype != "auto":
-        raise ConfigError(f"kv_cache_dtype (vLLM option) must be 'auto', got {kv_dtype!r}: rlt stores K/V in the "
-                          "model dtype (option dtype: 'auto', 'float32', 'float16', 'bfloat16', 'float64')")
-    quant = kwargs.get("quantization")
-    if quant is not None:
-        raise ConfigError(f"quantization (vLLM option) must be None, got {quant!r}: rlt runs unquantized weights in "
-                          "the model dtype (option dtype: 'auto', 'float32', 'float16', 'bfloat16', 'float64')")
     return out

@@ -53,7 +53,8 @@ class MemoryPlan:
 
 
 def block_bytes(num_cache_layers: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """Bytes of one block (one plane, all cache layers, K and V)."""
+    """Bytes of one block (one plane, all cache layers, K and V) with K/V in `dtype` (1 byte an
+    element for float8_e4m3fn; the FP8 scales live outside the pool)."""
     return 2 * num_cache_layers * block_size * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 

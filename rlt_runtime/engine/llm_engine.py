@@ -18,6 +18,8 @@ from typing import Optional, Union
 
 import torch
 
+from rlt_kernels.fp8 import FP8_DTYPE
+
 from ..cache.kv_cache import KVCacheManager
 from ..cache.layout import make_layout
 from ..cache.memory import block_bytes, check_context_fits, plan_kv_cache
@@ -89,6 +91,7 @@ class LLMEngine:
     @_on_device
     def _init(self, model: str, cfg: EngineConfig) -> None:
         self.dtype = _resolve_dtype(cfg.dtype, self.device)
+        self.kv_dtype = FP8_DTYPE if cfg.kv_cache_dtype == "fp8" else self.dtype
         self.model_name = model
         self.model_config, weights, self.tokenizer = load_model(model, seed=cfg.seed, device=self.device, dtype=self.dtype,
                                                                tokenizer=cfg.tokenizer, revision=cfg.revision,
@@ -134,7 +137,7 @@ class LLMEngine:
 
         from ..models import build_model
 
-        self.model = build_model(mc, self.layout, self.device, self.dtype)
+        self.model = build_model(mc, self.layout, self.device, self.dtype, cfg.quantization)
         self.model.load_weights(weights)
         weights_bytes = torch.cuda.memory_allocated(self.device) if on_cuda else 0
         self.execution_mode = cfg.execution_mode or ("graphs" if on_cuda else "eager")
@@ -149,9 +152,9 @@ class LLMEngine:
             num_blocks=1, block_size=cfg.block_size, max_model_len=self.max_model_len, max_rows=self.max_num_seqs,
             max_tokens=self.max_num_batched_tokens,
             exit_mode=self.exit_mode, criterion_threshold=criterion, lookahead_seed=cfg.lookahead_seed,
-            prompt_key=prompt_key(cfg.seed),
+            prompt_key=prompt_key(cfg.seed), kv_dtype=self.kv_dtype,
         )
-        per_block = block_bytes(self.layout.num_cache_layers, cfg.block_size, mc.kv_heads, mc.head_dim, self.dtype)
+        per_block = block_bytes(self.layout.num_cache_layers, cfg.block_size, mc.kv_heads, mc.head_dim, self.kv_dtype)
         blocks_per_seq = -(-self.max_model_len // cfg.block_size)
         useful = blocks_per_seq * self.layout.num_planes * self.max_num_seqs
         self.memory_plan = plan_kv_cache(

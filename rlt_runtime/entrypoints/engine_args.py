@@ -12,6 +12,9 @@ from ..errors import ConfigError
 
 HELP = {
     "dtype": "weights/activation dtype: auto (bf16 on CUDA, fp32 on CPU), float32, float16, bfloat16, float64 (CPU)",
+    "quantization": "fp8: store the layers' linear weights as FP8 e4m3 with per-output-channel scales, quantized "
+                    "at load (default: unquantized, in --dtype)",
+    "kv_cache_dtype": "auto (K/V in the model dtype) or fp8 (FP8 e4m3 with per-(layer, KV head) scales)",
     "device": "auto, cpu, cuda or cuda:N",
     "tokenizer": "a tokenizer directory (tokenizer.json) or Hugging Face Hub name to use instead of the model's own",
     "revision": "Hub revision (branch, tag or commit) of a model given by Hub name (default: main)",
@@ -69,8 +72,6 @@ VLLM_FLAGS = {
     "disable_log_stats": (None, "vLLM name: accepted; rlt logs no periodic stats (see /metrics, LLM.stats())"),
     "trust_remote_code": (None, "vLLM name: accepted; rlt never runs code from a checkpoint"),
     "swap_space": (float, "vLLM name: only 0 (no CPU swap budget; see --preemption-mode)"),
-    "kv_cache_dtype": (str, "vLLM name: only auto (K/V in the model dtype; see --dtype)"),
-    "quantization": (str, "vLLM name: not supported (unquantized weights; see --dtype)"),
 }
 
 

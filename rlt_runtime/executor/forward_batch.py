@@ -15,6 +15,11 @@ import torch
 
 from ..cache.layout import PlaneSpec
 
+# FP8 K/V scale of every (cache layer, KV head): fixed, uncalibrated. A stored e4m3 value is the
+# key/value itself, so values keep 3 mantissa bits over |x| in [2^-6, 448] (subnormals down to
+# 2^-9) and saturate at ±448; RMS-normed activations through bf16 projections stay well inside.
+KV_FP8_SCALE = 1.0
+
 
 @dataclass
 class KVCacheTensors:
@@ -23,12 +28,15 @@ class KVCacheTensors:
     k, v: [num_cache_layers, num_blocks, block_size, kv_heads, head_dim]
     block_tables: [num_planes, num_slots, max_blocks_per_seq] int32 (-1 = unallocated)
     key_depth: [num_blocks, block_size] int32 — last loop index each token ran (via plane 0)
+    k_scale, v_scale: fp32 [num_cache_layers, kv_heads] with float8_e4m3fn planes, else None
     """
 
     k: torch.Tensor
     v: torch.Tensor
     block_tables: torch.Tensor
     key_depth: torch.Tensor
+    k_scale: Optional[torch.Tensor] = None
+    v_scale: Optional[torch.Tensor] = None
 
     @property
     def block_size(self) -> int:
@@ -88,9 +96,11 @@ class ForwardBatch:
         """Rotate q/k, write k/v to the cache, attend. q [M, H, D], k/v [M, KVH, D] -> [M, H*D]."""
         ops = self.ops
         k_cache, v_cache = self.kv.k[cache_layer], self.kv.v[cache_layer]
+        scales = {} if self.kv.k_scale is None else dict(k_scale=self.kv.k_scale[cache_layer],
+                                                         v_scale=self.kv.v_scale[cache_layer])
         q_rot = ops.rope_kv_scatter(
             q, k, v, self.positions, self.cos_sin, k_cache, v_cache, self.slot_mapping(spec),
-            style=self.rope_style, q_bias=q_bias, k_bias=k_bias, active_rows=self.active,
+            style=self.rope_style, q_bias=q_bias, k_bias=k_bias, active_rows=self.active, **scales,
         )
         out = ops.paged_attention(
             q_rot, k_cache, v_cache, self.kv.block_tables, self.seq_lens, self.query_start_loc,
@@ -98,6 +108,6 @@ class ForwardBatch:
             key_depth=self.kv.key_depth if spec.use_key_depth else None,
             plane_offset=spec.plane_offset, plane_modulus=spec.plane_modulus,
             active_seqs=self.active if self.active_seqs is None else self.active_seqs, workspace=self.workspace,
-            decode_from=self.decode_from,
+            decode_from=self.decode_from, **scales,
         )
         return out.view(out.shape[0], -1)

@@ -45,9 +45,9 @@ def doubling_ladder(limit: int, first: int = 1) -> list[int]:
     return sizes + [limit]
 
 
-def persistent_tensors(*roots, depth: int = 3) -> list:
+def persistent_tensors(*roots, depth: int = 4) -> list:
     """Every tensor the roots hold, through attributes, lists, tuples and dicts up to `depth`
-    levels (weights, KV caches, slot state, staging buffers and their views): what a compiled
+    levels (weights, FP8 weights' data and scales, KV caches, slot state, staging buffers and their views): what a compiled
     program reads in place and must not copy into its graph inputs each replay."""
     found: dict[int, torch.Tensor] = {}
 

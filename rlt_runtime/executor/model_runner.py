@@ -16,6 +16,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from rlt_kernels.fp8 import FP8_DTYPE
 from rlt_kernels.norms import rope_cos_sin
 
 from ..cache.layout import KVLayout
@@ -24,7 +25,7 @@ from ..engine.exit_policy import (
     new_exit_state, ouro_exit,
 )
 from ..engine.scheduler import SchedulerOutput
-from .forward_batch import ForwardBatch, KVCacheTensors
+from .forward_batch import KV_FP8_SCALE, ForwardBatch, KVCacheTensors
 from .logit_processing import LogitProcessing
 from .staging import StaticStaging, upload_arrays
 from .token_mask import TokenMask
@@ -121,13 +122,14 @@ class StepHandle:
 class ModelRunner:
     def __init__(self, model, model_config, layout: KVLayout, *, ops, device, dtype, num_slots: int, num_blocks: int,
                  block_size: int, max_model_len: int, max_rows: int, max_tokens: int, exit_mode: str, criterion_threshold,
-                 lookahead_seed: int, prompt_key: int = 0):
+                 lookahead_seed: int, prompt_key: int = 0, kv_dtype: Optional[torch.dtype] = None):
         self.model, self.cfg, self.layout, self.ops = model, model_config, layout, ops
         # Huginn's initial-state noise key at prompt positions: the same for every request, so a
         # prompt's K/V depends on its tokens only (prefix-cache blocks are shared across requests).
         # Generated positions, also when recomputed after a preemption, use the request's row key.
         self.prompt_key = prompt_key
         self.device, self.dtype = torch.device(device), dtype
+        self.kv_dtype = dtype if kv_dtype is None else kv_dtype  # the K/V planes' dtype (FP8 with kv_cache_dtype)
         self.family = model_config.family
         self.depth = layout.depth
         self.exit_mode = exit_mode
@@ -172,11 +174,15 @@ class ModelRunner:
         cfg, layout, d = self.cfg, self.layout, self.device
         self.kv = None
         kv_shape = (layout.num_cache_layers, num_blocks, self.block_size, cfg.kv_heads, cfg.head_dim)
+        fp8 = self.kv_dtype == FP8_DTYPE
+        scales = lambda: torch.full((layout.num_cache_layers, cfg.kv_heads), KV_FP8_SCALE, dtype=torch.float32,  # noqa: E731
+                                    device=d) if fp8 else None
         self.kv = KVCacheTensors(
-            k=torch.zeros(kv_shape, dtype=self.dtype, device=d),
-            v=torch.zeros(kv_shape, dtype=self.dtype, device=d),
+            k=torch.zeros(kv_shape, dtype=self.kv_dtype, device=d),
+            v=torch.zeros(kv_shape, dtype=self.kv_dtype, device=d),
             block_tables=torch.full((layout.num_planes, self.num_slots, self.max_blocks_per_seq), -1, dtype=torch.int32, device=d),
             key_depth=torch.zeros((num_blocks, self.block_size), dtype=torch.int32, device=d),
+            k_scale=scales(), v_scale=scales(),
         )
 
     def enable_graphs(self, mode: str, sizes: list[int], token_sizes: list[int]) -> None:
@@ -203,10 +209,12 @@ class ModelRunner:
             first = torch.tensor([planes[0] for planes in table], dtype=torch.int64)
             return idx.to(self.device, non_blocking=True), first.to(self.device, non_blocking=True)
 
+        # FP8 planes move as their bytes (index_copy_ has no float8 kernel on the CPU).
+        k_bits, v_bits = (t.view(torch.uint8) if t.dtype == FP8_DTYPE else t for t in (self.kv.k, self.kv.v))
         for req, table in sched.swap_out:
             idx, first = block_indices(table)
             saved = []
-            for src in (self.kv.k.index_select(1, idx), self.kv.v.index_select(1, idx), self.kv.key_depth.index_select(0, first)):
+            for src in (k_bits.index_select(1, idx), v_bits.index_select(1, idx), self.kv.key_depth.index_select(0, first)):
                 host = torch.empty(src.shape, dtype=src.dtype, pin_memory=pin)
                 host.copy_(src, non_blocking=True)
                 saved.append(host)
@@ -214,8 +222,8 @@ class ModelRunner:
         for req, table in sched.swap_in:
             k, v, depth = req.swapped["kv"]
             idx, first = block_indices(table)
-            self.kv.k.index_copy_(1, idx, k.to(self.device, non_blocking=True))
-            self.kv.v.index_copy_(1, idx, v.to(self.device, non_blocking=True))
+            k_bits.index_copy_(1, idx, k.to(self.device, non_blocking=True))
+            v_bits.index_copy_(1, idx, v.to(self.device, non_blocking=True))
             self.kv.key_depth.index_copy_(0, first, depth.to(self.device, non_blocking=True))
             req.swapped = None
 

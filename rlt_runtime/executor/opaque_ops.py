@@ -19,6 +19,8 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from ..models.fp8_weights import Fp8Weight
+
 _IMPLS: list[Callable] = []  # the wrapped backends' functions; custom ops receive an index
 
 
@@ -42,8 +44,11 @@ def _op(name: str, mutates: tuple):
 
 @_op("linear", ("out",))
 def _linear(impl: int, x: Tensor, weight: Tensor, out: Tensor, active_rows: Optional[Tensor],
-            activation: Optional[str]) -> None:
-    _IMPLS[impl](x, weight, out=out, active_rows=active_rows, activation=activation)
+            activation: Optional[str], weight_scale: Optional[Tensor]) -> None:
+    if weight_scale is None:
+        _IMPLS[impl](x, weight, out=out, active_rows=active_rows, activation=activation)
+    else:
+        _IMPLS[impl](x, weight, out=out, active_rows=active_rows, activation=activation, weight_scale=weight_scale)
 
 
 @_op("rms_norm", ("out",))
@@ -62,9 +67,11 @@ def _residual_norm(impl: int, sub: Tensor, residual: Tensor, post_weight: Tensor
 @_op("rope_kv_scatter", ("k_cache", "v_cache", "q_out"))
 def _rope_kv_scatter(impl: int, q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cos_sin: Tensor, k_cache: Tensor,
                      v_cache: Tensor, slot_mapping: Tensor, style: str, q_bias: Optional[Tensor],
-                     k_bias: Optional[Tensor], q_out: Tensor, active_rows: Optional[Tensor]) -> None:
+                     k_bias: Optional[Tensor], q_out: Tensor, active_rows: Optional[Tensor], k_scale: Optional[Tensor],
+                     v_scale: Optional[Tensor]) -> None:
+    scales = {} if k_scale is None else dict(k_scale=k_scale, v_scale=v_scale)
     _IMPLS[impl](q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, style=style, q_bias=q_bias,
-                 k_bias=k_bias, q_out=q_out, active_rows=active_rows)
+                 k_bias=k_bias, q_out=q_out, active_rows=active_rows, **scales)
 
 
 @_op("paged_attention", ("out", "workspace"))
@@ -73,11 +80,12 @@ def _paged_attention(impl: int, q: Tensor, k_cache: Tensor, v_cache: Tensor, blo
                      seq_slots: Optional[Tensor], query_depth: Optional[int], query_depths: Optional[Tensor],
                      key_depth: Optional[Tensor], plane_offset: int, plane_modulus: Optional[int],
                      active_seqs: Optional[Tensor], split_size: Optional[int], decode_from: Optional[int],
-                     decode_froms: Optional[Tensor]) -> None:
+                     decode_froms: Optional[Tensor], k_scale: Optional[Tensor], v_scale: Optional[Tensor]) -> None:
+    scales = {} if k_scale is None else dict(k_scale=k_scale, v_scale=v_scale)
     _IMPLS[impl](q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale=scale, out=out,
                  workspace=workspace, seq_slots=seq_slots, query_depth=query_depth if query_depths is None else query_depths,
                  key_depth=key_depth, plane_offset=plane_offset, plane_modulus=plane_modulus, active_seqs=active_seqs,
-                 split_size=split_size, decode_from=decode_from if decode_froms is None else decode_froms)
+                 split_size=split_size, decode_from=decode_from if decode_froms is None else decode_froms, **scales)
 
 
 @_op("scatter_rows", ("dst",))
@@ -128,7 +136,8 @@ def opaque(ops: SimpleNamespace) -> SimpleNamespace:
     def linear(x, weight, *, out=None, active_rows=None, activation=None):
         n = weight.shape[0] // 2 if activation == "swiglu" else weight.shape[0]
         out = x.new_empty((x.shape[0], n)) if out is None else out
-        _linear(i["linear"], x, weight, out, active_rows, activation)
+        data, scale = (weight.data, weight.scale) if isinstance(weight, Fp8Weight) else (weight, None)
+        _linear(i["linear"], x, data, out, active_rows, activation, scale)
         return out
 
     def rms_norm(x, weight, eps, *, out=None, active_rows=None):
@@ -147,15 +156,16 @@ def opaque(ops: SimpleNamespace) -> SimpleNamespace:
         return residual_out, normed
 
     def rope_kv_scatter(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, *, style="neox", q_bias=None,
-                        k_bias=None, q_out=None, active_rows=None):
+                        k_bias=None, q_out=None, active_rows=None, k_scale=None, v_scale=None):
         q_out = torch.empty_like(q) if q_out is None else q_out
         _rope_kv_scatter(i["rope_kv_scatter"], q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, style,
-                         q_bias, k_bias, q_out, active_rows)
+                         q_bias, k_bias, q_out, active_rows, k_scale, v_scale)
         return q_out
 
     def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *, scale=None, out=None,
                         workspace=None, seq_slots=None, query_depth=None, key_depth=None, plane_offset=0,
-                        plane_modulus=None, active_seqs=None, split_size=None, decode_from=None):
+                        plane_modulus=None, active_seqs=None, split_size=None, decode_from=None, k_scale=None,
+                        v_scale=None):
         out = torch.empty_like(q) if out is None else out
         tensor_depth = isinstance(query_depth, torch.Tensor)
         tensor_from = isinstance(decode_from, torch.Tensor)
@@ -165,7 +175,7 @@ def opaque(ops: SimpleNamespace) -> SimpleNamespace:
                          query_depth if tensor_depth else None, key_depth, int(plane_offset),
                          None if plane_modulus is None else int(plane_modulus), active_seqs, split_size,
                          None if tensor_from or decode_from is None else int(decode_from),
-                         decode_from if tensor_from else None)
+                         decode_from if tensor_from else None, k_scale, v_scale)
         return out
 
     def scatter_rows(src, index, dst, *, active_rows=None):

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import torch
 
 from ..errors import ConfigError
+from ..models.fp8_weights import Fp8Weight
 
 OP_NAMES = (
     "linear", "rms_norm", "residual_norm", "swiglu", "apply_rope", "rope_kv_scatter", "kv_scatter",
@@ -41,13 +42,17 @@ def _reference_ops() -> dict:
     return {name: getattr(ref, name) for name in OP_NAMES}
 
 
-def cublas_linear(x, weight, *, out=None, active_rows=None, activation=None):
+def cublas_linear(x, weight, *, out=None, active_rows=None, activation=None, weight_scale=None):
     """`linear` through torch.matmul (cuBLAS): faster at some shapes, not batch invariant.
 
     Same signature as rlt_kernels.linear; computes every row (rows past the active count hold
-    whatever their inputs give).
+    whatever their inputs give). An FP8 weight is widened to x's dtype for the product and the
+    result scaled per output channel in fp32.
     """
-    acc = torch.matmul(x, weight.t())
+    if weight_scale is None:
+        acc = torch.matmul(x, weight.t())
+    else:
+        acc = torch.matmul(x, weight.to(x.dtype).t()).float() * weight_scale
     if activation == "swiglu":
         f = weight.shape[0] // 2
         acc = torch.nn.functional.silu(acc[:, :f].float()) * acc[:, f:].float()
@@ -55,6 +60,16 @@ def cublas_linear(x, weight, *, out=None, active_rows=None, activation=None):
         return acc.to(x.dtype)
     out.copy_(acc)
     return out
+
+
+def accepting_fp8_weights(linear):
+    """`linear` that also takes an `Fp8Weight` as its weight (passed on as data + weight_scale)."""
+    def call(x, weight, **kwargs):
+        if isinstance(weight, Fp8Weight):
+            return linear(x, weight.data, weight_scale=weight.scale, **kwargs)
+        return linear(x, weight, **kwargs)
+
+    return call
 
 
 def select_ops(device: torch.device, attention_backend: str, batch_invariant: bool = True) -> SimpleNamespace:
@@ -89,6 +104,7 @@ def select_ops(device: torch.device, attention_backend: str, batch_invariant: bo
         ops["paged_attention"] = flash.paged_attention
     if on_cuda and not batch_invariant:
         ops["linear"] = cublas_linear
+    ops["linear"] = accepting_fp8_weights(ops["linear"])
     return SimpleNamespace(backend="triton" if use_triton else "torch", attention=attention_backend, **ops)
 
 

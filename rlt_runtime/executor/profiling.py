@@ -34,7 +34,7 @@ def profile_step_peak(engine, graphs: bool) -> int:
     from .forward_batch import ForwardBatch, KVCacheTensors
 
     probe_tables = torch.zeros((engine.layout.num_planes, 1, -(-n // bs)), dtype=torch.int32, device=dev)
-    kv = KVCacheTensors(runner.kv.k, runner.kv.v, probe_tables, runner.kv.key_depth)
+    kv = KVCacheTensors(runner.kv.k, runner.kv.v, probe_tables, runner.kv.key_depth, runner.kv.k_scale, runner.kv.v_scale)
     pos = torch.arange(n, dtype=torch.int64, device=dev)
     batch = ForwardBatch(
         ops=engine.ops, kv=kv, positions=pos, token_slots=torch.zeros(n, dtype=torch.int32, device=dev),

@@ -60,15 +60,16 @@ def _other_tokenizer(name: str, config: ModelConfig, download_dir: Optional[str]
     return tok
 
 
-def build_model(config: ModelConfig, layout, device, dtype):
-    """An empty model of the config's family (call `load_weights` next)."""
+def build_model(config: ModelConfig, layout, device, dtype, quantization: Optional[str] = None):
+    """An empty model of the config's family (call `load_weights` next); quantization None or
+    "fp8" (the layers' linear weights stored as FP8, see models/fp8_weights.py)."""
     if config.family == "ouro":
         from .ouro import OuroModel
 
-        return OuroModel(config, layout, device, dtype)
+        return OuroModel(config, layout, device, dtype, quantization)
     from .huginn import HuginnModel
 
-    return HuginnModel(config, layout, device, dtype)
+    return HuginnModel(config, layout, device, dtype, quantization)
 
 
 __all__ = ["ModelConfig", "load_model", "build_model"]

@@ -21,10 +21,13 @@ from rlt_kernels.sampling import STREAM_STATE, philox_uniform
 
 from ..cache.layout import KVLayout, PlaneSpec
 from .configs import HuginnConfig, check_weight_names, check_weights_complete, hf_weight_shapes
+from .fp8_weights import linear_weight
 
 
 @dataclass
 class HuginnBlock:
+    """Linear weights (wqkv, proj, fc, mlp_proj) are tensors, or `Fp8Weight`s with quantization="fp8"."""
+
     wqkv: torch.Tensor  # [(H + 2 KVH) * D, hidden]
     q_bias: Optional[torch.Tensor]  # [H, D]
     k_bias: Optional[torch.Tensor]  # [KVH, D]
@@ -90,8 +93,9 @@ class HuginnModel:
 
     rope_style = "gptj"
 
-    def __init__(self, config: HuginnConfig, layout: KVLayout, device, dtype):
+    def __init__(self, config: HuginnConfig, layout: KVLayout, device, dtype, quantization=None):
         self.config, self.layout, self.device, self.dtype = config, layout, torch.device(device), dtype
+        self.quantization = quantization  # None or "fp8": how the blocks' and adapter's linear weights are stored
         self.prelude: list[HuginnBlock] = []
         self.core: list[HuginnBlock] = []
         self.coda_blocks: list[HuginnBlock] = []
@@ -111,7 +115,7 @@ class HuginnModel:
             seen[name] = tensor.to(self.device, self.dtype)
         check_weights_complete(seen, expected, "Huginn")
         self.wte = seen["transformer.wte.weight"]
-        self.adapter = seen["transformer.adapter.weight"]
+        self.adapter = linear_weight(seen["transformer.adapter.weight"], self.quantization)
         self.ln_f = seen["transformer.ln_f.weight"]
         self.prelude = [self._block(seen, f"transformer.prelude.{i}.") for i in range(cfg.n_layers_in_prelude)]
         self.core = [self._block(seen, f"transformer.core_block.{i}.") for i in range(cfg.n_layers_in_recurrent_block)]
@@ -125,9 +129,11 @@ class HuginnModel:
             bias = seen.pop(prefix + "attn.qk_bias")
             q_bias = bias[0, 0].contiguous()
             k_bias = bias[1, 0, : cfg.num_key_value_heads].contiguous()
+        q = self.quantization
         return HuginnBlock(
-            wqkv=p["attn.Wqkv.weight"], q_bias=q_bias, k_bias=k_bias, proj=p["attn.proj.weight"],
-            fc=p["mlp.fc.weight"], mlp_proj=p["mlp.proj.weight"], norm_1=p["norm_1.weight"],
+            wqkv=linear_weight(p["attn.Wqkv.weight"], q), q_bias=q_bias, k_bias=k_bias,
+            proj=linear_weight(p["attn.proj.weight"], q), fc=linear_weight(p["mlp.fc.weight"], q),
+            mlp_proj=linear_weight(p["mlp.proj.weight"], q), norm_1=p["norm_1.weight"],
             norm_2=p["norm_2.weight"], norm_3=p["norm_3.weight"], norm_4=p["norm_4.weight"],
         )
 

@@ -17,10 +17,13 @@ import torch
 
 from ..cache.layout import KVLayout
 from .configs import OuroConfig, check_weight_names, check_weights_complete, hf_weight_shapes
+from .fp8_weights import linear_weight
 
 
 @dataclass
 class OuroLayer:
+    """Linear weights are tensors, or `Fp8Weight`s with quantization="fp8"."""
+
     wqkv: torch.Tensor  # [(H + 2 KVH) * D, hidden]
     wo: torch.Tensor  # [hidden, H * D]
     w_gate_up: torch.Tensor  # [2F, hidden]
@@ -36,8 +39,9 @@ class OuroModel:
 
     rope_style = "neox"
 
-    def __init__(self, config: OuroConfig, layout: KVLayout, device, dtype):
+    def __init__(self, config: OuroConfig, layout: KVLayout, device, dtype, quantization=None):
         self.config, self.layout, self.device, self.dtype = config, layout, torch.device(device), dtype
+        self.quantization = quantization  # None or "fp8": how the layers' linear weights are stored
         self.layers: list[OuroLayer] = []
         self._layers: dict[int, OuroLayer] = {}
         self.embed_tokens = self.norm = self.gate_w = self.gate_b = self.lm_head = None
@@ -67,11 +71,13 @@ class OuroModel:
         self.layers = [self._layers.pop(i) for i in range(cfg.num_hidden_layers)]
 
     def _set_layer(self, idx: int, p: dict[str, torch.Tensor]) -> None:
+        q = self.quantization
         self._layers[idx] = OuroLayer(
-            wqkv=torch.cat([p["self_attn.q_proj.weight"], p["self_attn.k_proj.weight"], p["self_attn.v_proj.weight"]]),
-            wo=p["self_attn.o_proj.weight"],
-            w_gate_up=torch.cat([p["mlp.gate_proj.weight"], p["mlp.up_proj.weight"]]),
-            w_down=p["mlp.down_proj.weight"],
+            wqkv=linear_weight(torch.cat([p["self_attn.q_proj.weight"], p["self_attn.k_proj.weight"],
+                                          p["self_attn.v_proj.weight"]]), q),
+            wo=linear_weight(p["self_attn.o_proj.weight"], q),
+            w_gate_up=linear_weight(torch.cat([p["mlp.gate_proj.weight"], p["mlp.up_proj.weight"]]), q),
+            w_down=linear_weight(p["mlp.down_proj.weight"], q),
             input_norm=p["input_layernorm.weight"],
             input_norm_2=p["input_layernorm_2.weight"],
             post_norm=p["post_attention_layernorm.weight"],

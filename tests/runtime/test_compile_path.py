@@ -54,3 +54,12 @@ def test_compiled_huginn_programs_match_eager():
     options = dict(model="huginn-tiny", exit_mode="latent-diff", exit_criterion_threshold=1.2)
     programs = (("runner", "decode_program"), ("runner", "prefill_program"))
     assert _outputs(True, params, programs, **options) == _outputs(False, params, programs, **options)
+
+
+@pytest.mark.slow
+def test_compiled_fp8_programs_match_eager():
+    """FP8 weights and K/V through the opaque ops (weight and K/V scales as custom-op arguments)."""
+    params = SamplingParams(max_tokens=4, temperature=0.8, seed=3, logprobs=1, exit_threshold=0.6, ignore_eos=True)
+    options = dict(quantization="fp8", kv_cache_dtype="fp8")
+    programs = (("runner", "decode_program"), ("runner", "prefill_program"))
+    assert _outputs(True, params, programs, **options) == _outputs(False, params, programs, **options)

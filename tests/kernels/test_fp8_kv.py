@@ -1,0 +1,149 @@
+"""FP8 K/V: the scatter kernels quantize on write, both attention kernels dequantize on read.
+
+Oracles: the quantized bytes equal torch's own float8_e4m3fn rounding of x / scale (fp32), and
+attention over an FP8 cache equals fp64 attention over the dequantized cache.
+"""
+
+import math
+
+import pytest
+import torch
+
+from rlt_kernels import attention, kv_cache, norms
+from rlt_kernels.fp8 import FP8_DTYPE, FP8_MAX
+
+from checks import assert_same_bits, randn, seeded
+
+KVH, D, BS, NB = 2, 32, 16, 12
+K_SCALE = [0.5, 3.0]
+V_SCALE = [0.25, 1.5]
+
+
+def _scales(device):
+    return (torch.tensor(K_SCALE, device=device), torch.tensor(V_SCALE, device=device))
+
+
+def _caches(device):
+    return [torch.zeros((NB, BS, KVH, D), dtype=FP8_DTYPE, device=device) for _ in range(2)]
+
+
+def _expected_bytes(x, scale):
+    """torch's round-to-nearest-even of x / scale into e4m3 (clamped), as bytes."""
+    return (x.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).view(torch.uint8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_scatter_quantizes_like_torch(device, dtype):
+    gen = seeded(1, device)
+    k = randn((6, KVH, D), dtype, device, gen, scale=40.0)  # spans subnormals, binade carries and clamping
+    v = randn((6, KVH, D), dtype, device, gen, scale=4.0)
+    k[0, 0, :4] = torch.tensor([7.8, -7.9, 500.0, 1e-4], dtype=dtype) * K_SCALE[0]
+    ks, vs = _scales(device)
+    slots = torch.tensor([3, 17, -1, 40, 5, 100], dtype=torch.int64, device=device)
+    active = torch.tensor([5], dtype=torch.int32, device=device)
+    kc, vc = _caches(device)
+    rk, rv = _caches(device)
+    kv_cache.kv_scatter(k, v, kc, vc, slots, k_scale=ks, v_scale=vs, active_rows=active)
+    kv_cache.kv_scatter_reference(k, v, rk, rv, slots, k_scale=ks, v_scale=vs, active_rows=active)
+    assert_same_bits(kc.view(torch.uint8), rk.view(torch.uint8))
+    assert_same_bits(vc.view(torch.uint8), rv.view(torch.uint8))
+    flat_k, flat_v = kc.view(-1, KVH, D), vc.view(-1, KVH, D)
+    for row, slot in ((0, 3), (1, 17), (3, 40), (4, 5)):
+        assert torch.equal(flat_k[slot].view(torch.uint8), _expected_bytes(k[row], ks))
+        assert torch.equal(flat_v[slot].view(torch.uint8), _expected_bytes(v[row], vs))
+    assert not flat_k[100].view(torch.uint8).any()  # past the active count: not written
+
+
+def test_rope_kv_scatter_quantizes_the_rotated_keys(device):
+    """fp32 inputs: the CPU interpreter truncates fp32 -> bf16 casts (the rotated k is rounded to
+    its own dtype before it is quantized), the GPU rounds them like torch."""
+    gen = seeded(2, device)
+    q = randn((4, 4, D), torch.float32, device, gen)
+    k = randn((4, KVH, D), torch.float32, device, gen, scale=8.0)
+    v = randn((4, KVH, D), torch.float32, device, gen, scale=8.0)
+    pos = torch.tensor([0, 5, 9, 30], device=device)
+    cos_sin = norms.rope_cos_sin(64, D, 10000.0, device=device)
+    slots = torch.tensor([0, 21, 7, 64], dtype=torch.int64, device=device)
+    ks, vs = _scales(device)
+    kc, vc = _caches(device)
+    rk, rv = _caches(device)
+    q_out = kv_cache.rope_kv_scatter(q, k, v, pos, cos_sin, kc, vc, slots, k_scale=ks, v_scale=vs)
+    q_ref = kv_cache.rope_kv_scatter_reference(q, k, v, pos, cos_sin, rk, rv, slots, k_scale=ks, v_scale=vs)
+    assert_same_bits(q_out, q_ref)
+    assert_same_bits(kc.view(torch.uint8), rk.view(torch.uint8))
+    assert_same_bits(vc.view(torch.uint8), rv.view(torch.uint8))
+    k_rot = norms.apply_rope_reference(k, pos, cos_sin)
+    assert torch.equal(kc.view(-1, KVH, D)[21].view(torch.uint8), _expected_bytes(k_rot[1], ks))
+
+
+def _fp64_attention(q, kc, vc, ks, vs, tables, seq_lens, qsl):
+    """Causal attention in fp64 over the dequantized cache, bottom-right aligned."""
+    h = q.shape[1]
+    group = h // KVH
+    k_all = kc.double() * ks.double()[None, None, :, None]
+    v_all = vc.double() * vs.double()[None, None, :, None]
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for s in range(seq_lens.shape[0]):
+        n, lo, hi = int(seq_lens[s]), int(qsl[s]), int(qsl[s + 1])
+        keys = torch.arange(n)
+        blocks, offs = tables[s, keys // BS].long().cpu(), keys % BS
+        kk, vv = k_all.cpu()[blocks, offs], v_all.cpu()[blocks, offs]  # [n, KVH, D]
+        for i, t in enumerate(range(lo, hi)):
+            visible = n - (hi - lo) + i + 1
+            for head in range(h):
+                kvh = head // group
+                w = torch.softmax(kk[:visible, kvh] @ q[t, head].double().cpu() / math.sqrt(D), 0)
+                out[t, head] = w @ vv[:visible, kvh]
+    return out
+
+
+@pytest.mark.parametrize("decode_from", [None, 0], ids=["tile-kernel", "decode-kernel"])
+@pytest.mark.parametrize("split", [False, True], ids=["unsplit", "split"])
+def test_attention_reads_fp8_caches(device, monkeypatch, decode_from, split):
+    """Both kernels, unsplit and split into key ranges of 64 (the combine kernels apply V's
+    scale); the split and unsplit results have the same bits."""
+    split_size = 64
+    monkeypatch.setattr(attention, "_should_split", lambda *a: split)
+    gen = seeded(3, device)
+    h = 4
+    kc = randn((NB, BS, KVH, D), torch.float32, device, gen, scale=4.0).to(FP8_DTYPE)
+    vc = randn((NB, BS, KVH, D), torch.float32, device, gen, scale=4.0).to(FP8_DTYPE)
+    ks, vs = _scales(device)
+    tables = torch.randperm(NB, generator=gen, device=device).int().view(2, 6)
+    seq_lens = torch.tensor([90, 7], dtype=torch.int32, device=device)
+    qsl = torch.tensor([0, 1, 4], dtype=torch.int32, device=device)  # one decode query, three trailing queries
+    q = randn((4, h, D), torch.bfloat16, device, gen)
+    args = (q, kc, vc, tables, seq_lens, qsl)
+    ws = attention.new_attention_workspace(4, h, D, 6 * BS, split_size=split_size, device=device)
+    out = attention.paged_attention(*args, k_scale=ks, v_scale=vs, decode_from=decode_from, split_size=split_size,
+                                    workspace=ws, out=torch.full_like(q, float("nan")))
+    ref = attention.paged_attention_reference(*args, k_scale=ks, v_scale=vs)
+    exact = _fp64_attention(q, kc, vc, ks, vs, tables, seq_lens, qsl)
+    torch.testing.assert_close(out.double().cpu(), exact, rtol=2**-7, atol=2**-6)
+    torch.testing.assert_close(ref.double().cpu(), exact, rtol=2**-7, atol=2**-6)
+    # Batch invariance: the decode query alone has the bits it has beside the other sequence.
+    alone = attention.paged_attention(q[:1], kc, vc, tables[:1], seq_lens[:1], qsl[:2], k_scale=ks, v_scale=vs,
+                                      decode_from=decode_from, split_size=split_size)
+    assert_same_bits(alone[0], out[0])
+    monkeypatch.setattr(attention, "_should_split", lambda *a: not split)
+    other = attention.paged_attention(*args, k_scale=ks, v_scale=vs, decode_from=decode_from, split_size=split_size,
+                                      workspace=ws)
+    assert_same_bits(other, out)
+
+
+def test_fp8_cache_scale_errors(device):
+    kc, vc = _caches(device)
+    k = torch.zeros((1, KVH, D), device=device)
+    slots = torch.zeros(1, dtype=torch.int64, device=device)
+    ks, vs = _scales(device)
+    for fn in (kv_cache.kv_scatter, kv_cache.kv_scatter_reference):
+        with pytest.raises(ValueError, match=r"float8_e4m3fn cache needs k_scale: a contiguous fp32 tensor \[2\]"):
+            fn(k, k, kc, vc, slots)
+        with pytest.raises(ValueError, match="v_scale is for float8_e4m3fn caches"):
+            fn(k, k, kc.float(), vc.float(), slots, v_scale=vs)
+    q = torch.zeros((1, 4, D), device=device)
+    one = torch.ones(1, dtype=torch.int32, device=device)
+    for fn in (attention.paged_attention, attention.paged_attention_reference):
+        with pytest.raises(ValueError, match=r"needs v_scale: a contiguous fp32 tensor \[2\]"):
+            fn(q, kc, vc, torch.zeros((1, 1), dtype=torch.int32, device=device), one,
+               torch.tensor([0, 1], dtype=torch.int32, device=device), k_scale=ks, v_scale=vs[:1])
