@@ -109,9 +109,28 @@ def attention_reports() -> dict:
     return out
 
 
+def kv_reports() -> dict:
+    """The K/V scatter kernels (plain and with RoPE) writing bf16 and FP8 caches (Ouro: 16 heads of 128)."""
+    from rlt_kernels import kv_cache
+
+    out = {}
+    block_h, block_d = kv_cache.head_tile_shape(16, 128)
+    for cache in ("bf16", "fp8"):
+        cache_t = "*fp8e4nv" if cache == "fp8" else "*bf16"
+        ptrs = {n: "*bf16" for n in ("q_ptr", "q_out_ptr", "k_ptr", "v_ptr", "cos_sin_ptr", "q_bias_ptr", "k_bias_ptr")}
+        ptrs.update(k_cache_ptr=cache_t, v_cache_ptr=cache_t, slot_ptr="*i64", active_ptr="*i32", pos_ptr="*i64",
+                    k_scale_ptr="*fp32", v_scale_ptr="*fp32")
+        const = dict(HEAD_DIM=128, BLOCK_H=block_h, BLOCK_D=block_d, HAS_ACTIVE=True, FP8=cache == "fp8")
+        out[f"kv_scatter {cache}"] = compile_sm90(kv_cache._kv_scatter_kernel, ptrs, const, num_warps=kv_cache.NUM_WARPS)
+        const.update(GPTJ=False, HAS_Q_BIAS=False, HAS_K_BIAS=False, Q_FP64=False, K_FP64=False)
+        out[f"rope_kv_scatter {cache}"] = compile_sm90(kv_cache._rope_kv_scatter_kernel, ptrs, const,
+                                                        num_warps=kv_cache.NUM_WARPS)
+    return out
+
+
 def main() -> None:
     print(f"Triton {triton.__version__}, target sm_90")
-    for name, rep in {**linear_reports(), **attention_reports()}.items():
+    for name, rep in {**linear_reports(), **attention_reports(), **kv_reports()}.items():
         print(f"{name:45s} {rep}")
 
 

@@ -26,7 +26,7 @@ from ._triton import check_launchable, tl, triton
 from .fp8 import FP8_DTYPE, FP8_MAX, quantize_fp8
 from .norms import apply_rope_reference
 
-FP8_LIMIT: tl.constexpr = FP8_MAX
+FP8_LIMIT = tl.constexpr(FP8_MAX)  # a constexpr object: Triton 3.6 reads no other globals in kernels
 TILE_ELEMENTS = 2048  # heads x head_dim elements per program and tensor
 NUM_WARPS = 4
 
