@@ -59,6 +59,8 @@ class Request:
     min_token_stops: list[int] = field(default_factory=list)  # ids banned until min_tokens outputs exist
     bad_word_ids: list[list[int]] = field(default_factory=list)  # the request's bad words as token ids
     cumulative_logprob: float = 0.0  # sum of the committed tokens' raw log-probabilities (best_of ranking)
+    num_sent: int = 0  # output entries already handed out in delta outputs
+    num_prompt_logprobs_sent: int = 0  # prompt log-probability entries (the first None included) handed out
 
     @property
     def wants_logprobs(self) -> bool:
