@@ -89,7 +89,7 @@ class _DeltaConsumer:
         new = 0
         for c in out.outputs:
             key = (out.request_id, c.index)
-            text, self.cursor[key] = acc.text_since(c.index, self.cursor.get(key, 0))
+            _, self.cursor[key] = acc.text_since(c.index, self.cursor.get(key, 0))
             new += len(c.token_ids)
         return new
 

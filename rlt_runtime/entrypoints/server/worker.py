@@ -45,8 +45,9 @@ class GenerationStream:
 
     `outputs[i]` is prompt i's cumulative RequestOutput (None before its first delta; its lists
     grow in place, each sample's text is filled in when the prompt finishes; `text_since` reads
-    the text before that). `admitted` resolves to None once every prompt is queued in the engine, or to the ApiError
-    that rejected one of them (then none of them run). `changes()` waits for new outputs.
+    the text before that). `admitted` resolves to None once every prompt is queued in the engine,
+    or to the ApiError that rejected one of them (then none of them run). `changes()` waits for
+    new outputs.
     `error` is set when the request failed after admission (timeout, shutdown, engine failure).
     """
 
