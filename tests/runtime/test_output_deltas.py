@@ -209,3 +209,24 @@ def test_engine_stop_string_spanning_two_steps():
     ids = [t for o in outs for t in o.outputs[0].token_ids]
     assert ids == base.token_ids[:len(ids)]
     assert stop in OURO.decode(ids) and stop not in OURO.decode(ids[:-1])
+
+
+def test_deltas_across_preemptions_equal_cumulative_outputs():
+    """A pool too small for every request at once preempts (recompute): outputs kept through a
+    preemption are not handed out again, and the merged deltas equal the cumulative outputs."""
+    prompts = {str(i): (list(range(10 + 7 * i, 20 + 7 * i)), SamplingParams(max_tokens=12, temperature=1.0, seed=i,
+                                                                            ignore_eos=True, logprobs=1))
+               for i in range(6)}
+
+    def engine():
+        return LLM("ouro-tiny", dtype="float32", max_num_seqs=4, block_size=16, num_blocks=12).engine
+
+    cumulative = {rid: outs[-1].outputs[0] for rid, outs in _drive(engine(), prompts, deltas=False).items()}
+    eng = engine()
+    merged = _drive(eng, prompts, deltas=True)
+    assert eng.stats()["preemptions"] > 0
+    for rid, deltas in merged.items():
+        acc = OutputAccumulator()
+        for d in deltas:
+            acc.add(d)
+        assert acc.output.outputs[0] == cumulative[rid], rid
