@@ -4,7 +4,8 @@
 
 Random requests (input 512, output 128, ignore_eos) at increasing request rates up to
 saturation, native and with speculation; one JSON per point plus a table and a plot of
-throughput against TTFT / TPOT.
+throughput against TTFT / TPOT. RLT_SERVING_OUTPUT_LEN sets the output length (e.g. 2000: long
+streams, where host work that grew with output length would show as a rising TPOT).
 """
 
 from __future__ import annotations
@@ -45,9 +46,13 @@ def _serve(extra: list[str]) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("rlt-serve did not become healthy")
 
 
+def _output_len() -> int:
+    return int(os.environ.get("RLT_SERVING_OUTPUT_LEN", "128"))
+
+
 def _bench(url: str, rate: str, num: int, path: str) -> dict:
     cmd = [sys.executable, "-m", "rlt_runtime.entrypoints.bench", "serve", "--base-url", url, "--num-prompts", str(num),
-           "--random-input-len", "512", "--random-output-len", "128", "--ignore-eos", "--temperature", "0",
+           "--random-input-len", "512", "--random-output-len", str(_output_len()), "--ignore-eos", "--temperature", "0",
            "--request-rate", rate, "--num-warmups", "4", "--result-file", path]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(path) as f:
@@ -58,7 +63,7 @@ def run(out: str, quick: bool) -> dict:
     rates = ["4", "16", "inf"] if quick else ["16", "32", "64", "inf"]
     rates = os.environ.get("RLT_SERVING_RATES", ",".join(rates)).split(",")  # e.g. "16,32,inf"
     num = 100 if quick else 500
-    res = {"date": time.strftime("%Y-%m-%d"), "num_prompts": num, "points": {}}
+    res = {"date": time.strftime("%Y-%m-%d"), "num_prompts": num, "output_len": _output_len(), "points": {}}
     modes = [("native", []), ("speculative", ["--speculative-tokens", "4", "--draft-policy", "adaptive"])]
     only = os.environ.get("RLT_SERVING_MODES")  # e.g. "speculative": measure a subset
     for name, extra in [m for m in modes if not only or m[0] in only.split(",")]:
@@ -75,7 +80,8 @@ def run(out: str, quick: bool) -> dict:
 
 
 def markdown(res: dict) -> str:
-    lines = [f"Measured {res['date']}; {res['num_prompts']} random requests (input 512, output 128) per point.", "",
+    lines = [f"Measured {res['date']}; {res['num_prompts']} random requests (input 512, output "
+             f"{res.get('output_len', 128)}) per point.", "",
              "| mode | request rate | req/s | output tok/s | TTFT p50 (ms) | TPOT p50 (ms) | ITL p50 (ms) | E2E p50 (ms) |",
              "|---|---|---|---|---|---|---|---|"]
     for mode, pts in res["points"].items():
@@ -105,7 +111,8 @@ def plot(res: dict, path: str) -> None:
         ax.set_ylabel(label)
         ax.set_yscale("log")
         ax.legend(fontsize=7)
-    fig.suptitle(f"rlt-serve, ouro-1.4b, input 512 / output 128, {res['num_prompts']} requests per point")
+    fig.suptitle(f"rlt-serve, ouro-1.4b, input 512 / output {res.get('output_len', 128)}, "
+                 f"{res['num_prompts']} requests per point")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -61,3 +61,59 @@ class RequestOutput:
     metrics: Optional[RequestMetrics] = None
     prompt_logprobs: Optional[list[Optional[TokenLogprob]]] = None
     error: Optional[str] = None
+
+
+class OutputAccumulator:
+    """The cumulative output of one request, rebuilt from its delta outputs (`step(deltas=True)`).
+
+    `add(delta)` appends each sample's new token ids, exit depths and log-probabilities to lists
+    kept in place and its new text as one more piece: O(new entries), however long the request
+    has run. `output` is a RequestOutput whose lists are those growing lists; each sample's `text`
+    is joined from its pieces once, when the request finishes (`text_since` reads the new text
+    before that). Samples appear in `output.outputs` in the order their first delta names them.
+    """
+
+    def __init__(self):
+        self.output: Optional[RequestOutput] = None
+        self._pieces: dict[int, list[str]] = {}  # sample index -> text pieces
+        self._samples: dict[int, CompletionOutput] = {}
+
+    @property
+    def finished(self) -> bool:
+        return self.output is not None and self.output.finished
+
+    def add(self, delta: RequestOutput) -> None:
+        out = self.output
+        if out is None:
+            out = self.output = RequestOutput(delta.request_id, delta.prompt, delta.prompt_token_ids, [], False,
+                                              metrics=delta.metrics, prompt_logprobs=None)
+        for c in delta.outputs:
+            mine = self._samples.get(c.index)
+            if mine is None:
+                mine = self._samples[c.index] = CompletionOutput(
+                    c.index, "", [], [], None, logprobs=None if c.logprobs is None else [])
+                self._pieces[c.index] = []
+                out.outputs.append(mine)
+            mine.token_ids += c.token_ids
+            mine.exit_depths += c.exit_depths
+            if c.logprobs is not None:
+                mine.logprobs += c.logprobs
+            if c.text:
+                self._pieces[c.index].append(c.text)
+            mine.finish_reason, mine.stop_reason = c.finish_reason, c.stop_reason
+            mine.cumulative_logprob = c.cumulative_logprob
+        if delta.prompt_logprobs is not None:
+            if out.prompt_logprobs is None:
+                out.prompt_logprobs = []
+            out.prompt_logprobs += delta.prompt_logprobs
+        out.metrics = delta.metrics
+        out.error = delta.error
+        if delta.finished:
+            out.finished = True
+            for index, mine in self._samples.items():
+                mine.text = "".join(self._pieces[index])
+
+    def text_since(self, index: int, cursor: int) -> tuple[str, int]:
+        """Sample `index`'s text added after `cursor` (0 at first), and the cursor to pass next."""
+        pieces = self._pieces.get(index, ())
+        return "".join(pieces[cursor:]), len(pieces)

@@ -164,6 +164,20 @@ MUTANTS = (
         ("tests/runtime/test_data_parallel.py::test_a_shared_prefix_follows_its_replica_and_hits_its_cache",),
         "a shared prompt prefix goes to the least loaded replica, away from the one whose cache holds it",
     ),
+    Mutant(
+        "text-delta-streams-stop-prefix", "rlt_runtime/engine/text.py",
+        "return self._stop.pending",
+        "return 0",
+        ("tests/runtime/test_output_deltas.py::test_a_stop_string_split_across_two_steps_is_held_then_cut",),
+        "text deltas stream the start of a stop string that the next step completes (it can never be taken back)",
+    ),
+    Mutant(
+        "output-delta-repeats-tokens", "rlt_runtime/engine/llm_engine.py",
+        "sent, req.num_sent = req.num_sent, len(req.output_token_ids)",
+        "sent = req.num_sent",
+        ("tests/runtime/test_output_deltas.py::test_abort_with_deltas_returns_only_what_is_new",),
+        "every delta output repeats the tokens earlier deltas already handed out",
+    ),
 )
 
 

@@ -91,6 +91,8 @@ class _Tracked:
     max_new_tokens: int
     work: int
     last: Optional[RequestOutput] = None
+    sent: dict = dataclasses.field(default_factory=dict)  # sample index -> (entries, text chars) sent as deltas
+    prompt_logprobs_sent: int = 0  # prompt log-probability entries sent as deltas
 
 
 class DataParallelEngine:
@@ -176,9 +178,9 @@ class DataParallelEngine:
             return prompt, self.tokenizer.encode(prompt)
         raise RequestError(f"prompt must be a string, a token-id list or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
 
-    def abort_request(self, request_id: str) -> Optional[RequestOutput]:
+    def abort_request(self, request_id: str, deltas: bool = False) -> Optional[RequestOutput]:
         """Abort a request on the replica that runs it; returns its final output (None when the
-        request is unknown, or already finished with its output on the way)."""
+        request is unknown, or already finished with its output on the way); `deltas` as in step()."""
         request_id = str(request_id)
         tracked = self._tracked.get(request_id)
         if tracked is None:
@@ -191,25 +193,26 @@ class DataParallelEngine:
         if out is None:
             return None  # finished (its output is buffered) or the replica failed: step() delivers it
         self._settle(request_id, tracked, out)
-        return out
+        return self._delta(tracked, out) if deltas else out
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._tracked)
 
     # ---- outputs -------------------------------------------------------------------------------------
-    def step(self, final_only: bool = False) -> list[RequestOutput]:
+    def step(self, final_only: bool = False, deltas: bool = False) -> list[RequestOutput]:
         """Outputs the replicas produced since the last call (waiting up to WAIT_S for some when
-        replicas run in other processes); same meaning as LLMEngine.step."""
-        outs = self._collect(final_only)
+        replicas run in other processes); same meaning as LLMEngine.step. Replicas send whole
+        outputs; deltas=True cuts them here into what each sample added since the last delta."""
+        outs = self._collect(final_only, deltas)
         if not outs and self._tracked:
             handles = [h for r in self.replicas for h in r.wait_handles()]
             steps_here = any(r.alive and not r.wait_handles() for r in self.replicas)
             if handles and not steps_here:
                 multiprocessing.connection.wait(handles, timeout=WAIT_S)
-                outs = self._collect(final_only)
+                outs = self._collect(final_only, deltas)
         return outs
 
-    def _collect(self, final_only: bool) -> list[RequestOutput]:
+    def _collect(self, final_only: bool, deltas: bool) -> list[RequestOutput]:
         outs = []
         for replica in self.replicas:
             if not replica.alive:
@@ -219,11 +222,28 @@ class DataParallelEngine:
                 if tracked is None:  # aborted meanwhile
                     continue
                 self._settle(out.request_id, tracked, out)
-                outs.append(out)
+                outs.append(self._delta(tracked, out) if deltas else out)
         for replica in self.replicas:
             if not replica.alive and replica.index not in self._failures_handled:
-                outs.extend(self._fail_requests(replica))
+                outs.extend(self._fail_requests(replica, deltas))
         return outs
+
+    @staticmethod
+    def _delta(tracked: _Tracked, out: RequestOutput) -> RequestOutput:
+        """The part of whole output `out` not yet sent as deltas for this request (whole outputs
+        only grow: text held back for a possible stop string is never shown and then cut)."""
+        samples = []
+        for c in out.outputs:
+            n, chars = tracked.sent.get(c.index, (0, 0))
+            tracked.sent[c.index] = (len(c.token_ids), len(c.text))
+            samples.append(dataclasses.replace(
+                c, text=c.text[chars:], token_ids=c.token_ids[n:], exit_depths=c.exit_depths[n:],
+                logprobs=None if c.logprobs is None else c.logprobs[n:]))
+        prompt_logprobs = None
+        if out.prompt_logprobs is not None and len(out.prompt_logprobs) > tracked.prompt_logprobs_sent:
+            prompt_logprobs = out.prompt_logprobs[tracked.prompt_logprobs_sent:]
+            tracked.prompt_logprobs_sent = len(out.prompt_logprobs)
+        return dataclasses.replace(out, outputs=samples, prompt_logprobs=prompt_logprobs)
 
     def _settle(self, request_id: str, tracked: _Tracked, out: RequestOutput) -> None:
         """Record an output: the request's remaining work, or its end."""
@@ -239,7 +259,7 @@ class DataParallelEngine:
         self.router.add(tracked.replica, remaining - tracked.work)
         tracked.work = remaining
 
-    def _fail_requests(self, replica: Replica) -> list[RequestOutput]:
+    def _fail_requests(self, replica: Replica, deltas: bool = False) -> list[RequestOutput]:
         """End the requests of a failed replica with finish_reason "error"."""
         self._failures_handled.add(replica.index)
         alive = sum(r.alive for r in self.replicas)
@@ -259,7 +279,7 @@ class DataParallelEngine:
                                 metrics=None if last is None else last.metrics,
                                 prompt_logprobs=None if last is None else last.prompt_logprobs, error=message)
             self._settle(request_id, tracked, out)
-            outs.append(out)
+            outs.append(self._delta(tracked, out) if deltas else out)
         return outs
 
     # ---- stats and lifecycle ------------------------------------------------------------------------

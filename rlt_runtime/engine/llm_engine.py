@@ -423,8 +423,9 @@ class LLMEngine:
             return prompt, self.tokenizer.encode(prompt)
         raise RequestError(f"prompt must be a string, a token-id list or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
 
-    def abort_request(self, request_id: str) -> Optional[RequestOutput]:
-        """Abort a request at any time; its blocks return to the pool immediately."""
+    def abort_request(self, request_id: str, deltas: bool = False) -> Optional[RequestOutput]:
+        """Abort a request at any time; its blocks return to the pool immediately. Returns its
+        final output (with deltas=True what it added since its previous delta output, see step)."""
         group = self._groups.get(str(request_id))
         if group is None:
             return None
@@ -433,16 +434,23 @@ class LLMEngine:
                 self.scheduler.finish(req)
                 req.finish_reason = "abort"
                 req.metrics.finished_time = time.monotonic()
-        return self._finalize_group(str(request_id))
+        return self._finalize_group(str(request_id), deltas)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work() or self._pending is not None
 
     # ---- the step ------------------------------------------------------------------------------
     @_on_device
-    def step(self, final_only: bool = False) -> list[RequestOutput]:
-        """Run one step; returns outputs of the requests that advanced or finished (cumulative), or
-        with final_only=True only of those that finished (cheaper for offline generation)."""
+    def step(self, final_only: bool = False, deltas: bool = False) -> list[RequestOutput]:
+        """Run one step; returns outputs of the requests that advanced or finished, or with
+        final_only=True only of those that finished (cheaper for offline generation).
+
+        Outputs are cumulative (each sample's whole output so far: O(output length) per request
+        per step), or with deltas=True only what each sample added since the request's previous
+        delta output (O(new tokens)): `token_ids`, `exit_depths`, `logprobs`, `text` and the
+        request's `prompt_logprobs` hold the new entries (`outputs.OutputAccumulator` merges
+        them back); `finish_reason`, `stop_reason` and `cumulative_logprob` are current values.
+        Use one kind of output per request."""
         t0 = time.perf_counter()
         self._wait_s = 0.0
         self._profile_tick()
@@ -470,13 +478,14 @@ class LLMEngine:
             self._process(handle, touched)
         for r in sched.preempted:
             touched[r.group_id] = None
-        outs = [self._output(g) for g in touched
+        outs = [self._output(g, deltas) for g in touched
                 if g in self._groups and (not final_only or all(r.finished for r in self._groups[g]))]
         if self.timings is not None and handle is not None:
             self.timings.append(((time.perf_counter() - t0 - self._wait_s) * 1e3, self._last_device_ms))
         for out in outs:
             if out.finished:
                 self._groups.pop(out.request_id, None)
+                self._prompts.pop(out.request_id, None)
         return outs
 
     def _process(self, handle: StepHandle, touched: dict) -> None:
@@ -607,9 +616,10 @@ class LLMEngine:
         with open(self.cfg.record_exit_trace, "w", encoding="utf-8") as f:
             json.dump({"depth": self.depth, "depths_by_request": self._recorded_trace}, f)
 
-    def _output(self, group_id: str) -> RequestOutput:
-        """The group's outputs. With best_of > n: nothing until every sample finished, then the n
-        samples with the highest cumulative log-probability (ties: lower sample index), indexed 0..n-1."""
+    def _output(self, group_id: str, deltas: bool = False) -> RequestOutput:
+        """The group's outputs, cumulative or as deltas (see step). With best_of > n: nothing until
+        every sample finished, then the n samples with the highest cumulative log-probability
+        (ties: lower sample index), indexed 0..n-1."""
         group = self._groups[group_id]
         finished = all(r.finished for r in group)
         params = group[0].params
@@ -620,10 +630,16 @@ class LLMEngine:
         outs = []
         for index, req in enumerate(shown):
             tracker = self._trackers[id(req)]
+            if deltas:
+                sent, req.num_sent = req.num_sent, len(req.output_token_ids)
+                text, token_ids = tracker.take_delta(req.finished), req.output_token_ids[sent:]
+                exit_depths, logprobs = req.exit_depths[sent:], req.logprobs[sent:]
+            else:
+                text, token_ids = tracker.stable_text(req.finished), list(req.output_token_ids)
+                exit_depths, logprobs = list(req.exit_depths), list(req.logprobs)
             outs.append(CompletionOutput(
-                index=index, text=tracker.stable_text(req.finished), token_ids=list(req.output_token_ids),
-                exit_depths=list(req.exit_depths), finish_reason=req.finish_reason,
-                logprobs=list(req.logprobs) if req.params.logprobs is not None else None, stop_reason=req.stop_reason,
+                index=index, text=text, token_ids=token_ids, exit_depths=exit_depths, finish_reason=req.finish_reason,
+                logprobs=logprobs if req.params.logprobs is not None else None, stop_reason=req.stop_reason,
                 cumulative_logprob=req.cumulative_logprob if req.wants_logprobs else None,
             ))
         if finished:
@@ -632,13 +648,21 @@ class LLMEngine:
         first = group[0]
         prompt_lps = None
         if first.params.prompt_logprobs is not None:
-            prompt_lps = [None, *first.prompt_logprobs]
-        return RequestOutput(group_id, self._prompts.get(group_id), list(first.prompt_token_ids), outs, finished,
+            have = first.prompt_logprobs
+            if not deltas:
+                prompt_lps = [None, *have]
+            else:  # entries [sent, 1 + len(have)) of [None, *have]
+                sent, first.num_prompt_logprobs_sent = first.num_prompt_logprobs_sent, 1 + len(have)
+                prompt_lps = [None, *have] if sent == 0 else have[sent - 1:]
+        # Delta outputs share the request's prompt id list (never modified) instead of copying it.
+        prompt_ids = first.prompt_token_ids if deltas else list(first.prompt_token_ids)
+        return RequestOutput(group_id, self._prompts.get(group_id), prompt_ids, outs, finished,
                              metrics=first.metrics, prompt_logprobs=prompt_lps)
 
-    def _finalize_group(self, group_id: str) -> RequestOutput:
-        out = self._output(group_id)
+    def _finalize_group(self, group_id: str, deltas: bool = False) -> RequestOutput:
+        out = self._output(group_id, deltas)
         self._groups.pop(group_id, None)
+        self._prompts.pop(group_id, None)
         return out
 
     # ---- profiling and stats -------------------------------------------------------------------

@@ -177,6 +177,24 @@ def test_in_process_replicas_match_one_engine_bit_for_bit(model):
     assert engine.stats()["prefix_cache_hits"] > 0  # the shared first block went to one replica
 
 
+def test_delta_outputs_of_replicas_add_up_to_one_engines_outputs():
+    """The server asks for deltas: cut from the replicas' whole outputs, merged back, they equal
+    one engine's (a delta repeating or dropping tokens, text or logprobs breaks this)."""
+    from rlt_runtime.outputs import OutputAccumulator
+
+    engine = DataParallelEngine("ouro-tiny", data_parallel_size=2, backend="inprocess", **OPTIONS)
+    prompts, params = _workload()
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        engine.add_request(f"q{i}", prompt, p)
+    merged, steps = {}, 0
+    while engine.has_unfinished_requests():
+        for out in engine.step(deltas=True):
+            merged.setdefault(out.request_id, OutputAccumulator()).add(out)
+        steps += 1
+    assert steps > 3
+    assert {rid: _signature(acc.output) for rid, acc in merged.items()} == _reference("ouro-tiny")
+
+
 def test_speculative_replicas_match_one_speculative_engine_and_sum_their_counts():
     engine = DataParallelEngine("ouro-tiny", data_parallel_size=2, backend="inprocess",
                                 speculative_config={"num_speculative_tokens": 2}, **OPTIONS)

@@ -167,9 +167,9 @@ def test_long_request_outlives_every_connection_limit(live, monkeypatch):
     """The limits bound waiting for the client, never the time the server spends answering."""
     step = live.engine.step
 
-    def slow_step():
+    def slow_step(**kwargs):
         time.sleep(0.4)
-        return step()
+        return step(**kwargs)
 
     monkeypatch.setattr(live.engine, "step", slow_step)  # read by the engine thread at its next step
     start = time.monotonic()

@@ -106,6 +106,30 @@ def test_stop_string_cuts_text(client):
     assert streamed[-1].choices[0].finish_reason == "stop"
 
 
+def test_streamed_deltas_add_up_to_the_whole_response(client, server):
+    """n = 2 sampled choices (random bytes: multi-byte characters split over steps) with logprobs,
+    prompt_logprobs and exit depths: each choice's streamed chunks concatenate to the non-streamed
+    choice (text, tokens, log-probabilities, offsets, depths), no chunk carries a character the
+    whole text does not have there, and the server's token counter grows by exactly the tokens."""
+    kw = dict(model=MODEL, prompt="Stream me", n=2, max_tokens=12, temperature=1.0, seed=21, logprobs=2,
+              extra_body={"ignore_eos": True, "prompt_logprobs": 1})
+    whole = client.completions.create(**kw)
+    before = _metric(server, "vllm:generation_tokens_total")
+    chunks = list(client.completions.create(stream=True, **kw))
+    assert _metric(server, "vllm:generation_tokens_total") - before == 24
+    for choice in whole.choices:
+        parts = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == choice.index]
+        assert "".join(p.text for p in parts) == choice.text
+        got = [(t, v, o) for p in parts if p.logprobs for t, v, o in
+               zip(p.logprobs.tokens, p.logprobs.token_logprobs, p.logprobs.text_offset)]
+        assert got == list(zip(choice.logprobs.tokens, choice.logprobs.token_logprobs, choice.logprobs.text_offset))
+        depths = [d for p in parts for d in p.model_extra["exit_depths"]]
+        assert depths == choice.model_extra["exit_depths"] and len(depths) == 12
+        assert [p.model_extra.get("prompt_logprobs") is not None for p in parts][0]
+        assert parts[0].model_extra["prompt_logprobs"] == choice.model_extra["prompt_logprobs"]
+        assert [p.finish_reason for p in parts][-1] == "length"
+
+
 def test_completion_logprobs_shape(client):
     resp = client.completions.create(model=MODEL, prompt="abc", max_tokens=4, temperature=0, logprobs=3,
                                      extra_body={"ignore_eos": True})

@@ -299,7 +299,7 @@ def test_health_is_503_until_the_engine_is_ready(start_server):
 
 def test_engine_failure_fails_requests_and_health(start_server, caplog):
     with start_server() as live:
-        def broken_step():
+        def broken_step(**_):
             raise RuntimeError("injected step failure")
 
         live.engine.step = broken_step  # the engine thread is idle: it picks this up on the next request

@@ -554,12 +554,12 @@ def _finish(reason: Optional[str]) -> Optional[str]:
 
 
 class _Progress:
-    """What one choice has already streamed."""
+    """What one choice has already streamed (`cursor`: into the stream's text, see text_since)."""
 
-    __slots__ = ("text", "tokens", "offset", "finished", "splitter")
+    __slots__ = ("cursor", "tokens", "offset", "finished", "splitter")
 
     def __init__(self, splitter: Optional[ReasoningSplitter] = None):
-        self.text, self.tokens, self.offset, self.finished = "", 0, 0, False
+        self.cursor, self.tokens, self.offset, self.finished = 0, 0, 0, False
         self.splitter = splitter  # chat answers through a reasoning parser
 
 
@@ -607,7 +607,7 @@ class _Format:
                         st = progress.get(index)
                         if st is None:
                             st = progress[index] = self.start(pi)
-                        chunk = self.delta(index, st, self.shown(c), out)
+                        chunk = self.delta(index, st, self.shown(c), out, self.reader(stream, pi))
                         if chunk is not None:
                             if continuous:
                                 chunk.usage = self.usage_so_far(progress)
@@ -628,14 +628,20 @@ class _Format:
         """The stream state of a new choice of prompt `prompt_index`."""
         return _Progress()
 
-    def advance(self, st: _Progress, c: CompletionOutput) -> Optional[tuple[str, int, int, Optional[str]]]:
-        """(new text, first new token, end token, finish reason) or None when nothing changed."""
+    def reader(self, stream: GenerationStream, prompt_index: int) -> Callable[[int, int], tuple[str, int]]:
+        """(sample index, cursor) -> (text after the cursor, next cursor) for one prompt's samples."""
+        return lambda sample, cursor: stream.text_since(prompt_index, sample, cursor)
+
+    def advance(self, st: _Progress, c: CompletionOutput, read: Callable[[int, int], tuple[str, int]]
+                ) -> Optional[tuple[str, int, int, Optional[str]]]:
+        """(new text, first new token, end token, finish reason) or None when nothing changed.
+        O(new tokens and text): the text comes from `read` (a `reader`), not the whole text."""
         finish = _finish(c.finish_reason)
         if len(c.token_ids) == st.tokens and (finish is None or st.finished):
             return None
-        text = c.text[len(st.text):] if c.text.startswith(st.text) else ""
+        text, st.cursor = read(c.index, st.cursor)
         first, end = st.tokens, len(c.token_ids)
-        st.text, st.tokens, st.finished = st.text + text, end, finish is not None
+        st.tokens, st.finished = end, finish is not None
         return text, first, end, finish
 
 
@@ -702,10 +708,16 @@ class _CompletionFormat(_Format):
     def echo_text(self, prompt_index: int) -> str:
         return (self.prompts[prompt_index]["prompt"] or "") if self.body.echo else ""
 
-    def delta(self, index: int, st: _Progress, c: CompletionOutput, out: RequestOutput) -> Optional[CompletionResponse]:
+    def reader(self, stream: GenerationStream, prompt_index: int) -> Callable[[int, int], tuple[str, int]]:
+        if self.body.echo_only:  # the generated text is not shown
+            return lambda sample, cursor: ("", cursor)
+        return super().reader(stream, prompt_index)
+
+    def delta(self, index: int, st: _Progress, c: CompletionOutput, out: RequestOutput,
+              read: Callable[[int, int], tuple[str, int]]) -> Optional[CompletionResponse]:
         opening = st.tokens == 0 and not st.finished
         head = self.echo_text(index // self.body.n) if opening else ""
-        step = self.advance(st, c)
+        step = self.advance(st, c, read)
         if step is None:
             return None
         text, first, end, finish = step
@@ -772,8 +784,9 @@ class _ChatFormat(_Format):
         return [self.chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
                 for i in range(len(self.prompts) * self.body.n)]
 
-    def delta(self, index: int, st: _Progress, c: CompletionOutput, out: RequestOutput) -> Optional[ChatCompletionChunk]:
-        step = self.advance(st, c)
+    def delta(self, index: int, st: _Progress, c: CompletionOutput, out: RequestOutput,
+              read: Callable[[int, int], tuple[str, int]]) -> Optional[ChatCompletionChunk]:
+        step = self.advance(st, c, read)
         if step is None:
             return None
         text, first, end, finish = step

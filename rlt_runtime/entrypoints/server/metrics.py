@@ -18,7 +18,7 @@ series per replica: up (1/0), running and waiting requests, KV usage.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -48,7 +48,6 @@ class RequestTimer:
     arrival: float
     first_token: Optional[float] = None
     last_token: Optional[float] = None
-    tokens_seen: dict[int, int] = field(default_factory=dict)  # sample index -> tokens already counted
 
 
 class ServerMetrics:
@@ -85,15 +84,9 @@ class ServerMetrics:
         self.prompt_tokens.inc(num_prompt_tokens)
 
     def observe(self, timer: RequestTimer, out: RequestOutput, now: float) -> None:
-        """Account the tokens `out` added since the last call (all samples) and its end."""
-        new = 0
-        depths: list[int] = []
-        for c in out.outputs:
-            seen = timer.tokens_seen.get(c.index, 0)
-            if len(c.token_ids) > seen:
-                new += len(c.token_ids) - seen
-                depths.extend(c.exit_depths[seen:])
-                timer.tokens_seen[c.index] = len(c.token_ids)
+        """Account the tokens of a delta output (`step(deltas=True)`: what each sample added since
+        the request's previous output) and the request's end."""
+        new = sum(len(c.token_ids) for c in out.outputs)
         if new:
             self.generation_tokens.inc(new)
             if timer.first_token is None:
@@ -103,8 +96,9 @@ class ServerMetrics:
                 self.itl.observe(now - timer.last_token)
             timer.last_token = now
             with self._lock:
-                for d in depths:
-                    self._loop_counts[d] = self._loop_counts.get(d, 0) + 1
+                for c in out.outputs:
+                    for d in c.exit_depths:
+                        self._loop_counts[d] = self._loop_counts.get(d, 0) + 1
         if out.finished:
             if any(c.finish_reason != "abort" for c in out.outputs):
                 self.e2e.observe(now - timer.arrival)

@@ -7,8 +7,10 @@ step's outputs back to the loop in one `call_soon_threadsafe` batch. The HTTP lo
 waits for a step.
 
 A `GenerationStream` is the loop-side view of one API request (one engine request per
-prompt). Outputs are cumulative, so the stream keeps only the latest output per prompt: a slow
-client reads fewer, larger deltas and never makes the server buffer more.
+prompt). The engine hands out delta outputs (only what each step added), so the owner thread's
+work per step does not grow with how long requests have run; the stream merges them in place
+into one cumulative output per prompt (`OutputAccumulator`), and readers keep cursors into it: a
+slow client reads fewer, larger deltas and never makes the server buffer more than the output.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Callable, Optional, Union
 from ...engine.data_parallel import DataParallelEngine
 from ...engine.llm_engine import LLMEngine
 from ...errors import ConfigError, RequestError, RltError
-from ...outputs import RequestOutput
+from ...outputs import OutputAccumulator, RequestOutput
 from ...sampling_params import SamplingParams
 from .metrics import RequestTimer, ServerMetrics
 from .protocol import ApiError, param_from_message
@@ -40,10 +42,13 @@ class WorkerUnavailable(RuntimeError):
 
 
 class GenerationStream:
-    """Latest outputs of one API request's engine requests; lives on the asyncio loop.
+    """Outputs of one API request's engine requests, merged from their deltas; lives on the asyncio loop.
 
-    `admitted` resolves to None once every prompt is queued in the engine, or to the ApiError
-    that rejected one of them (then none of them run). `changes()` waits for new outputs.
+    `outputs[i]` is prompt i's cumulative RequestOutput (None before its first delta; its lists
+    grow in place, each sample's text is filled in when the prompt finishes; `text_since` reads
+    the text before that). `admitted` resolves to None once every prompt is queued in the engine,
+    or to the ApiError that rejected one of them (then none of them run). `changes()` waits for
+    new outputs.
     `error` is set when the request failed after admission (timeout, shutdown, engine failure).
     """
 
@@ -51,7 +56,7 @@ class GenerationStream:
         self.request_ids = request_ids
         self.loop = loop
         self.admitted: asyncio.Future = loop.create_future()
-        self.outputs: list[Optional[RequestOutput]] = [None] * len(request_ids)
+        self._merged = [OutputAccumulator() for _ in request_ids]
         self.error: Optional[ApiError] = None
         self._fresh = [False] * len(request_ids)
         self._changed = asyncio.Event()
@@ -59,8 +64,16 @@ class GenerationStream:
         self._timer: Optional[asyncio.TimerHandle] = None
 
     @property
+    def outputs(self) -> list[Optional[RequestOutput]]:
+        return [m.output for m in self._merged]
+
+    @property
     def finished(self) -> bool:
-        return all(o is not None and o.finished for o in self.outputs)
+        return all(m.finished for m in self._merged)
+
+    def text_since(self, prompt_index: int, sample_index: int, cursor: int) -> tuple[str, int]:
+        """Text a sample of prompt `prompt_index` added after `cursor` (0 at first), and the next cursor."""
+        return self._merged[prompt_index].text_since(sample_index, cursor)
 
     def set_deadline(self, seconds: float) -> None:
         """Fail with 504 if not finished within `seconds` from now."""
@@ -93,8 +106,8 @@ class GenerationStream:
         if not self.admitted.done():
             self.admitted.set_result(error)
 
-    def _deliver(self, index: int, out: RequestOutput) -> None:
-        self.outputs[index] = out
+    def _deliver(self, index: int, delta: RequestOutput) -> None:
+        self._merged[index].add(delta)
         self._fresh[index] = True
         self._changed.set()
         if self.finished:
@@ -259,7 +272,7 @@ class EngineWorker:
                     return
                 self._apply(engine, cmd)
             if engine.has_unfinished_requests():
-                outs = engine.step()
+                outs = engine.step(deltas=True)
                 now = time.monotonic()
                 for out in outs:
                     self._publish(out, now)
@@ -330,7 +343,7 @@ class EngineWorker:
             entry = self._active.get(rid)
             if entry is None:
                 continue
-            out = engine.abort_request(rid)
+            out = engine.abort_request(rid, deltas=True)
             if out is not None:
                 self._publish(out, now)
 
