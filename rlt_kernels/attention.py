@@ -630,8 +630,8 @@ def _decode_combine_kernel(
         return  # a prompt row: the tile kernel's
     limit = tl.maximum(position + 1, 0)
     n_ranges = (limit + split_size - 1) // split_size
-    if n_ranges <= 1:
-        return
+    if n_ranges == 1:
+        return  # the range program wrote this row itself (a row with no key gets zeros below)
     kvh = tl.program_id(1)
     g = tl.arange(0, GP)
     head = kvh * GROUP + g
