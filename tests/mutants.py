@@ -4,7 +4,8 @@ tests chosen to catch each one fail.
     python tests/mutants.py [--clean] [NAME ...]     (from the repository root; default: every mutant)
 
 For each mutant the packages, tests/ and pytest.ini are copied to a temporary directory, one
-source line is replaced there (never in place), and `python -m pytest -x -q <kill tests>` runs in
+source line is replaced there (never in place), and `python -m pytest -x -q -m '' <kill tests>` (slow
+tests included) runs in
 that copy with the copy first on PYTHONPATH. A mutant is "killed" when the tests fail (pytest exit
 status 1), "survived" when they pass; any other status (collection error, no tests found) is an
 error. `--clean` runs the same selections on an unmodified copy instead (they must all pass).
@@ -231,7 +232,7 @@ def run(mutant: Mutant, clean: bool = False) -> Outcome:
         if probe.returncode != 0 or not Path(origin).resolve().is_relative_to(root.resolve()):
             raise MutantError(f"mutant {mutant.name!r}: the copy does not import its own rlt_runtime "
                               f"({origin or probe.stderr})")
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests],
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "", *mutant.tests],
                               cwd=tmp, env=env, capture_output=True, text=True)
     tail = (proc.stdout + proc.stderr)[-3000:]
     if proc.returncode not in (0, 1):

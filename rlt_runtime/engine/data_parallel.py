@@ -28,6 +28,7 @@ from ..config import EngineConfig, SpeculativeConfig
 from ..errors import ConfigError, ReplicaError, RequestError
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
+from .llm_engine import tokenize_prompt
 from .replica import InProcessReplica, Replica
 from .routing import Router
 
@@ -161,22 +162,7 @@ class DataParallelEngine:
 
     def _tokenize(self, prompt) -> tuple[Optional[str], list]:
         """(text or None, token ids) of a prompt; the ids are checked by the replica."""
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" not in prompt:
-                raise RequestError("a dict prompt must have 'prompt_token_ids'")
-            ids = prompt["prompt_token_ids"]
-            if not isinstance(ids, (list, tuple)):
-                raise RequestError("prompt_token_ids must be a list of integers")
-            return prompt.get("prompt"), list(ids)
-        if isinstance(prompt, (list, tuple)):
-            return None, list(prompt)
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise RequestError("this checkpoint has no tokenizer: give prompts as token ids")
-            if not prompt:
-                raise RequestError("prompt must not be empty")
-            return prompt, self.tokenizer.encode(prompt)
-        raise RequestError(f"prompt must be a string, a token-id list or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
+        return tokenize_prompt(prompt, self.tokenizer)
 
     def abort_request(self, request_id: str, deltas: bool = False) -> Optional[RequestOutput]:
         """Abort a request on the replica that runs it; returns its final output (None when the

@@ -75,6 +75,27 @@ def _on_device(method):
     return wrapper
 
 
+def tokenize_prompt(prompt, tokenizer) -> tuple[Optional[str], list[int]]:
+    """(text or None, token ids) of an engine prompt: a string (encoded by `tokenizer`), a token-id
+    list, or {"prompt_token_ids": [...], "prompt": optional text}. RequestError for anything else."""
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" not in prompt:
+            raise RequestError("a dict prompt must have 'prompt_token_ids'")
+        ids = prompt["prompt_token_ids"]
+        if not isinstance(ids, (list, tuple)):
+            raise RequestError("prompt_token_ids must be a list of integers")
+        return prompt.get("prompt"), list(ids)
+    if isinstance(prompt, (list, tuple)):
+        return None, list(prompt)
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise RequestError("this checkpoint has no tokenizer: give prompts as token ids")
+        if not prompt:
+            raise RequestError("prompt must not be empty")
+        return prompt, tokenizer.encode(prompt)
+    raise RequestError(f"prompt must be a string, a token-id list or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
+
+
 class LLMEngine:
     """The engine behind `LLM`, the CLI and the server."""
 
@@ -406,22 +427,7 @@ class LLMEngine:
         return depths
 
     def _tokenize(self, prompt) -> tuple[Optional[str], list[int]]:
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" not in prompt:
-                raise RequestError("a dict prompt must have 'prompt_token_ids'")
-            ids = prompt["prompt_token_ids"]
-            if not isinstance(ids, (list, tuple)):
-                raise RequestError("prompt_token_ids must be a list of integers")
-            return prompt.get("prompt"), list(ids)
-        if isinstance(prompt, (list, tuple)):
-            return None, list(prompt)
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise RequestError("this checkpoint has no tokenizer: give prompts as token ids")
-            if not prompt:
-                raise RequestError("prompt must not be empty")
-            return prompt, self.tokenizer.encode(prompt)
-        raise RequestError(f"prompt must be a string, a token-id list or {{'prompt_token_ids': [...]}}, got {type(prompt).__name__}")
+        return tokenize_prompt(prompt, self.tokenizer)
 
     def abort_request(self, request_id: str, deltas: bool = False) -> Optional[RequestOutput]:
         """Abort a request at any time; its blocks return to the pool immediately. Returns its

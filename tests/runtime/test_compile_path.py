@@ -13,7 +13,9 @@ from rlt_kernels._triton import interpreter_active
 from rlt_runtime import LLM, SamplingParams
 from rlt_runtime.executor.opaque_ops import opaque
 
-pytestmark = pytest.mark.skipif(not interpreter_active(), reason="CPU runs exercise the Triton path via the interpreter")
+# torch.compile of every step program under the interpreter takes 1.5-2 minutes a test: `pytest -m slow`.
+pytestmark = [pytest.mark.skipif(not interpreter_active(), reason="CPU runs exercise the Triton path via the interpreter"),
+              pytest.mark.slow]
 
 PROMPTS = [[5, 7, 9], [6, 7, 9, 11], [7, 7, 9, 11, 13]]
 
@@ -56,7 +58,6 @@ def test_compiled_huginn_programs_match_eager():
     assert _outputs(True, params, programs, **options) == _outputs(False, params, programs, **options)
 
 
-@pytest.mark.slow
 def test_compiled_fp8_programs_match_eager():
     """FP8 weights and K/V through the opaque ops (weight and K/V scales as custom-op arguments)."""
     params = SamplingParams(max_tokens=4, temperature=0.8, seed=3, logprobs=1, exit_threshold=0.6, ignore_eos=True)

@@ -38,9 +38,11 @@ def flash_llm(preset, version, **options):
 @pytest.mark.parametrize("standin,preset,options,mode,threshold,ref_layout", [
     ("fa2", "ouro-tiny", {"exit_mode": "ouro"}, "ouro", 0.55, None),
     ("fa3", "ouro-tiny", {"exit_mode": "ouro"}, "ouro", 0.55, None),
-    ("fa3", "ouro-tiny", {"exit_mode": "ouro", "kv_layout": "shared"}, "ouro", 0.55, "shared"),
+    pytest.param("fa3", "ouro-tiny", {"exit_mode": "ouro", "kv_layout": "shared"}, "ouro", 0.55, "shared",
+                 marks=pytest.mark.slow),  # ~30 s: a prefill step per prompt token
     ("fa2", "huginn-tiny", {"exit_mode": "latent-diff", "exit_criterion_threshold": 1.2}, "latent-diff", 1.2, "full"),
-    ("fa3", "huginn-tiny", {"exit_mode": "fixed", "kv_layout": "compress-s2"}, "fixed", None, "compress-s2"),
+    pytest.param("fa3", "huginn-tiny", {"exit_mode": "fixed", "kv_layout": "compress-s2"}, "fixed", None,
+                 "compress-s2", marks=pytest.mark.slow),  # ~50 s
 ], indirect=["standin"])
 def test_flash_engine_matches_dense_reference(standin, preset, options, mode, threshold, ref_layout):
     """Greedy tokens and exit depths equal the fp64 reference (LAST_EXITED through copy reads)."""
