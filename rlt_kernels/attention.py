@@ -80,7 +80,7 @@ import torch
 from ._dot import exact_dots, mma
 from ._rows import active_count, compute_dtype
 from ._triton import check_launchable, tl, triton
-from .fp8 import FP8_DTYPE
+from .fp8 import FP8_DTYPE, check_kv_scales
 
 KEY_TILE = 64
 DEFAULT_SPLIT_SIZE = 1024
@@ -753,17 +753,9 @@ def new_attention_workspace(num_tokens: int, num_heads: int, head_dim: int, max_
 
 def _check_kv_scales(k_cache, v_cache, k_scale, v_scale) -> None:
     """FP8 caches need fp32 scales [KVH]; caches in another dtype take none."""
-    fp8 = k_cache.dtype == FP8_DTYPE
     if v_cache.dtype != k_cache.dtype:
         raise ValueError(f"k_cache and v_cache must share a dtype, got {k_cache.dtype} and {v_cache.dtype}")
-    kvh = k_cache.shape[-2]
-    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if not fp8 and t is not None:
-            raise ValueError(f"{name} is for float8_e4m3fn caches, got a {k_cache.dtype} cache")
-        if fp8 and (t is None or t.dtype != torch.float32 or tuple(t.shape) != (kvh,) or not t.is_contiguous()):
-            got = None if t is None else f"{t.dtype} {tuple(t.shape)}"
-            raise ValueError(f"a float8_e4m3fn cache needs {name}: a contiguous fp32 tensor [{kvh}] (one scale per "
-                             f"KV head), got {got}")
+    check_kv_scales(k_cache, k_scale, v_scale)
 
 
 def _check_int(name, t, dtypes=(torch.int32,), dim=1):

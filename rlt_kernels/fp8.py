@@ -37,3 +37,17 @@ def quantize_weight_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 def dequantize_weight_fp8(weight: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     """weight [N, K] fp8 times scale [N] per row, in ``dtype``."""
     return (weight.float() * scale.float()[:, None]).to(dtype)
+
+
+def check_kv_scales(k_cache: torch.Tensor, k_scale, v_scale) -> None:
+    """A float8_e4m3fn cache [..., KVH, D] needs contiguous fp32 scales [KVH] for K and V; a cache
+    in another dtype takes none. ValueError naming the argument otherwise."""
+    fp8 = k_cache.dtype == FP8_DTYPE
+    kvh = k_cache.shape[-2]
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if not fp8 and t is not None:
+            raise ValueError(f"{name} is for float8_e4m3fn caches, got a {k_cache.dtype} cache")
+        if fp8 and (t is None or t.dtype != torch.float32 or tuple(t.shape) != (kvh,) or not t.is_contiguous()):
+            got = None if t is None else f"{t.dtype} {tuple(t.shape)}"
+            raise ValueError(f"a float8_e4m3fn cache needs {name}: a contiguous fp32 tensor [{kvh}] (one scale per "
+                             f"KV head), got {got}")

@@ -23,7 +23,7 @@ import torch
 
 from ._rows import active_count
 from ._triton import check_launchable, tl, triton
-from .fp8 import FP8_DTYPE, FP8_MAX, quantize_fp8
+from .fp8 import FP8_DTYPE, FP8_MAX, check_kv_scales, quantize_fp8
 from .norms import apply_rope_reference
 
 FP8_LIMIT = tl.constexpr(FP8_MAX)  # a constexpr object: Triton 3.6 reads no other globals in kernels
@@ -255,18 +255,10 @@ def _check_kv(k, v, k_cache, v_cache, slot_mapping, active_rows):
 
 def _check_scales(k_cache, v_cache, k_scale, v_scale) -> None:
     """FP8 caches need fp32 scales [KVH]; caches in another dtype take none."""
-    fp8 = k_cache.dtype == FP8_DTYPE
     if v_cache.dtype != k_cache.dtype and FP8_DTYPE in (k_cache.dtype, v_cache.dtype):
         raise ValueError(f"k_cache and v_cache must both be float8_e4m3fn or neither, got {k_cache.dtype}, "
                          f"{v_cache.dtype}")
-    kvh = k_cache.shape[-2]
-    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if not fp8 and t is not None:
-            raise ValueError(f"{name} is for float8_e4m3fn caches, got a {k_cache.dtype} cache")
-        if fp8 and (t is None or t.dtype != torch.float32 or tuple(t.shape) != (kvh,) or not t.is_contiguous()):
-            got = None if t is None else f"{t.dtype} {tuple(t.shape)}"
-            raise ValueError(f"a float8_e4m3fn cache needs {name}: a contiguous fp32 tensor [{kvh}] (one scale per "
-                             f"KV head), got {got}")
+    check_kv_scales(k_cache, k_scale, v_scale)
 
 
 def kv_scatter(k, v, k_cache, v_cache, slot_mapping, *, active_rows=None, k_scale=None, v_scale=None):

@@ -144,12 +144,7 @@ def _workload():
 def _run(engine, prompts, params) -> dict:
     for i, (prompt, p) in enumerate(zip(prompts, params)):
         engine.add_request(f"q{i}", prompt, p)
-    done = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
-    return done
+    return _finish_all(engine)
 
 
 def _signature(out):
