@@ -15,8 +15,8 @@ case's) context, pages scattered at random. For each (batch, keys) case it times
   key-depth indirection), where the package imports.
 
 K/V bytes read over the measured copy bandwidth give each figure's fraction of the roofline.
-``--sweep`` also times every decode-kernel geometry (key lanes, warps, pipeline stages) and says
-which keep the default's bits (lanes and warps shape the reduction trees).
+``--sweep`` also times decode-kernel geometries (warps, key tiles in flight) and says which keep
+the default's bits (lanes and warps shape the reduction trees; tiles in flight must not).
 """
 
 from __future__ import annotations
@@ -163,30 +163,35 @@ def measure_case(batch: int, keys: int, roof: dict) -> dict:
 
 
 def sweep(roof: dict) -> list[dict]:
-    """Every decode geometry at the engine cases; `same_bits` against the default geometry."""
-    rows, default = [], (attention.DECODE_LANE_ELEMENTS, attention.DECODE_WARPS, attention.DECODE_STAGES)
-    cases = [(1, 192), (64, 192), (256, 192), (256, 1024), (64, 4096)]
+    """Decode geometries (key lanes, warps, pipeline stages, key tiles in flight) at the engine
+    cases; `same_bits` against the default geometry."""
+    names = ("DECODE_LANE_ELEMENTS", "DECODE_WARPS", "DECODE_STAGES", "DECODE_TILES", "DECODE_TILES_SMALL_LAUNCH")
+    default = tuple(getattr(attention, n) for n in names)
+    rows = []
+    cases = [(1, 192), (16, 192), (64, 192), (256, 192), (256, 1024), (1, 4096), (64, 4096)]
     inputs = {case: engine_case(*case) for case in cases}
     reference = {}
-    variants = [default] + [(lanes, warps, 1) for lanes in (16, 32, 64) for warps in (1, 2, 4, 8)
-                            if (lanes, warps, 1) != default]
-    for lanes, warps, stages in variants:
-        attention.DECODE_LANE_ELEMENTS, attention.DECODE_WARPS, attention.DECODE_STAGES = lanes, warps, stages
+    variants = [default] + [(16, warps, 1, tiles, tiles) for warps in (2, 4, 8) for tiles in (1, 2)
+                            if (16, warps, 1, tiles, tiles) != default]
+    for variant in variants:
+        for n, value in zip(names, variant):
+            setattr(attention, n, value)
+        geometry = dict(zip(("lanes", "warps", "stages", "tiles"), variant))
         for (batch, keys), c in inputs.items():
             out = torch.empty_like(c["q"])
             try:
                 ms = cuda_time_ms(rlt_call(c, out, 0))
             except Exception as exc:  # noqa: BLE001 - a geometry that does not compile or fit
-                rows.append({"lanes": lanes, "warps": warps, "stages": stages, "batch": batch, "keys": keys,
-                             "error": str(exc)[:200]})
+                rows.append({**geometry, "batch": batch, "keys": keys, "error": str(exc)[:200]})
                 continue
             bits = out.view(torch.int16).clone()
             reference.setdefault((batch, keys), bits)
-            rows.append({"lanes": lanes, "warps": warps, "stages": stages, "batch": batch, "keys": keys,
+            rows.append({**geometry, "batch": batch, "keys": keys,
                          "us": ms * 1e3, "frac": kv_bytes(batch, keys) / (ms * 1e-3) / 1e9 / roof["copy_gbps"],
                          "same_bits": bool(torch.equal(bits, reference[(batch, keys)]))})
             print("sweep", rows[-1], flush=True)
-    attention.DECODE_LANE_ELEMENTS, attention.DECODE_WARPS, attention.DECODE_STAGES = default
+    for n, value in zip(names, default):
+        setattr(attention, n, value)
     return rows
 
 

@@ -72,12 +72,12 @@ def linear_reports() -> dict:
                 cfg = gemm.linear_config(n, k, torch.bfloat16, act, rows)
                 const = dict(HAS_ACTIVE=True, SWIGLU=act == "swiglu", HAS_SCALE=weight == "fp8", EXACT_DOT=False,
                              PRECISION="tf32", EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                             BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k)
+                             BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k, PDL=True)
                 out[f"linear {weight} {name} M={rows} {cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.num_stages} "
                     f"split {cfg.split_k}"] = compile_sm90(gemm._linear_kernel, ptrs, const, num_warps=cfg.num_warps,
                                                            num_stages=cfg.num_stages)
         const = dict(HAS_ACTIVE=True, SWIGLU=True, HAS_SCALE=weight == "fp8", SPLIT_K=2, BLOCK_M=gemm.REDUCE_BLOCK_M,
-                     BLOCK_N=gemm.REDUCE_BLOCK_N)
+                     BLOCK_N=gemm.REDUCE_BLOCK_N, PDL=True)
         out[f"linear {weight} split-K reduction"] = compile_sm90(gemm._split_reduce_kernel, ptrs, const, num_warps=4)
     return out
 
@@ -92,7 +92,7 @@ def attention_reports() -> dict:
                                          "key_depth_ptr", "active_ptr", "decode_from_ptr")},
                     ws_ptr="*fp32", k_scale_ptr="*fp32", v_scale_ptr="*fp32")
         flags = dict(BLOCK_SIZE=16, HAS_ACTIVE=True, HAS_SLOTS=True, QDEPTH_TENSOR=True, HAS_KEY_DEPTH=True,
-                     DECODE_FROM_TENSOR=True, KV_FP8=cache == "fp8")
+                     DECODE_FROM_TENSOR=True, KV_FP8=cache == "fp8", PDL=True)
         for warps, few_queries in ((4, False), (4, True), (8, False)):
             cfg = attention._tile_shape(16, 16, 128, torch.bfloat16, few_queries)  # Ouro: 16 heads of 128, MHA
             cfg.pop("num_warps")
@@ -104,7 +104,8 @@ def attention_reports() -> dict:
         cfg = attention._decode_shape(16, 16, 128)
         warps = cfg.pop("num_warps")
         out[f"decode attention {cache} depth-aware, {warps} warps"] = compile_sm90(
-            attention._decode_attention_kernel, ptrs, dict(cfg, **flags), floats=("qk_scale",), num_warps=warps,
+            attention._decode_attention_kernel, ptrs, dict(cfg, TILES=attention.DECODE_TILES_SMALL_LAUNCH, **flags), floats=("qk_scale",),
+            num_warps=warps,
             num_stages=attention.DECODE_STAGES)
     return out
 
@@ -120,7 +121,7 @@ def kv_reports() -> dict:
         ptrs = {n: "*bf16" for n in ("q_ptr", "q_out_ptr", "k_ptr", "v_ptr", "cos_sin_ptr", "q_bias_ptr", "k_bias_ptr")}
         ptrs.update(k_cache_ptr=cache_t, v_cache_ptr=cache_t, slot_ptr="*i64", active_ptr="*i32", pos_ptr="*i64",
                     k_scale_ptr="*fp32", v_scale_ptr="*fp32")
-        const = dict(HEAD_DIM=128, BLOCK_H=block_h, BLOCK_D=block_d, HAS_ACTIVE=True, FP8=cache == "fp8")
+        const = dict(HEAD_DIM=128, BLOCK_H=block_h, BLOCK_D=block_d, HAS_ACTIVE=True, FP8=cache == "fp8", PDL=True)
         out[f"kv_scatter {cache}"] = compile_sm90(kv_cache._kv_scatter_kernel, ptrs, const, num_warps=kv_cache.NUM_WARPS)
         const.update(GPTJ=False, HAS_Q_BIAS=False, HAS_K_BIAS=False, Q_FP64=False, K_FP64=False)
         out[f"rope_kv_scatter {cache}"] = compile_sm90(kv_cache._rope_kv_scatter_kernel, ptrs, const,

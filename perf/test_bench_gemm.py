@@ -141,11 +141,39 @@ def _warm_compile_cache(n: int, k: int, activation, candidates) -> None:
 
 
 SWEEP_ROWS = (1, 16, 256, 2048)
+MID_SWEEP_ROWS = (64, 128, 256)
+
+
+def _mid_candidates(n: int, k: int, activation) -> list:
+    """Tiles for the middle row class (65..512 rows): today's tile, and 128/256 rows per tile so
+    that a launch streams each weight tile once or twice, with the weight's reduction plan."""
+    accumulators = 2 if activation == "swiglu" else 1
+    split = gemm.linear_config(n, k, DTYPE, activation).split_k
+    found = [gemm.linear_config(n, k, DTYPE, activation, 256)]
+    for block_m, block_n, block_k, stages, warps in itertools.product(
+            (128, 256), (32, 64, 128), (64, 128), (3, 4), (4, 8)):
+        if stages * (block_m + accumulators * block_n) * block_k * DTYPE.itemsize > 200 * 1024:
+            continue
+        if block_m * accumulators * block_n // (warps * 32) > 256:  # fp32 accumulators per thread
+            continue
+        found.append(gemm.LinearConfig(block_m, block_n, block_k, warps, stages, split_k=split))
+    return found
 
 
 @pytest.mark.skipif(os.environ.get("RLT_GEMM_SWEEP") != "1", reason="tuning sweep: set RLT_GEMM_SWEEP=1")
 @pytest.mark.parametrize("name,n,k,activation", WEIGHTS, ids=[w[0] for w in WEIGHTS])
 def test_bench_linear_config_sweep(benchmark, roofline, name, n, k, activation):
+    _sweep(benchmark, roofline, name, n, k, activation, _candidates(n, k, activation), SWEEP_ROWS, "decode")
+
+
+@pytest.mark.skipif(os.environ.get("RLT_GEMM_SWEEP") != "1", reason="tuning sweep: set RLT_GEMM_SWEEP=1")
+@pytest.mark.parametrize("name,n,k,activation", WEIGHTS[:4], ids=[w[0] for w in WEIGHTS[:4]])
+def test_bench_linear_mid_sweep(benchmark, roofline, name, n, k, activation):
+    """The middle row class (batches of 65..512 rows) over 64/128/256-row tiles."""
+    _sweep(benchmark, roofline, name, n, k, activation, _mid_candidates(n, k, activation), MID_SWEEP_ROWS, "mid")
+
+
+def _sweep(benchmark, roofline, name, n, k, activation, candidates, sweep_rows, kind):
     """Times every candidate config at decode and prefill sizes; the JSON lists them so the
     `linear_config` table can be re-tuned from one GPU run (a config is used for all M).
     `same_bits_as_chosen`: whether the candidate's M=256 output equals the table config's bit
@@ -156,12 +184,11 @@ def test_bench_linear_config_sweep(benchmark, roofline, name, n, k, activation):
     probe = torch.randn(256, k, dtype=DTYPE, device="cuda")
     chosen_bits = gemm._launch(probe, weights[0], torch.empty(256, n_out, dtype=DTYPE, device="cuda"), None,
                                activation, table).view(torch.int16)
-    candidates = _candidates(n, k, activation)
     _warm_compile_cache(n, k, activation, candidates)
     results = []
     for cfg in candidates:
         row = {"config": dataclasses.asdict(cfg), "chosen": cfg == table}
-        for m in SWEEP_ROWS:
+        for m in sweep_rows:
             x = torch.randn(m, k, dtype=DTYPE, device="cuda")
             out = torch.empty(m, n_out, dtype=DTYPE, device="cuda")
             run = _cycling([functools.partial(gemm._launch, x, w, out, None, activation, cfg) for w in weights])
@@ -169,17 +196,19 @@ def test_bench_linear_config_sweep(benchmark, roofline, name, n, k, activation):
         bits = gemm._launch(probe, weights[0], torch.empty(256, n_out, dtype=DTYPE, device="cuda"), None,
                             activation, cfg).view(torch.int16)
         row["same_bits_as_chosen"] = bool(torch.equal(bits, chosen_bits))
-        row["weight_gbps_M1"] = n * k * DTYPE.itemsize / (row["ms_M1"] * 1e-3) / 1e9
-        row["tflops_M2048"] = 2 * 2048 * n * k / (row["ms_M2048"] * 1e-3) / 1e12
         results.append(row)
-    best_decode = min(results, key=lambda r: r["ms_M1"])
-    best_prefill = min(results, key=lambda r: r["ms_M2048"])
+    first, last = f"ms_M{sweep_rows[0]}", f"ms_M{sweep_rows[-1]}"
+    best_small = min(results, key=lambda r: r[first])
+    best_large = min(results, key=lambda r: r[last])
     chosen = next(r for r in results if r["chosen"]) if any(r["chosen"] for r in results) else None
-    print(f"\n{name}: chosen {chosen and {k: chosen[k] for k in chosen if k.startswith('ms')}}")
-    for r in sorted(results, key=lambda r: r["ms_M1"])[:6]:
-        print(f"  {r['config']} " + " ".join(f"{k}={r[k]:.4f}" for k in r if k.startswith("ms")) + f" bits={r['same_bits_as_chosen']}")
+    print(f"\n{name} ({kind}): chosen {chosen and {k: chosen[k] for k in chosen if k.startswith('ms')}}")
+    for key in dict.fromkeys((first, "ms_M256", last)):
+        print(f" best at {key}:")
+        for r in sorted(results, key=lambda r: r[key])[:4]:
+            print(f"  {r['config']} " + " ".join(f"{k}={r[k]:.4f}" for k in r if k.startswith("ms"))
+                  + f" bits={r['same_bits_as_chosen']}")
     matmul = _cycling([functools.partial(torch.matmul, probe, w.T) for w in weights])
-    record(benchmark, roofline, name=f"linear sweep {name}", ms=best_decode["ms_M1"], candidates=results,
-           best_decode=best_decode, best_prefill=best_prefill, chosen=chosen, matmul_ms_M256=cuda_time_ms(matmul))
+    record(benchmark, roofline, name=f"linear {kind} sweep {name}", ms=best_small[first], candidates=results,
+           best_small=best_small, best_large=best_large, chosen=chosen, matmul_ms_M256=cuda_time_ms(matmul))
     x = torch.randn(1, k, dtype=DTYPE, device="cuda")
     benchmark.pedantic(_sync(lambda: gemm.linear(x, weights[0], activation=activation)), rounds=5, warmup_rounds=1)

@@ -37,6 +37,7 @@ import torch
 
 from ._rows import active_count, by_row_chunks, compute_dtype
 from ._dot import exact_dots, mma
+from ._pdl import pdl_launch, wait_for_inputs
 from ._triton import check_launchable, interpreter_active, tl, triton
 from .fp8 import FP8_DTYPE
 from .norms import silu_mul
@@ -91,6 +92,9 @@ COLUMN_TILE_WIDTHS = (16, 32, 64, 128)
 WAVE_CTAS = 132
 # Column tile of the middle row class.
 MID_BLOCK_N = 64
+# Split-K weights in the middle class take 128 x 64 tiles with 64-element K steps, 8 warps, 4 stages
+# (H200 sweep, Ouro down 2048 x 5632 at M = 256: 22.9 -> 17.9 us, same bits).
+MID_SPLIT_BLOCK_K = 64
 # Bytes of one K step of a weight row: wide steps for narrow (<= NARROW_COLUMNS outputs) or deep
 # (K >= 2 N) weights, whose decode tiles are few and long.
 K_STEP_BYTES_NARROW = 256
@@ -144,7 +148,7 @@ def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = N
     of ``rows`` rows on the GPU (None: the decode tile). block_k and split_k depend on the
     weight alone, which is what makes `linear` batch invariant. Examples (bf16, decode / M = 256 /
     M = 2048): Ouro qkv 64x64x64 s5 / 64x64 s4 / 128x128 s3; o 64x16x128 s5 / 64x64 s3;
-    down 64x64x128 split 4; gate_up swiglu 64x(2x64)x64 s5 / s3 / 128x(2x64) s3."""
+    down 64x64x128 split 4 / 128x64x64 s4 split 4; gate_up swiglu 64x(2x64)x64 s5 / s3 / 128x(2x64) s3."""
     _check_activation(activation)
     accumulators = 2 if activation == "swiglu" else 1
     n_out = n // accumulators
@@ -160,11 +164,17 @@ def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = N
     def warps(block_n):
         return 4 if accumulators * block_n <= 128 else 8
 
+    block_n = next((w for w in COLUMN_TILE_WIDTHS if triton.cdiv(n_out, w) * split_k <= WAVE_CTAS),
+                   COLUMN_TILE_WIDTHS[-1])
+    stages = max(2, min(MAX_STAGES, SMEM_BUDGET_BYTES // stage_bytes(BLOCK_M, block_n)))
+    decode = LinearConfig(BLOCK_M, block_n, block_k, warps(block_n), stages, split_k=split_k)
     if rows is None or rows <= DECODE_ROWS or dtype == torch.float32:
-        block_n = next((w for w in COLUMN_TILE_WIDTHS if triton.cdiv(n_out, w) * split_k <= WAVE_CTAS),
-                       COLUMN_TILE_WIDTHS[-1])
-        stages = max(2, min(MAX_STAGES, SMEM_BUDGET_BYTES // stage_bytes(BLOCK_M, block_n)))
-        return LinearConfig(BLOCK_M, block_n, block_k, warps(block_n), stages, split_k=split_k)
+        return decode
+    if split_k > 1 and rows <= PREFILL_ROWS:  # same K ranges, 128-row tiles: one weight pass per 128 rows
+        split_tile = LinearConfig(BLOCK_M_PREFILL, MID_BLOCK_N, MID_SPLIT_BLOCK_K, 8, 4, split_k=split_k)
+        smem = 4 * (BLOCK_M_PREFILL + accumulators * MID_BLOCK_N) * MID_SPLIT_BLOCK_K * elem
+        if split_tile.k_range(k) == decode.k_range(k) and smem <= SMEM_BUDGET_BYTES:
+            return split_tile
     block_n = 128 // accumulators
     if rows > PREFILL_ROWS and PREFILL_STAGES * stage_bytes(BLOCK_M_PREFILL, block_n) <= SMEM_BUDGET_BYTES:
         return LinearConfig(BLOCK_M_PREFILL, block_n, block_k, 8, PREFILL_STAGES, split_k=split_k)
@@ -218,7 +228,7 @@ def _linear_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr, ws_ptr, active_ptr, m, n_out, k, k_range, stride_x, stride_w, stride_out,
     HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr, EXACT_DOT: tl.constexpr, PRECISION: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
 ):
     # Grouped launch order: GROUP_M row tiles walk the column tiles together.
     pid = tl.program_id(0)
@@ -230,6 +240,7 @@ def _linear_kernel(
     pid_m = first_m + (pid % per_group) % group_rows
     pid_n = (pid % per_group) // group_rows
 
+    wait_for_inputs(PDL)
     live = m
     if HAS_ACTIVE:
         live = tl.minimum(live, tl.load(active_ptr).to(tl.int32))
@@ -291,9 +302,10 @@ def _linear_kernel(
 def _split_reduce_kernel(
     ws_ptr, scale_ptr, out_ptr, active_ptr, m, n_out, stride_out,
     HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
     """out = sum of the SPLIT_K partials in range order (then SwiGLU), rounded once."""
+    wait_for_inputs(PDL)
     live = m
     if HAS_ACTIVE:
         live = tl.minimum(live, tl.load(active_ptr).to(tl.int32))
@@ -372,17 +384,22 @@ def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_s
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n_out, cfg.block_n), split)
     scale = out if weight_scale is None else weight_scale
     has_scale = weight_scale is not None
+    pdl = pdl_launch(out, grid[0] * grid[1])
     _linear_kernel[grid](
         x, weight, scale, out, ws, active, m, n_out, k, k_range, x.stride(0), weight.stride(0), out.stride(0),
         HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu, HAS_SCALE=has_scale, EXACT_DOT=exact_dots(),
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, SPLIT_K=split, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GROUP_M=cfg.group_m, SPLIT_K=split, PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        launch_pdl=pdl,
     )
     if split > 1:
-        _split_reduce_kernel[(triton.cdiv(m, REDUCE_BLOCK_M), triton.cdiv(n_out, REDUCE_BLOCK_N))](
+        reduce_grid = (triton.cdiv(m, REDUCE_BLOCK_M), triton.cdiv(n_out, REDUCE_BLOCK_N))
+        reduce_pdl = pdl_launch(out, reduce_grid[0] * reduce_grid[1])
+        _split_reduce_kernel[reduce_grid](
             ws, scale, out, active, m, n_out, out.stride(0), HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu,
             HAS_SCALE=has_scale,
-            SPLIT_K=split, BLOCK_M=REDUCE_BLOCK_M, BLOCK_N=REDUCE_BLOCK_N, num_warps=4,
+            SPLIT_K=split, BLOCK_M=REDUCE_BLOCK_M, BLOCK_N=REDUCE_BLOCK_N, PDL=reduce_pdl, num_warps=4,
+            launch_pdl=reduce_pdl,
         )
     return out

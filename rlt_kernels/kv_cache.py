@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from ._rows import active_count
+from ._pdl import pdl_launch, wait_for_inputs
 from ._triton import check_launchable, tl, triton
 from .fp8 import FP8_DTYPE, FP8_MAX, check_kv_scales, quantize_fp8
 from .norms import apply_rope_reference
@@ -123,8 +124,9 @@ def _kv_scatter_kernel(
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
     HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, HAS_ACTIVE: tl.constexpr,
-    FP8: tl.constexpr,
+    FP8: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     t = tl.program_id(0)
     if t < row_limit(active_ptr, num_rows, HAS_ACTIVE):
         slot = tl.load(slot_ptr + t)
@@ -177,10 +179,11 @@ def _rope_kv_scatter_kernel(
     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
     HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, GPTJ: tl.constexpr,
     HAS_Q_BIAS: tl.constexpr, HAS_K_BIAS: tl.constexpr, HAS_ACTIVE: tl.constexpr,
-    Q_FP64: tl.constexpr, K_FP64: tl.constexpr, FP8: tl.constexpr,
+    Q_FP64: tl.constexpr, K_FP64: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr,
 ):
     # Programs (t, c) with c < q_chunks rotate a group of q heads; the others rotate a group
     # of k heads, copy the matching v heads and write both into the caches.
+    wait_for_inputs(PDL)
     t = tl.program_id(0)
     c = tl.program_id(1)
     if t < row_limit(active_ptr, num_rows, HAS_ACTIVE):
@@ -278,6 +281,7 @@ def kv_scatter(k, v, k_cache, v_cache, slot_mapping, *, active_rows=None, k_scal
         return
     block_h, block_d = head_tile_shape(num_kv_heads, head_dim)
     grid = (num_rows, triton.cdiv(num_kv_heads, block_h))
+    pdl = pdl_launch(k_cache, grid[0] * grid[1])
     _kv_scatter_kernel[grid](
         k, v, k_cache, v_cache, slot_mapping, slot_mapping if active_rows is None else active_rows,
         k_cache if k_scale is None else k_scale, v_cache if v_scale is None else v_scale,
@@ -286,7 +290,7 @@ def kv_scatter(k, v, k_cache, v_cache, slot_mapping, *, active_rows=None, k_scal
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d, HAS_ACTIVE=active_rows is not None,
-        FP8=k_scale is not None, num_warps=NUM_WARPS,
+        FP8=k_scale is not None, PDL=pdl, num_warps=NUM_WARPS, launch_pdl=pdl,
     )
 
 
@@ -333,6 +337,7 @@ def rope_kv_scatter(
     block_h, block_d = head_tile_shape(max(num_heads, num_kv_heads), head_dim)
     q_chunks = triton.cdiv(num_heads, block_h)
     grid = (num_rows, q_chunks + triton.cdiv(num_kv_heads, block_h))
+    pdl = pdl_launch(k_cache, grid[0] * grid[1])
     _rope_kv_scatter_kernel[grid](
         q, q_out, k, v, positions, cos_sin,
         q if q_bias is None else q_bias, k if k_bias is None else k_bias,
@@ -347,6 +352,6 @@ def rope_kv_scatter(
         HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d, GPTJ=style == "gptj",
         HAS_Q_BIAS=q_bias is not None, HAS_K_BIAS=k_bias is not None, HAS_ACTIVE=active_rows is not None,
         Q_FP64=q.dtype == torch.float64, K_FP64=k.dtype == torch.float64, FP8=k_scale is not None,
-        num_warps=NUM_WARPS, enable_fp_fusion=False,
+        PDL=pdl, num_warps=NUM_WARPS, enable_fp_fusion=False, launch_pdl=pdl,
     )
     return q_out

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ._rows import active_count, by_row_chunks, compute_dtype
+from ._pdl import pdl_launch, wait_for_inputs
 from ._triton import check_launchable, tl, triton
 
 MAX_NORM_WIDTH = 32768
@@ -172,8 +173,9 @@ def _row_is_live(active_ptr, row, HAS_ACTIVE: tl.constexpr):
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, w_ptr, out_ptr, active_ptr, width, stride_x, stride_out, eps,
-    HAS_ACTIVE: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_ACTIVE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     row = tl.program_id(0)
     if _row_is_live(active_ptr, row, HAS_ACTIVE):
         cols = tl.arange(0, BLOCK)
@@ -187,8 +189,9 @@ def _rms_norm_kernel(
 def _residual_norm_kernel(
     sub_ptr, res_ptr, post_w_ptr, next_w_ptr, res_out_ptr, normed_ptr, active_ptr, width,
     stride_sub, stride_res, stride_res_out, stride_normed, eps,
-    HUGINN: tl.constexpr, HAS_NEXT: tl.constexpr, HAS_ACTIVE: tl.constexpr, BLOCK: tl.constexpr,
+    HUGINN: tl.constexpr, HAS_NEXT: tl.constexpr, HAS_ACTIVE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_inputs(PDL)
     row = tl.program_id(0)
     if _row_is_live(active_ptr, row, HAS_ACTIVE):
         row64 = row.to(tl.int64)
@@ -320,7 +323,8 @@ def rms_norm(x, weight, eps, *, out=None, active_rows=None):
     active, has_active = _active_args(active_rows, x)
     _rms_norm_kernel[(m,)](
         x, weight, out, active, width, x.stride(0), out.stride(0), float(eps),
-        HAS_ACTIVE=has_active, BLOCK=block, num_warps=warps, enable_fp_fusion=False,
+        HAS_ACTIVE=has_active, BLOCK=block, PDL=pdl_launch(out, m), num_warps=warps, enable_fp_fusion=False,
+        launch_pdl=pdl_launch(out, m),
     )
     return out
 
@@ -360,7 +364,8 @@ def residual_norm(
         residual_out if normed is None else normed, active, width,
         sub.stride(0), residual.stride(0), residual_out.stride(0), (residual_out if normed is None else normed).stride(0),
         float(eps), HUGINN=mode == "huginn", HAS_NEXT=normed is not None, HAS_ACTIVE=has_active,
-        BLOCK=block, num_warps=warps, enable_fp_fusion=False,  # rounding exactly as the reference
+        BLOCK=block, PDL=pdl_launch(sub, m), num_warps=warps, enable_fp_fusion=False,  # rounding exactly as the reference
+        launch_pdl=pdl_launch(sub, m),
     )
     return residual_out, normed
 

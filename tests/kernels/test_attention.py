@@ -444,6 +444,21 @@ def test_split_matches_unsplit_bitwise(device, monkeypatch, seqs, spanning, spli
     check_against_oracle(unsplit, b, dtype)
 
 
+@pytest.mark.parametrize("split_size", [64, 1024])
+def test_decode_tiles_in_flight_keep_bits(device, monkeypatch, split_size):
+    """The decode kernel's bits do not depend on how many key tiles it keeps in flight: contexts
+    of odd and even tile counts (16-key tiles), within one key range or spanning several."""
+    b = make_batch([(1, n) for n in (1, 15, 17, 33, 48, 49, 100, 130)], heads=2, kv_heads=2, head_dim=64,
+                   dtype=torch.float32, device=device, seed=3)  # fp32 out: any change of key order shows
+    one = {}
+    for tiles in (1, 2):
+        monkeypatch.setattr(attn, "DECODE_TILES", tiles)
+        monkeypatch.setattr(attn, "DECODE_TILES_SMALL_LAUNCH", tiles)
+        one[tiles] = run_kernel(b, decode_from=0, split_size=split_size)
+    assert_same_bits(one[2], one[1])
+    check_against_oracle(one[2], b, torch.float32)
+
+
 def test_split_rule(monkeypatch):
     monkeypatch.setattr(attn, "_sm_count", lambda device: 132)
     cpu = torch.device("cpu")
@@ -607,6 +622,11 @@ def test_gpu_split_matches_unsplit_bitwise(monkeypatch):
         assert_same_bits(split, unsplit)
         monkeypatch.undo()
         assert_same_bits(run_kernel(b, decode_from=decode), unsplit)  # whatever the real rule picks
+        if decode == 0:  # the other tile depths
+            monkeypatch.setattr(attn, "DECODE_TILES", 3 - attn.DECODE_TILES)
+            monkeypatch.setattr(attn, "DECODE_TILES_SMALL_LAUNCH", 3 - attn.DECODE_TILES_SMALL_LAUNCH)
+            assert_same_bits(run_kernel(b, decode_from=decode), unsplit)
+            monkeypatch.undo()
     ref = run_reference(b)
     torch.testing.assert_close(split.nan_to_num(7.0), ref.nan_to_num(7.0), atol=2e-2, rtol=2e-2)
 

@@ -180,7 +180,8 @@ MODEL_WEIGHTS = [  # (N, K, activation): Ouro-1.4B and Huginn linear layers
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_linear_config_fits_and_spreads(n, k, activation, dtype):
     """Every row class's config fits the shared-memory budget, all share the weight's reduction
-    plan (K step and split), and decode takes the narrowest column tile that fits one wave."""
+    plan (split and K ranges; wgmma's order over K does not depend on the K step), and decode takes
+    the narrowest column tile that fits one wave."""
     decode = gemm.linear_config(n, k, dtype, activation)
     elem = dtype.itemsize
     accumulators = 2 if activation else 1
@@ -189,7 +190,7 @@ def test_linear_config_fits_and_spreads(n, k, activation, dtype):
         cfg = gemm.linear_config(n, k, dtype, activation, rows)
         assert cfg.num_stages * (cfg.block_m + accumulators * cfg.block_n) * cfg.block_k * elem <= gemm.SMEM_BUDGET_BYTES
         assert cfg.block_m in (gemm.BLOCK_M, gemm.BLOCK_M_PREFILL) and 2 <= cfg.num_stages <= gemm.MAX_STAGES
-        assert (cfg.block_k, cfg.split_k) == (decode.block_k, decode.split_k)
+        assert (cfg.k_range(k), cfg.split_k) == (decode.k_range(k), decode.split_k)
         if rows is None or rows <= gemm.DECODE_ROWS or dtype == torch.float32:
             assert cfg == decode
     ctas = lambda width: -(-n_out // width) * decode.split_k  # noqa: E731
@@ -199,11 +200,11 @@ def test_linear_config_fits_and_spreads(n, k, activation, dtype):
 
 
 @pytest.mark.parametrize("rows", [gemm.DECODE_ROWS + 1, gemm.PREFILL_ROWS + 1])
-@pytest.mark.parametrize("activation", [None, "swiglu"])
-def test_linear_row_class_tiles(device, rows, activation):
+@pytest.mark.parametrize("activation,n,k", [(None, 2 * 136, 80), ("swiglu", 2 * 136, 80), (None, 24, gemm.SPLIT_MIN_K)])
+def test_linear_row_class_tiles(device, rows, activation, n, k):
     """The middle and prefill tiles (chosen from M on the GPU) compute the same function; run
-    here on a few rows with the configuration a launch of `rows` rows would take."""
-    n, k = 2 * 136, 80
+    here on a few rows with the configuration a launch of `rows` rows would take (the last weight
+    is deep enough to split K: the middle class's 128-row split tile)."""
     cfg = gemm.linear_config(n, k, torch.bfloat16, activation, rows)
     gen = seeded(rows, device)
     x = randn((5, k), torch.bfloat16, device, gen)

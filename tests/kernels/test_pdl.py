@@ -1,0 +1,92 @@
+"""Programmatic dependent launch: which launches take it, and that it never changes a result."""
+
+import pytest
+import torch
+
+from rlt_kernels import _pdl, attention, gemm, kv_cache, norms
+
+from checks import randn, seeded
+
+
+def test_pdl_off_on_cpu_and_when_disabled(monkeypatch):
+    """CPU tensors (and the interpreter) never launch dependently; RLT_PDL=0 turns it off on CUDA."""
+    assert not _pdl.pdl_launch(torch.empty(1), 1)
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9:
+        t = torch.empty(1, device="cuda")
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        assert _pdl.pdl_launch(t, sms) and not _pdl.pdl_launch(t, sms + 1)  # one wave at most
+        monkeypatch.setenv("RLT_PDL", "0")
+        assert not _pdl.pdl_launch(t, 1)
+
+
+def _layer_chain(h, w_qkv, w_o, w_gate_up, w_down, norm_w, k_cache, v_cache, tables, positions, cos_sin):
+    """A decode layer's kernel chain, each kernel reading the one before's output: qkv-shaped
+    linear, RoPE + K/V scatter, decode attention, linear, residual norm, SwiGLU linear, split-K
+    linear, residual norm. Returns every intermediate the chain writes."""
+    b = h.shape[0]
+    qkv = gemm.linear(h, w_qkv)
+    q, k, v = (qkv.view(b, 3, 2, 64)[:, i] for i in range(3))
+    slots = (tables[0, :, 0].long() * k_cache.shape[1] + positions).contiguous()
+    q_rot = kv_cache.rope_kv_scatter(q.contiguous(), k.contiguous(), v.contiguous(), positions, cos_sin, k_cache,
+                                     v_cache, slots)
+    seq_lens = (positions + 1).to(torch.int32)
+    qsl = torch.arange(b + 1, dtype=torch.int32, device=h.device)
+    attn = attention.paged_attention(q_rot, k_cache, v_cache, tables, seq_lens, qsl, decode_from=0).view(b, -1)
+    o = gemm.linear(attn, w_o)
+    r, n = norms.residual_norm(o, h[:, :128], norm_w, norm_w, 1e-6)
+    act = gemm.linear(n, w_gate_up, activation="swiglu")
+    down = gemm.linear(act, w_down)
+    r2, n2 = norms.residual_norm(down, r, norm_w, norm_w, 1e-6)
+    return qkv, q_rot, attn, o, r, n, act, down, r2, n2
+
+
+@pytest.mark.gpu
+def test_gpu_pdl_chain_in_a_graph_equals_stream_order(device, monkeypatch):
+    """The chain captured in a CUDA graph with dependent launches (the engine's decode step) gives
+    the bits of the same chain launched in plain stream order, replay after replay with new
+    inputs: a kernel that read its input before `wait_for_inputs` would see stale values."""
+    gen = seeded(7, device)
+    b, hidden, k_deep = 8, 384, gemm.SPLIT_MIN_K
+    w_qkv = randn((hidden, hidden), torch.bfloat16, device, gen, scale=hidden**-0.5)
+    w_o = randn((128, 128), torch.bfloat16, device, gen, scale=128**-0.5)
+    w_gate_up = randn((2 * k_deep, 128), torch.bfloat16, device, gen, scale=128**-0.5)
+    w_down = randn((128, k_deep), torch.bfloat16, device, gen, scale=k_deep**-0.5)
+    norm_w = randn((128,), torch.bfloat16, device, gen) + 1
+    blocks, block = 4 * b, 16
+    tables = torch.arange(blocks, dtype=torch.int32, device=device).view(1, b, 4)
+    cos_sin = norms.rope_cos_sin(256, 64, 10000.0, device=device)
+    caches = [torch.zeros(blocks, block, 2, 64, dtype=torch.bfloat16, device=device) for _ in range(2)]
+    h = torch.empty(b, hidden, dtype=torch.bfloat16, device=device)
+    positions = torch.empty(b, dtype=torch.int64, device=device)
+
+    def inputs(i):
+        g = seeded(100 + i, device)
+        h.copy_(randn((b, hidden), torch.bfloat16, device, g))
+        positions.copy_(torch.randint(0, 4 * block, (b,), device=device, generator=g))
+        for c in caches:
+            c.copy_(randn(tuple(c.shape), torch.bfloat16, device, g))
+
+    def chain():
+        return _layer_chain(h, w_qkv, w_o, w_gate_up, w_down, norm_w, *caches, tables, positions, cos_sin)
+
+    monkeypatch.setenv("RLT_PDL", "0")
+    expected = []
+    for i in range(6):
+        inputs(i)
+        expected.append([t.clone() for t in chain()] + [c.clone() for c in caches])
+    monkeypatch.delenv("RLT_PDL")
+    inputs(0)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        chain()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = chain()
+    for i in range(6):
+        inputs(i)
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, want in zip(list(outs) + caches, expected[i]):
+            assert torch.equal(got, want), f"replay {i}: a dependent launch changed a result"
