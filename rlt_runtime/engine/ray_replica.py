@@ -49,8 +49,8 @@ def import_ray():
     try:
         import ray
     except ImportError as exc:
-        raise errors.ConfigError("distributed_executor='ray' needs Ray, which is not installed: "
-                                 "pip install 'rlt[ray]' (or ray[data]>=2.40), or use distributed_executor='mp'") from exc
+        raise errors.ConfigError("distributed_executor='ray' needs Ray, which is not installed: pip install "
+                                 "'rlt[ray]' (or ray[data]>=2.40), or use distributed_executor='mp'") from exc
     return ray
 
 

@@ -119,8 +119,8 @@ def generate_batch(model: str, prompts: Union[Sequence, str, os.PathLike, "ray.d
     if not isinstance(params, SamplingParams):
         raise RequestError("sampling_params must be a SamplingParams")
     if params.n != 1:
-        raise RequestError(f"sampling_params.n must be 1 in the batch path (one result row per prompt), got {params.n}; "
-                           "repeat the prompt with different seeds instead")
+        raise RequestError(f"sampling_params.n must be 1 in the batch path (one result row per prompt), got "
+                           f"{params.n}; repeat the prompt with different seeds instead")
     cfg = EngineConfig.from_kwargs(**engine_options)
     cfg.validate_static()
     if cfg.data_parallel_size != 1 or cfg.distributed_executor != "mp":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import types
 
 import pytest
@@ -18,7 +19,8 @@ from rlt_runtime import ConfigError, EngineConfig, LLM, SamplingParams
 from rlt_runtime.engine.data_parallel import DataParallelEngine
 from rlt_runtime.engine.llm_engine import LLMEngine
 from rlt_runtime.engine.ray_replica import placement
-from test_data_parallel import LONG, OPTIONS, SHORT_PROMPTS, _finish_all, _reference, _replica_stats, _run, _signature, _workload
+from test_data_parallel import (LONG, OPTIONS, SHORT_PROMPTS, _finish_all, _reference, _replica_stats, _run, _signature,
+                                _workload)
 
 
 # ---- options and placement (no Ray needed) ---------------------------------------------------------
@@ -87,6 +89,15 @@ def test_ray_replicas_match_one_engine_bit_for_bit(ray_cluster):
         llm.engine.shutdown()
 
 
+def _finish_within(engine, seconds: float) -> dict:
+    """_finish_all, failing instead of hanging when a dead replica's requests never end."""
+    done, deadline = {}, time.monotonic() + seconds
+    while engine.has_unfinished_requests():
+        assert time.monotonic() < deadline, f"requests unfinished after {seconds} s: a dead replica went unnoticed"
+        done.update({out.request_id: out for out in engine.step() if out.finished})
+    return done
+
+
 @pytest.mark.slow
 def test_a_killed_ray_replica_fails_only_its_requests(ray_cluster):
     engine = DataParallelEngine("ouro-tiny", data_parallel_size=2, distributed_executor="ray", **OPTIONS)
@@ -101,10 +112,11 @@ def test_a_killed_ray_replica_fails_only_its_requests(ray_cluster):
         while "q1" not in streamed:  # replica 1 is mid-request when it dies
             streamed.update({o.request_id: o for o in engine.step() if o.outputs[0].token_ids})
         ray_cluster.kill(engine.replicas[1].actor)
-        done = _finish_all(engine)
+        done = _finish_within(engine, 120)
         failed = done["q1"]
         assert failed.outputs[0].finish_reason == "error" and len(failed.outputs[0].token_ids) < 40
-        assert "replica 1" in failed.error and "died" in failed.error and engine.replicas[1].info["actor_id"] in failed.error
+        assert "replica 1" in failed.error and "died" in failed.error
+        assert engine.replicas[1].info["actor_id"] in failed.error
         for rid in ("q0", "q2"):  # replica 0's requests are untouched: bit for bit those of one engine
             assert _signature(done[rid]) == _signature(reference[rid])
         stats = engine.stats()["data_parallel"]
@@ -114,6 +126,16 @@ def test_a_killed_ray_replica_fails_only_its_requests(ray_cluster):
         assert _signature(_finish_all(engine)["after"]) == _signature(reference["q1"])
     finally:
         engine.shutdown()
+
+
+@pytest.mark.slow
+def test_a_ray_replica_that_cannot_load_raises_its_own_error_and_frees_the_others(ray_cluster):
+    with pytest.raises(ConfigError, match=r"replica \d \(cpu\) failed to load: num_loops must be in 1\.\.8"):
+        DataParallelEngine("ouro-tiny", data_parallel_size=2, distributed_executor="ray", num_loops=9, **OPTIONS)
+    deadline = time.monotonic() + 30
+    while ray_cluster.available_resources().get("CPU", 0) < 2:  # both actors are killed, their CPUs back
+        assert time.monotonic() < deadline, f"replica actors left running: {ray_cluster.available_resources()}"
+        time.sleep(0.5)
 
 
 @pytest.mark.slow
