@@ -47,12 +47,14 @@ setup(
         "flash": ["flash-attn>=2.6"],
         "clients": ["lm_eval[api]>=0.4.8", "pyyaml>=6"],  # the lm-eval end-to-end test (tests/server/test_lm_eval.py)
         "plot": ["matplotlib>=3.8"],
+        "ray": ["ray[data]>=2.40"],  # distributed_executor="ray" (replicas as Ray actors) and rlt-batch (Ray Data)
     },
     entry_points={
         "console_scripts": [
             "rlt-generate=rlt_runtime.entrypoints.cli:main",
             "rlt-serve=rlt_runtime.entrypoints.server.cli:main",
             "rlt-bench=rlt_runtime.entrypoints.bench:main",
+            "rlt-batch=rlt_runtime.entrypoints.ray_batch:main",
         ]
     },
 )

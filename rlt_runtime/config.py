@@ -24,6 +24,7 @@ PREEMPTION_MODES = ("recompute", "swap")
 DRAFT_POLICIES = ("adaptive", "fixed")
 QUANTIZATIONS = (None, "fp8")
 KV_CACHE_DTYPES = ("auto", "fp8")
+DISTRIBUTED_EXECUTORS = ("mp", "ray")  # mp: replica processes on this host; ray: Ray actors on a cluster
 _COMPRESS = re.compile(r"^compress-s(\d+)$")
 
 
@@ -74,6 +75,7 @@ class EngineConfig:
     device: str = "auto"
     seed: int = 0
     data_parallel_size: int = 1  # engine replicas, one process each (one GPU each on CUDA)
+    distributed_executor: str = "mp"  # where replicas run: "mp" (local processes) or "ray" (Ray actors)
     num_loops: Optional[int] = None  # depth override (Huginn recurrences; Ouro loops)
     max_model_len: Optional[int] = None
     # Scheduling.
@@ -153,6 +155,7 @@ class EngineConfig:
             raise _fail("device", "'auto', 'cpu', 'cuda' or 'cuda:N'", self.device)
         _int(self.seed, "seed", 0)
         _int(self.data_parallel_size, "data_parallel_size", 1)
+        _choice(self.distributed_executor, "distributed_executor", DISTRIBUTED_EXECUTORS)
         _int(self.num_loops, "num_loops", 1, 128, allow_none=True)
         _int(self.max_model_len, "max_model_len", 1, allow_none=True)
         _int(self.max_num_seqs, "max_num_seqs", 1, 4096, allow_none=True)

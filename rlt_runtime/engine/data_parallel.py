@@ -34,7 +34,7 @@ from .routing import Router
 
 logger = logging.getLogger("rlt")
 
-BACKENDS = ("process", "inprocess")
+BACKENDS = ("process", "inprocess", "ray")
 WAIT_S = 0.02  # longest a step waits for replica outputs before returning (the caller loops)
 
 
@@ -59,12 +59,12 @@ def replica_devices(cfg: EngineConfig) -> list[str]:
 
 
 def build_engine(model: str, cfg: Optional[EngineConfig] = None, **kwargs):
-    """An LLMEngine, or a DataParallelEngine when data_parallel_size > 1."""
+    """An LLMEngine, or a DataParallelEngine when data_parallel_size > 1 or replicas run on Ray."""
     from .llm_engine import LLMEngine
 
     cfg = cfg or EngineConfig.from_kwargs(**kwargs)
     cfg.validate_static()
-    if cfg.data_parallel_size == 1:
+    if cfg.data_parallel_size == 1 and cfg.distributed_executor == "mp":
         return LLMEngine(model, cfg)
     return DataParallelEngine(model, cfg)
 
@@ -99,19 +99,26 @@ class _Tracked:
 class DataParallelEngine:
     """`data_parallel_size` LLMEngine replicas, one per device, behind one add/abort/step/stats surface.
 
-    backend: "process" (each replica in its own process, the default) or "inprocess" (all in
-    this process, stepped in turn: for tests and debugging).
+    backend: "process" (each replica in its own process), "ray" (each replica a Ray actor:
+    ray_replica.py) or "inprocess" (all in this process, stepped in turn: for tests and
+    debugging); default: "ray" with distributed_executor="ray", else "process".
     """
 
-    def __init__(self, model: str, cfg: Optional[EngineConfig] = None, *, backend: str = "process", **kwargs):
+    def __init__(self, model: str, cfg: Optional[EngineConfig] = None, *, backend: Optional[str] = None, **kwargs):
         cfg = cfg or EngineConfig.from_kwargs(**kwargs)
         cfg.validate_static()
+        backend = backend or ("ray" if cfg.distributed_executor == "ray" else "process")
         if backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
         if cfg.record_exit_trace:
             raise ConfigError("record_exit_trace cannot be combined with data_parallel_size > 1 (every replica would "
                               "write the file); record with one engine: its depths are those of every replica")
-        devices = replica_devices(cfg)
+        if backend == "ray":
+            from .ray_replica import ray_replica_devices
+
+            devices = ray_replica_devices(cfg)
+        else:
+            devices = replica_devices(cfg)
         self.cfg = cfg
         self.model_name = model
         self.model_config, self.tokenizer = _config_and_tokenizer(model, cfg)
@@ -332,6 +339,10 @@ def _start_replicas(model: str, cfg: EngineConfig, devices: list[str], backend: 
         return [InProcessReplica(i, LLMEngine(model, EngineConfig.from_kwargs(**dict(_replica_options(cfg, i),
                                                                                   device=device))))
                 for i, device in enumerate(devices)]
+    if backend == "ray":
+        from .ray_replica import start_ray_replicas
+
+        return start_ray_replicas(model, [_replica_options(cfg, i) for i in range(len(devices))], devices[0])
     from .process_replica import ProcessReplica
 
     context = torch.multiprocessing.get_context("spawn")

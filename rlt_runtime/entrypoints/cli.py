@@ -24,6 +24,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", action="append", default=[], help="a prompt (repeatable)")
     p.add_argument("--prompt-file", help="JSON lines file of prompts")
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    add_sampling_args(p)
+    p.add_argument("--profile", action="store_true", help="record a torch.profiler trace (see --profile-dir)")
+    add_engine_args(p)
+    return p
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """The sampling flags (read back by `sampling_params`), shared with rlt-batch."""
     s = p.add_argument_group("sampling")
     s.add_argument("--n", type=int, default=1)
     s.add_argument("--max-tokens", type=int, default=16)
@@ -46,9 +54,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--min-tokens", type=int, default=0)
     s.add_argument("--bad-words", action="append", default=None, help="a word never generated (repeatable)")
     s.add_argument("--best-of", type=int, default=None)
-    s.add_argument("--profile", action="store_true", help="record a torch.profiler trace (see --profile-dir)")
-    add_engine_args(p)
-    return p
 
 
 def _logit_bias(text: str) -> dict:
@@ -60,38 +65,51 @@ def _logit_bias(text: str) -> dict:
         raise argparse.ArgumentTypeError(f'expected a JSON object {{"token id": bias}}, got {text!r}') from exc
 
 
+def read_prompt_file(path) -> list:
+    """The prompts of a JSON lines file: each line a string, {"prompt": "..."} (read as the string)
+    or {"prompt_token_ids": [...]} (kept as the dict); blank lines skipped."""
+    prompts = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise RltError(f"{path}:{n}: not valid JSON ({exc.msg})") from exc
+            if isinstance(item, dict) and "prompt" in item and "prompt_token_ids" not in item:
+                item = item["prompt"]
+            prompts.append(item)
+    return prompts
+
+
 def _read_prompts(args) -> list:
     prompts: list = list(args.prompt)
     if args.prompt_file:
-        with open(args.prompt_file, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    item = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise RltError(f"{args.prompt_file}:{n}: not valid JSON ({exc.msg})") from exc
-                if isinstance(item, dict) and "prompt" in item and "prompt_token_ids" not in item:
-                    item = item["prompt"]
-                prompts.append(item)
+        prompts.extend(read_prompt_file(args.prompt_file))
     if not prompts:
         raise RltError("give at least one --prompt or a --prompt-file")
     return prompts
+
+
+def sampling_params(args) -> SamplingParams:
+    """The SamplingParams the sampling flags describe (shared with rlt-batch)."""
+    return SamplingParams(
+        n=args.n, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        min_p=args.min_p, seed=args.sampling_seed, stop=args.stop, stop_token_ids=args.stop_token_ids,
+        ignore_eos=args.ignore_eos, logprobs=args.logprobs, min_loops=args.min_loops, max_loops=args.max_loops,
+        exit_threshold=args.exit_threshold, repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty, logit_bias=args.logit_bias,
+        min_tokens=args.min_tokens, bad_words=args.bad_words, best_of=args.best_of,
+    )
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         prompts = _read_prompts(args)
-        params = SamplingParams(
-            n=args.n, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-            min_p=args.min_p, seed=args.sampling_seed, stop=args.stop, stop_token_ids=args.stop_token_ids,
-            ignore_eos=args.ignore_eos, logprobs=args.logprobs, min_loops=args.min_loops, max_loops=args.max_loops,
-            exit_threshold=args.exit_threshold, repetition_penalty=args.repetition_penalty,
-            presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty, logit_bias=args.logit_bias,
-            min_tokens=args.min_tokens, bad_words=args.bad_words, best_of=args.best_of,
-        )
+        params = sampling_params(args)
         options = engine_kwargs(args)
         if args.profile:
             options.setdefault("profile_dir", "rlt-profile")

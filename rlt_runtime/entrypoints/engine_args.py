@@ -22,6 +22,8 @@ HELP = {
     "seed": "engine seed (initialises presets and seeds requests without their own seed)",
     "data_parallel_size": "engine replicas, one process each (cuda:0..N-1 on CUDA, else the CPU); requests are "
                           "routed by least outstanding work and shared prompt prefix",
+    "distributed_executor": "where replicas run: mp (processes on this host, default) or ray (Ray actors placed on "
+                            "the Ray cluster at $RAY_ADDRESS or started last on this host, else a local one)",
     "num_loops": "override the model depth (Ouro loops 1..8, Huginn recurrences 1..128)",
     "max_model_len": "context length limit (default: the model's)",
     "max_num_seqs": "maximum running requests (default 256 on CUDA, 16 on CPU)",

@@ -127,7 +127,12 @@ def main(argv=None) -> int:
         options = engine_kwargs(args)
         engine_config = EngineConfig.from_kwargs(**options)
         engine_config.validate_static()  # option errors exit here, before the port opens
-        replica_devices(engine_config)
+        if engine_config.distributed_executor == "ray":
+            from ...engine.ray_replica import connect_ray
+
+            connect_ray()  # here, on the main thread; the cluster's devices are checked as replicas start
+        else:
+            replica_devices(engine_config)
         config = ServerConfig(
             served_model_name=args.served_model_name or args.model, api_key=api_key_from(args),
             max_concurrent_requests=args.max_concurrent_requests, max_body_bytes=args.max_body_bytes,

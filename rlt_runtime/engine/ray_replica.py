@@ -1,0 +1,380 @@
+"""`RayReplica`: an LLMEngine in a Ray actor, placed by Ray on any node of a cluster.
+
+`distributed_executor="ray"` makes the data-parallel front end start its replicas as Ray actors
+instead of local processes: each asks Ray for one GPU (`num_gpus=1`; Ray sets the actor's
+CUDA_VISIBLE_DEVICES, so its engine runs on `cuda`) or, for CPU replicas, an equal share of the
+cluster's CPUs. Ray is joined with `ray.init()` when this process is not connected yet: the
+cluster at $RAY_ADDRESS, else the one started last on this host (`ray start`), else a new local one.
+
+The actor (`EngineActor`) steps its engine on a thread of its own, like a replica process does;
+Ray runs its methods on other threads (a threaded actor), so commands and the output long-poll
+never wait for each other beyond one engine step. Everything passed in and out is plain data
+(engine/wire.py):
+
+  front end -> actor   load(model, options, device, threads) -> ("ready", info) | ("failed", class, message)
+                       add(request_id, prompt, params dict, arrival_time, arrival_index) -> error or None
+                       abort(request_id) -> (output dict or None, error or None)
+                       set_final_only(bool)   next_outputs(timeout) -> ([output dicts], stats or None, failure)
+
+On the front end a reader thread long-polls `next_outputs` and wakes the front end through a
+local pipe (`wait_handles`). An actor that dies (killed, its node lost, its process crashed)
+fails that call with a Ray actor error: the replica is then failed with a message naming it, its
+node and Ray's cause, and the front end ends its requests with an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+import time
+from typing import Optional
+
+from .. import errors
+from ..config import EngineConfig
+from ..outputs import RequestOutput
+from .process_replica import STATS_INTERVAL_S, _error
+from .replica import Replica
+from .wire import output_from_dict, output_to_dict, params_from_dict, params_to_dict
+
+logger = logging.getLogger("rlt")
+
+POLL_S = 1.0  # longest one output long-poll waits in the actor (so the reader notices shutdown)
+ACTOR_THREADS = 4  # concurrent method calls an actor serves (long-poll, add/abort, final_only)
+PLACEMENT_WARN_S = 60.0  # log once when Ray has not placed a replica's actor after this long
+
+
+def import_ray():
+    """The `ray` module, or a ConfigError saying how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise errors.ConfigError("distributed_executor='ray' needs Ray, which is not installed: pip install "
+                                 "'rlt[ray]' (or ray[data]>=2.40), or use distributed_executor='mp'") from exc
+    return ray
+
+
+def connect_ray():
+    """The `ray` module, connected: `ray.init()` unless this process already is ($RAY_ADDRESS, else
+    the cluster started last on this host, else a new local one)."""
+    ray = import_ray()
+    if not ray.is_initialized():
+        ray.init()
+    return ray
+
+
+def placement(device: str, count: int, ray) -> tuple[str, dict, int]:
+    """(engine device inside each actor, Ray resources of each actor, torch threads) for `count`
+    actors on the connected cluster. device 'cuda'/'auto' with GPUs in the cluster: one GPU each
+    (ConfigError when the cluster has fewer than `count`); 'cpu', or 'auto' without GPUs: the
+    cluster's CPUs shared out evenly (ConfigError when fewer than `count`)."""
+    if device.startswith("cuda:"):
+        raise errors.ConfigError(f"device={device!r} names one GPU, but with distributed_executor='ray' Ray assigns "
+                                 "each replica its GPU; use device='cuda' or 'auto' (or 'cpu')")
+    resources = ray.cluster_resources()
+    gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
+    if device == "cpu" or (device == "auto" and gpus == 0):
+        if cpus < count:
+            raise errors.ConfigError(f"the Ray cluster has {cpus} CPUs, fewer than the {count} CPU replicas asked for "
+                                     "(data_parallel_size); lower data_parallel_size or add nodes")
+        share = cpus // count
+        return "cpu", {"num_cpus": share}, share
+    if gpus < count:
+        raise errors.ConfigError(f"data_parallel_size must be at most the number of GPUs in the Ray cluster ({gpus}) "
+                                 f"with device={device!r}, got {count}; lower data_parallel_size, add GPU nodes or "
+                                 "set device='cpu'")
+    return "cuda", {"num_gpus": 1}, 0
+
+
+class EngineActor:
+    """Body of a replica's Ray actor: one LLMEngine, stepped by a thread of its own."""
+
+    def __init__(self):
+        self._engine = None
+        self._engine_lock = threading.Lock()  # held by each engine step and each command
+        lock = threading.Lock()
+        self._work = threading.Condition(lock)  # the stepping thread waits here for requests
+        self._news = threading.Condition(lock)  # next_outputs waits here for outputs
+        self._pending = False  # the engine has requests (set under _engine_lock, read under lock)
+        self._final_only = False
+        self._stopped = False
+        self._outbox: list[dict] = []
+        self._stats: Optional[dict] = None
+        self._failure: Optional[str] = None
+
+    def load(self, model: str, options: dict, device: str, num_threads: int) -> tuple:
+        """Build the engine and start stepping; ("ready", info) or ("failed", error class, message)."""
+        try:
+            import ray
+            import torch
+
+            from .llm_engine import LLMEngine
+
+            if num_threads:
+                torch.set_num_threads(num_threads)
+            engine = LLMEngine(model, EngineConfig.from_kwargs(**dict(options, device=device)))
+        except Exception as exc:  # noqa: BLE001 - reported to the front end, which raises it
+            return ("failed", type(exc).__name__, str(exc) if isinstance(exc, errors.RltError) else repr(exc))
+        self._engine = engine
+        context = ray.get_runtime_context()
+        threading.Thread(target=self._run, name="rlt-ray-replica-step", daemon=True).start()
+        return ("ready", {"model_name": engine.model_name, "max_model_len": engine.max_model_len,
+                          "depth": engine.depth, "device": str(engine.device), "node": ray.util.get_node_ip_address(),
+                          "node_id": context.get_node_id(), "actor_id": context.get_actor_id(),
+                          "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "stats": engine.stats()})
+
+    def add(self, request_id: str, prompt: dict, params: dict, arrival_time: float, arrival_index: int):
+        """Queue a request; returns None, or (error class, message) when the engine rejects it."""
+        with self._engine_lock:
+            try:
+                self._engine.add_request(request_id, prompt, params_from_dict(params), arrival_time=arrival_time,
+                                         arrival_index=arrival_index)
+            except errors.RltError as exc:
+                return (type(exc).__name__, str(exc))
+            with self._work:
+                self._pending = True
+                self._work.notify()
+        return None
+
+    def abort(self, request_id: str) -> tuple:
+        """(final output dict or None, None), or (None, (error class, message))."""
+        with self._engine_lock:
+            try:
+                out = self._engine.abort_request(request_id)
+            except errors.RltError as exc:
+                return None, (type(exc).__name__, str(exc))
+        return (None if out is None else output_to_dict(out)), None
+
+    def set_final_only(self, value: bool) -> None:
+        self._final_only = bool(value)
+
+    def next_outputs(self, timeout: float) -> tuple:
+        """Outputs and the latest stats since the last call, waiting up to `timeout` seconds for
+        some; (output dicts, stats dict or None, failure message or None)."""
+        with self._news:
+            self._news.wait_for(lambda: self._outbox or self._stats is not None or self._failure, timeout)
+            outs, self._outbox = self._outbox, []
+            stats, self._stats = self._stats, None
+            return outs, stats, self._failure
+
+    def stop(self) -> None:
+        with self._work:
+            self._stopped = True
+            self._work.notify()
+
+    def _run(self) -> None:
+        """Step while there are requests; publish each step's outputs and, at most every
+        STATS_INTERVAL_S and whenever the engine goes idle, its stats."""
+        last_stats = 0.0
+        while True:
+            with self._work:
+                self._work.wait_for(lambda: self._pending or self._stopped)
+                if self._stopped:
+                    return
+            with self._engine_lock:
+                try:
+                    outs = (self._engine.step(final_only=self._final_only)
+                            if self._engine.has_unfinished_requests() else [])  # an abort may have emptied it
+                    idle = not self._engine.has_unfinished_requests()
+                    now = time.monotonic()
+                    stats = None
+                    if idle or now - last_stats >= STATS_INTERVAL_S:
+                        stats, last_stats = self._engine.stats(), now
+                    outs = [output_to_dict(o) for o in outs]
+                except Exception as exc:  # noqa: BLE001 - an engine failure ends this replica; others go on
+                    with self._news:
+                        self._failure = f"its engine step failed: {exc!r}"
+                        self._news.notify_all()
+                    return
+                with self._work:
+                    self._pending = not idle
+            if outs or stats is not None:
+                with self._news:
+                    self._outbox.extend(outs)
+                    if stats is not None:
+                        self._stats = stats
+                    self._news.notify_all()
+
+
+class RayReplica(Replica):
+    """Front-end side of a replica actor. Construct (the actor starts loading), then `wait_ready()`."""
+
+    def __init__(self, index: int, model: str, options: dict, device: str, num_threads: int, resources: dict):
+        self._ray = import_ray()
+        self.index = index
+        self.info = {"device": device}
+        actor_class = self._ray.remote(EngineActor)
+        self.actor = actor_class.options(max_concurrency=ACTOR_THREADS, **resources).remote()
+        self._resources = resources
+        self._loading = self.actor.load.remote(model, options, device, num_threads)
+        self._lock = threading.Lock()
+        self._outputs: list[RequestOutput] = []
+        self._stats: dict = {}
+        self._death: Optional[str] = None  # set by the reader; becomes `failure` once its outputs are polled
+        self._signalled = False
+        self._wake_recv, self._wake_send = multiprocessing.Pipe(duplex=False)
+        self._closing = False
+        self._final_only = False
+        self._reader: Optional[threading.Thread] = None
+
+    def _name(self) -> str:
+        where = self.info["device"]
+        if self.info.get("node"):
+            where += f" on node {self.info['node']}, Ray actor {self.info['actor_id']}"
+        return f"data-parallel replica {self.index} ({where})"
+
+    def wait_ready(self) -> None:
+        """Block until the actor's engine is built; raises its error (its class when it is an rlt error)."""
+        ready, _ = self._ray.wait([self._loading], timeout=PLACEMENT_WARN_S)
+        if not ready:
+            logger.warning("%s: not loaded after %.0f s; it needs %s and the cluster has %s available", self._name(),
+                           PLACEMENT_WARN_S, self._resources, self._ray.available_resources())
+        try:
+            msg = self._ray.get(self._loading)
+        except self._ray.exceptions.RayError as exc:
+            self.failure = f"{self._name()} died while loading: {_cause(exc)}"
+            self.shutdown()
+            raise errors.ReplicaError(self.failure) from exc
+        if msg[0] == "failed":
+            self.shutdown()
+            raise _error(msg[1], f"data-parallel replica {self.index} ({self.info['device']}) failed to load: {msg[2]}")
+        self._stats = msg[1].pop("stats")
+        self.info.update(msg[1])
+        self._reader = threading.Thread(target=self._read, name=f"rlt-ray-replica-{self.index}", daemon=True)
+        self._reader.start()
+
+    # ---- requests -------------------------------------------------------------------------------------
+    def add_request(self, request_id, prompt, params, *, arrival_time, arrival_index):
+        error = self._call(self.actor.add, request_id, prompt, params_to_dict(params), arrival_time, arrival_index)
+        if error is not None:
+            raise _error(*error)
+
+    def abort_request(self, request_id):
+        out, error = self._call(self.actor.abort, request_id)
+        if error is not None:
+            raise _error(*error)
+        return None if out is None else output_from_dict(out)
+
+    def poll(self, final_only):
+        if final_only != self._final_only and self.alive:
+            self._final_only = final_only
+            self.actor.set_final_only.remote(final_only)  # until it lands, extra outputs are filtered here
+        with self._lock:
+            while self._wake_recv.poll(0):
+                self._wake_recv.recv_bytes()
+            self._signalled = False
+            outs, self._outputs = self._outputs, []
+            if self._death is not None and self.failure is None:
+                self.failure = self._death
+        return [o for o in outs if o.finished] if final_only else outs
+
+    def wait_handles(self):
+        return [self._wake_recv] if self.alive else []
+
+    def stats(self):
+        return self._stats
+
+    def describe(self) -> dict:
+        return dict(super().describe(), node=self.info.get("node"), actor_id=self.info.get("actor_id"))
+
+    def shutdown(self):
+        if self._closing:
+            return
+        self._closing = True
+        try:
+            self._ray.kill(self.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone, or Ray shut down first
+            pass
+        if self._reader is not None:
+            self._reader.join(POLL_S + 5)
+        self._wake_recv.close()
+        self._wake_send.close()
+        if self.failure is None:
+            self.failure = f"data-parallel replica {self.index} ({self.info['device']}) was shut down"
+
+    # ---- actor calls ----------------------------------------------------------------------------------
+    def _call(self, method, *args):
+        """Call an actor method and wait for its result; ReplicaError when the actor is gone."""
+        if not self.alive:
+            raise errors.ReplicaError(self.failure)
+        try:
+            return self._ray.get(method.remote(*args))
+        except self._ray.exceptions.RayError as exc:
+            self._died(exc)
+            self.failure = self._death
+            raise errors.ReplicaError(self.failure) from exc
+
+    def _read(self) -> None:
+        """Reader thread: long-poll the actor's outputs and wake the front end when some arrive."""
+        while not self._closing:
+            try:
+                outs, stats, failure = self._ray.get(self.actor.next_outputs.remote(POLL_S))
+            except Exception as exc:  # noqa: BLE001 - a Ray actor error (or Ray shut down under us)
+                if not self._closing:
+                    self._died(exc)
+                    self._wake()
+                return
+            rebuilt = [output_from_dict(d) for d in outs]
+            with self._lock:
+                self._outputs.extend(rebuilt)
+                if stats is not None:
+                    self._stats = stats
+                if failure is not None and self._death is None:
+                    self._death = f"{self._name()} failed: {failure}"
+            if rebuilt or failure is not None:
+                self._wake()
+            if failure is not None:
+                return
+
+    def _died(self, exc: BaseException) -> None:
+        """Record why the actor can no longer serve: it died (a Ray actor error), or one of its
+        calls raised something that is not an rlt error (an engine bug, reported like a step failure)."""
+        how = "died" if isinstance(exc, self._ray.exceptions.RayActorError) else "failed"
+        with self._lock:
+            if self._death is None:
+                self._death = f"{self._name()} {how}: {_cause(exc)}"
+
+    def _wake(self) -> None:
+        with self._lock:
+            if self._signalled or self._closing:
+                return
+            self._signalled = True
+            try:
+                self._wake_send.send_bytes(b"")
+            except OSError:
+                pass
+
+
+def _cause(exc: BaseException) -> str:
+    """Ray's reason for an actor error, on one line."""
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    return text if len(text) <= 600 else text[:600] + "..."
+
+
+def ray_replica_devices(cfg: EngineConfig) -> list[str]:
+    """The engine device of each replica actor ('cuda' or 'cpu'), after connecting to Ray and checking
+    that the cluster has the GPUs or CPUs (ConfigError when Ray is missing or the cluster too small)."""
+    device, _, _ = placement(cfg.device, cfg.data_parallel_size, connect_ray())
+    return [device] * cfg.data_parallel_size
+
+
+def start_ray_replicas(model: str, options: list[dict], device: str) -> list[RayReplica]:
+    """One RayReplica per entry of `options` (each replica's engine options), placed by Ray and
+    loaded in parallel; raises the first load error after stopping the others."""
+    ray = connect_ray()
+    engine_device, resources, threads = placement(device, len(options), ray)
+    replicas = []
+    try:
+        for i, opts in enumerate(options):
+            replicas.append(RayReplica(i, model, dict(opts, distributed_executor="mp"), engine_device, threads,
+                                       resources))
+        for replica in replicas:
+            replica.wait_ready()
+            logger.info("data-parallel replica %d: Ray actor %s on node %s, device %s, GPUs %s", replica.index,
+                        replica.info["actor_id"], replica.info["node"], replica.info["device"],
+                        replica.info["gpu_ids"] or "none")
+    except BaseException:
+        for replica in replicas:
+            replica.shutdown()
+        raise
+    return replicas
