@@ -74,6 +74,7 @@ class EngineConfig:
     device: str = "auto"
     seed: int = 0
     data_parallel_size: int = 1  # engine replicas, one process each (one GPU each on CUDA)
+    disaggregated_prefill: bool = False  # a prefill engine process and a decode engine process (docs/distributed.md)
     num_loops: Optional[int] = None  # depth override (Huginn recurrences; Ouro loops)
     max_model_len: Optional[int] = None
     # Scheduling.
@@ -153,6 +154,11 @@ class EngineConfig:
             raise _fail("device", "'auto', 'cpu', 'cuda' or 'cuda:N'", self.device)
         _int(self.seed, "seed", 0)
         _int(self.data_parallel_size, "data_parallel_size", 1)
+        if not isinstance(self.disaggregated_prefill, bool):
+            raise _fail("disaggregated_prefill", "a boolean", self.disaggregated_prefill)
+        if self.disaggregated_prefill and self.data_parallel_size != 1:
+            raise ConfigError(f"disaggregated_prefill=True runs one prefill and one decode engine; it cannot be combined "
+                              f"with data_parallel_size={self.data_parallel_size} (use data_parallel_size=1)")
         _int(self.num_loops, "num_loops", 1, 128, allow_none=True)
         _int(self.max_model_len, "max_model_len", 1, allow_none=True)
         _int(self.max_num_seqs, "max_num_seqs", 1, 4096, allow_none=True)

@@ -22,6 +22,8 @@ HELP = {
     "seed": "engine seed (initialises presets and seeds requests without their own seed)",
     "data_parallel_size": "engine replicas, one process each (cuda:0..N-1 on CUDA, else the CPU); requests are "
                           "routed by least outstanding work and shared prompt prefix",
+    "disaggregated_prefill": "run prompts in a prefill engine process and hand each request's K/V to a decode "
+                             "engine process (cuda:0 and cuda:1 on CUDA, else the CPU; docs/distributed.md)",
     "num_loops": "override the model depth (Ouro loops 1..8, Huginn recurrences 1..128)",
     "max_model_len": "context length limit (default: the model's)",
     "max_num_seqs": "maximum running requests (default 256 on CUDA, 16 on CPU)",
