@@ -16,8 +16,9 @@ Message flow (plain data on the pipes, process_replica.py's protocol plus two me
   front end -> decode child    ("import", meta)    the decode child receives the K/V, then imports
 
 Aborts go to whichever engine holds the request; one on its way is forwarded first and aborted on
-the decode engine, so blocks are freed on both sides. A worker that fails ends every unfinished
-request with finish_reason "error" (each request needs both engines); new requests are refused.
+the decode engine, so blocks are freed on both sides. A failed prefill engine ends the requests
+it holds with finish_reason "error" (handed-off ones decode on); a failed decode engine ends every
+request (those on the prefill engine are aborted there). After either, new requests are refused.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ class DisaggregatedEngine:
         self.device = torch.device("cpu")  # the front end runs nothing on a device
         self._tracked: dict[str, _Tracked] = {}
         self._arrivals = itertools.count()
-        self._failure_handled = False
+        self._failures_handled: set[str] = set()
         self.num_handoffs = 0
 
     @property
@@ -207,8 +208,7 @@ class DisaggregatedEngine:
         self._forward_handoffs()
         if self.decode.alive:
             outs += self._deliver(self.decode.poll(final_only), deltas)
-        if self.failure is not None and not self._failure_handled:
-            outs += self._fail_requests(deltas)
+        outs += self._handle_failures(deltas)
         return outs
 
     def _deliver(self, outputs: list[RequestOutput], deltas: bool) -> list[RequestOutput]:
@@ -238,25 +238,36 @@ class DisaggregatedEngine:
         else:
             tracked.last = out
 
-    def _fail_requests(self, deltas: bool) -> list[RequestOutput]:
-        """End every unfinished request with finish_reason "error" (each needs both engines)."""
-        self._failure_handled = True
-        logger.error("disaggregated prefill: %s; the engine stops serving", self.failure)
-        message = f"{self.failure}; the request did not finish"
+    def _handle_failures(self, deltas: bool) -> list[RequestOutput]:
+        """End the requests a failed engine strands with finish_reason "error": a failed prefill
+        engine strands those it holds (handed-off requests decode on), a failed decode engine every
+        request (those still on the prefill engine are aborted there, freeing their blocks)."""
         outs = []
-        for request_id, tracked in list(self._tracked.items()):
-            last = tracked.last
-            if last is not None and last.outputs:
-                samples = [dataclasses.replace(c, finish_reason=c.finish_reason or "error") for c in last.outputs]
-            else:
-                samples = [CompletionOutput(index=i, text="", token_ids=[], exit_depths=[], finish_reason="error")
-                           for i in range(tracked.params.n)]
-            out = RequestOutput(request_id, tracked.prompt, list(tracked.prompt_token_ids), samples, True,
-                                metrics=None if last is None else last.metrics,
-                                prompt_logprobs=None if last is None else last.prompt_logprobs, error=message)
-            self._settle(request_id, tracked, out)
-            outs.append(DataParallelEngine._delta(tracked, out) if deltas else out)
+        for worker in self.workers:
+            if worker.failure is None or worker.role in self._failures_handled:
+                continue
+            self._failures_handled.add(worker.role)
+            logger.error("disaggregated prefill: %s; new requests are refused", worker.failure)
+            victims = [rid for rid, t in self._tracked.items() if worker.role == DECODE or t.role == PREFILL]
+            for rid in victims:
+                if worker.role == DECODE and self._tracked[rid].role == PREFILL:
+                    self._abort_on(self.prefill, rid)
+                outs.append(self._fail(rid, f"{worker.failure}; the request did not finish", deltas))
         return outs
+
+    def _fail(self, request_id: str, message: str, deltas: bool) -> RequestOutput:
+        tracked = self._tracked[request_id]
+        last = tracked.last
+        if last is not None and last.outputs:
+            samples = [dataclasses.replace(c, finish_reason=c.finish_reason or "error") for c in last.outputs]
+        else:
+            samples = [CompletionOutput(index=i, text="", token_ids=[], exit_depths=[], finish_reason="error")
+                       for i in range(tracked.params.n)]
+        out = RequestOutput(request_id, tracked.prompt, list(tracked.prompt_token_ids), samples, True,
+                            metrics=None if last is None else last.metrics,
+                            prompt_logprobs=None if last is None else last.prompt_logprobs, error=message)
+        self._settle(request_id, tracked, out)
+        return DataParallelEngine._delta(tracked, out) if deltas else out
 
     # ---- stats and lifecycle ------------------------------------------------------------------------
     def stats(self) -> dict:
