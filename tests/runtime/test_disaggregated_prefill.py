@@ -134,6 +134,24 @@ def test_in_process_handoff_matches_one_engine_bit_for_bit(model, dtype):
     _check_pools_free(engine)
 
 
+@pytest.mark.parametrize("options", [dict(async_scheduling=True),
+                                     dict(num_blocks=16, preemption_mode="swap"),
+                                     pytest.param(dict(num_blocks=16, preemption_mode="recompute"),
+                                                  marks=pytest.mark.slow)], ids=["async", "swap", "recompute"])
+def test_handoff_with_async_steps_and_preemption_after_it(options):
+    """With async scheduling (a step's results, the first token among them, arrive one step late)
+    and with a pool so small that the decode engine preempts handed-off requests (swap, or
+    recompute from the imported tokens and depths), outputs still equal one engine's."""
+    engine = DisaggregatedEngine("ouro-tiny", backend="inprocess", **dict(OPTIONS, **options))
+    prompts, params = _workload()
+    _add_all(engine, prompts, params)
+    done = _finish_all(engine)
+    assert {rid: _signature(out) for rid, out in done.items()} == _reference("ouro-tiny")
+    if "num_blocks" in options:
+        assert engine.stats()["disaggregated_prefill"][DECODE]["stats"]["preemptions"] > 0
+    _check_pools_free(engine)
+
+
 def test_delta_outputs_add_up_to_one_engines_outputs():
     """The server reads deltas: merged back they equal one engine's whole outputs."""
     engine = DisaggregatedEngine("huginn-tiny", backend="inprocess", **OPTIONS)
@@ -181,7 +199,7 @@ def test_aborts_free_blocks_on_both_engines_wherever_the_request_is():
     for rid in ("dec", "pre"):
         out = engine.abort_request(rid)
         assert out.finished and out.outputs[0].finish_reason == "abort", rid
-    assert len(engine.abort_request.__self__._tracked) == 0 and engine.abort_request("dec") is None
+    assert not engine.has_unfinished_requests() and engine.abort_request("dec") is None
     engine.add_request("transit", [4, 5, 6], LONG)
     while not engine.prefill._handoffs:  # step the prefill engine alone until it exports the request
         engine.prefill.poll(True)
@@ -225,11 +243,12 @@ def _process_run(model: str):
         prompts, params = _workload()
         _add_all(engine, prompts, params)
         engine.add_request("abort-me", [1, 2, 3], LONG)
+        done = {}
         while _roles(engine).get("abort-me") != DECODE:
-            engine.step()
+            done.update((o.request_id, o) for o in engine.step() if o.finished)
         out = engine.abort_request("abort-me")  # across the pipe, on the decode engine
         assert out.finished and out.outputs[0].finish_reason == "abort"
-        done = _finish_all(engine)
+        done.update(_finish_all(engine))
         done.pop("abort-me", None)
         assert {rid: _signature(o) for rid, o in done.items()} == _reference(model)
         for _ in range(50):  # the children send stats when they go idle
@@ -250,3 +269,21 @@ def test_engine_processes_hand_off_over_gloo_bit_for_bit(model):
     """Two processes, the K/V over torch.distributed gloo: outputs equal one engine's, an abort
     during decode reaches the decode process, and both pools end empty."""
     _process_run(model)
+
+
+def test_engine_processes_hand_off_over_gloo_one_request_each_way():
+    """The representative of the two-process path left in the default run: a greedy early-exit
+    request and a seeded sampled one cross gloo and equal one engine's outputs."""
+    prompts = [list(range(3, 23)), [7, 8, 9]]
+    params = [SamplingParams(max_tokens=6, temperature=0, logprobs=2, ignore_eos=True, exit_threshold=0.6),
+              SamplingParams(max_tokens=6, temperature=1.0, seed=4, logprobs=1, ignore_eos=True)]
+    reference = LLMEngine("ouro-tiny", **OPTIONS)
+    _add_all(reference, prompts, params)
+    expected = {rid: _signature(o) for rid, o in _finish_all(reference).items()}
+    engine = DisaggregatedEngine("ouro-tiny", **OPTIONS)
+    try:
+        _add_all(engine, prompts, params)
+        assert {rid: _signature(o) for rid, o in _finish_all(engine).items()} == expected
+        assert engine.stats()["disaggregated_prefill"]["handoffs"] == 2
+    finally:
+        engine.shutdown()
