@@ -362,6 +362,12 @@ class ProcessRole(ProcessReplica):
         self._final_only = False
         self._handoffs: list[Handoff] = []
 
+    def wait_ready(self) -> None:
+        try:
+            super().wait_ready()
+        except errors.RltError as exc:
+            raise type(exc)(str(exc).replace(f"data-parallel replica {self.index}", f"the {self.role} engine")) from None
+
     def _handle(self, msg) -> None:
         if msg is not None and msg[0] == "handoff":
             self._handoffs.append(Handoff(msg[1], []))  # the K/V travels between the engines directly

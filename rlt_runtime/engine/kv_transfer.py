@@ -170,6 +170,13 @@ def init_transfer_group(rank: int, init_method: str, device: str) -> None:
         kwargs["device_id"] = torch.device(device)
     dist.init_process_group(transfer_backend(device), init_method=init_method, rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=TRANSFER_TIMEOUT_S), **kwargs)
+    # One round trip now, while both ranks wait for it: NCCL sets up the pair's point-to-point
+    # communicator on its first send/recv, which would otherwise block the first handoff's send.
+    probe = torch.zeros(1, device=torch.device(device) if device.startswith("cuda") else "cpu")
+    if rank == PREFILL_RANK:
+        dist.send(probe, dst=DECODE_RANK)
+    else:
+        dist.recv(probe, src=PREFILL_RANK)
 
 
 def send_tensors(tensors: list[torch.Tensor], device: str) -> list:

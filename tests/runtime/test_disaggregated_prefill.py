@@ -115,9 +115,9 @@ def _check_pools_free(engine: DisaggregatedEngine) -> None:
         assert not worker.engine.has_unfinished_requests()
 
 
-@pytest.mark.parametrize("model,dtype", [("ouro-tiny", "float32"), ("huginn-tiny", "float32"),
-                                         pytest.param("ouro-tiny", "auto", marks=pytest.mark.slow),
-                                         pytest.param("huginn-tiny", "auto", marks=pytest.mark.slow)])
+# dtype "auto" is float32 on CPU; bfloat16 is the default on CUDA.
+@pytest.mark.parametrize("model,dtype", [("ouro-tiny", "float32"), ("huginn-tiny", "float32"), ("ouro-tiny", "bfloat16"),
+                                         pytest.param("huginn-tiny", "bfloat16", marks=pytest.mark.slow)])
 def test_in_process_handoff_matches_one_engine_bit_for_bit(model, dtype):
     """Catches a handoff that drops a plane, the key-depth rows (prompt keys would then be read at
     depth 0), the first token's log-probability, or a random key (unseeded samples would differ)."""
@@ -287,3 +287,9 @@ def test_engine_processes_hand_off_over_gloo_one_request_each_way():
         assert engine.stats()["disaggregated_prefill"]["handoffs"] == 2
     finally:
         engine.shutdown()
+
+
+@pytest.mark.slow
+def test_an_engine_that_cannot_load_raises_its_own_error():
+    with pytest.raises(ConfigError, match=r"the (prefill|decode) engine \(cpu\) failed to load: num_loops must be in 1\.\.8"):
+        DisaggregatedEngine("ouro-tiny", num_loops=9, **OPTIONS)
