@@ -9,8 +9,6 @@ count on both engines after finishing, aborting and failing.
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
@@ -98,13 +96,19 @@ def _signature(out):
     return samples, prompt, out.error
 
 
-@functools.lru_cache(maxsize=None)
-def _reference(model: str, speculative_tokens: int = 0, dtype: str = "float32") -> dict:
-    spec = {"speculative_config": {"num_speculative_tokens": speculative_tokens}} if speculative_tokens else {}
-    engine = LLMEngine(model, **dict(OPTIONS, dtype=dtype), **spec)
-    prompts, params = _workload()
-    _add_all(engine, prompts, params)
-    return {rid: _signature(out) for rid, out in _finish_all(engine).items()}
+_REFERENCES: dict = {}
+
+
+def _reference(model: str, prompts=None, params=None, **options) -> dict:
+    """One LLMEngine's results (signatures by request id) for the workload (default: _workload())."""
+    if prompts is None:
+        prompts, params = _workload()
+    key = repr((model, prompts, params, sorted(options.items())))
+    if key not in _REFERENCES:
+        engine = LLMEngine(model, **dict(OPTIONS, **options))
+        _add_all(engine, prompts, params)
+        _REFERENCES[key] = {rid: _signature(out) for rid, out in _finish_all(engine).items()}
+    return _REFERENCES[key]
 
 
 def _check_pools_free(engine: DisaggregatedEngine) -> None:
@@ -134,19 +138,23 @@ def test_in_process_handoff_matches_one_engine_bit_for_bit(model, dtype):
     _check_pools_free(engine)
 
 
-@pytest.mark.parametrize("options", [dict(async_scheduling=True),
-                                     dict(num_blocks=16, preemption_mode="swap"),
-                                     pytest.param(dict(num_blocks=16, preemption_mode="recompute"),
-                                                  marks=pytest.mark.slow)], ids=["async", "swap", "recompute"])
-def test_handoff_with_async_steps_and_preemption_after_it(options):
-    """With async scheduling (a step's results, the first token among them, arrive one step late)
-    and with a pool so small that the decode engine preempts handed-off requests (swap, or
-    recompute from the imported tokens and depths), outputs still equal one engine's."""
-    engine = DisaggregatedEngine("ouro-tiny", backend="inprocess", **dict(OPTIONS, **options))
+@pytest.mark.parametrize("model,options", [
+    ("ouro-tiny", dict(async_scheduling=True)),
+    ("ouro-tiny", dict(num_blocks=16, preemption_mode="swap")),
+    pytest.param("ouro-tiny", dict(num_blocks=16, preemption_mode="recompute"), marks=pytest.mark.slow),
+    ("ouro-tiny", dict(kv_cache_dtype="fp8")),
+    pytest.param("huginn-tiny", dict(kv_layout="compress-s4"), marks=pytest.mark.slow),
+], ids=["async", "swap", "recompute", "fp8-kv", "huginn-compressed-planes"])
+def test_handoff_across_engine_settings(model, options):
+    """With async scheduling (a step's results, the first token among them, arrive one step late),
+    with a pool so small that the decode engine preempts handed-off requests (swap, or recompute
+    from the imported tokens and depths), with FP8 planes (moved as bytes) and with Huginn's
+    compressed plane layout, outputs still equal one engine's."""
+    engine = DisaggregatedEngine(model, backend="inprocess", **dict(OPTIONS, **options))
     prompts, params = _workload()
     _add_all(engine, prompts, params)
     done = _finish_all(engine)
-    assert {rid: _signature(out) for rid, out in done.items()} == _reference("ouro-tiny")
+    assert {rid: _signature(out) for rid, out in done.items()} == _reference(model, **options)
     if "num_blocks" in options:
         assert engine.stats()["disaggregated_prefill"][DECODE]["stats"]["preemptions"] > 0
     _check_pools_free(engine)
@@ -173,8 +181,23 @@ def test_speculation_on_the_decode_engine_matches_one_speculative_engine():
     prompts, params = _workload()
     _add_all(engine, prompts, params)
     done = _finish_all(engine)
-    assert {rid: _signature(out) for rid, out in done.items()} == _reference("ouro-tiny", 2)
+    expected = _reference("ouro-tiny", speculative_config={"num_speculative_tokens": 2})
+    assert {rid: _signature(out) for rid, out in done.items()} == expected
     assert engine.stats()["speculative"]["rounds"] > 0
+    _check_pools_free(engine)
+
+
+def test_guided_requests_continue_their_grammar_on_the_decode_engine():
+    """The decode engine's grammar matcher must have accepted the first token (replayed at import),
+    else its masks would allow a second start of the pattern."""
+    prompts = ["Pick", "Say"]
+    params = [SamplingParams(max_tokens=8, temperature=0.9, seed=1, guided={"regex": "[ab]+c"}),
+              SamplingParams(max_tokens=8, temperature=0, guided={"choice": ["yes", "no"]})]
+    engine = DisaggregatedEngine("ouro-tiny", backend="inprocess", **OPTIONS)
+    _add_all(engine, prompts, params)
+    done = _finish_all(engine)
+    assert {rid: _signature(out) for rid, out in done.items()} == _reference("ouro-tiny", prompts, params)
+    assert engine.stats()["disaggregated_prefill"]["handoffs"] == 2
     _check_pools_free(engine)
 
 
