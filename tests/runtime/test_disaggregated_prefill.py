@@ -54,8 +54,8 @@ def _workload():
     """Greedy, seeded, unseeded, n=2 (best_of), early-exit, max_loops, prompt log-probabilities, a
     request that ends with its first token (never handed off), and two prompts sharing a block."""
     shared = list(range(3, 19))  # one full 16-token block (prefix-cache hit on the prefill engine)
-    prompts = [shared + [40, 41], [7, 8, 9, 10, 11], shared + [50], list(range(60, 90)), [2, 3], [100 + i for i in range(20)],
-               [5, 6]]
+    prompts = [shared + [40, 41], [7, 8, 9, 10, 11], shared + [50], list(range(60, 90)), [2, 3],
+               [100 + i for i in range(20)], [5, 6]]
     params = [
         SamplingParams(max_tokens=8, temperature=0, logprobs=3, ignore_eos=True, exit_threshold=0.6),
         SamplingParams(max_tokens=7, temperature=1.0, seed=11, logprobs=2, ignore_eos=True, prompt_logprobs=2),
@@ -314,5 +314,6 @@ def test_engine_processes_hand_off_over_gloo_one_request_each_way():
 
 @pytest.mark.slow
 def test_an_engine_that_cannot_load_raises_its_own_error():
-    with pytest.raises(ConfigError, match=r"the (prefill|decode) engine \(cpu\) failed to load: num_loops must be in 1\.\.8"):
+    message = r"the (prefill|decode) engine \(cpu\) failed to load: num_loops must be in 1\.\.8"
+    with pytest.raises(ConfigError, match=message):
         DisaggregatedEngine("ouro-tiny", num_loops=9, **OPTIONS)
