@@ -258,6 +258,29 @@ def test_a_failed_decode_engine_errors_every_request_and_frees_the_prefill_block
         engine.add_request("after", [1, 2, 3], LONG)
 
 
+def test_a_failed_prefill_engine_errors_only_the_requests_it_holds():
+    """Handed-off requests do not need the prefill engine any more: they decode to the end."""
+    engine = DisaggregatedEngine("ouro-tiny", backend="inprocess", **dict(OPTIONS, max_num_batched_tokens=16,
+                                                                        prefill_chunk_size=8))
+    engine.add_request("handed", [1, 2, 3], LONG)
+    while _roles(engine)["handed"] != DECODE:
+        engine.step()
+    engine.add_request("stuck", list(range(20, 80)), LONG)
+
+    def failing_step(final_only=False):
+        raise RuntimeError("device lost")
+
+    engine.prefill.engine.step = failing_step
+    done = _finish_all(engine)
+    assert done["stuck"].outputs[0].finish_reason == "error" and "prefill engine" in done["stuck"].error
+    assert done["handed"].error is None and len(done["handed"].outputs[0].token_ids) == 30
+    assert done["handed"].outputs[0].token_ids == _reference("ouro-tiny", [[1, 2, 3]], [LONG])["q0"][0][0][1]
+    pool = engine.decode.engine.kv.pool
+    assert pool.num_free == pool.num_blocks
+    with pytest.raises(ReplicaError, match="prefill engine"):
+        engine.add_request("after", [1, 2, 3], LONG)
+
+
 # ---- two processes, K/V over torch.distributed (gloo) ---------------------------------------------------
 def _process_run(model: str):
     engine = build_engine(model, disaggregated_prefill=True, **OPTIONS)
