@@ -76,6 +76,7 @@ class EngineConfig:
     seed: int = 0
     data_parallel_size: int = 1  # engine replicas, one process each (one GPU each on CUDA)
     distributed_executor: str = "mp"  # where replicas run: "mp" (local processes) or "ray" (Ray actors)
+    disaggregated_prefill: bool = False  # a prefill engine process and a decode engine process (docs/distributed.md)
     num_loops: Optional[int] = None  # depth override (Huginn recurrences; Ouro loops)
     max_model_len: Optional[int] = None
     # Scheduling.
@@ -156,6 +157,14 @@ class EngineConfig:
         _int(self.seed, "seed", 0)
         _int(self.data_parallel_size, "data_parallel_size", 1)
         _choice(self.distributed_executor, "distributed_executor", DISTRIBUTED_EXECUTORS)
+        if not isinstance(self.disaggregated_prefill, bool):
+            raise _fail("disaggregated_prefill", "a boolean", self.disaggregated_prefill)
+        if self.disaggregated_prefill and self.data_parallel_size != 1:
+            raise ConfigError(f"disaggregated_prefill=True runs one prefill and one decode engine; it cannot be combined "
+                              f"with data_parallel_size={self.data_parallel_size} (use data_parallel_size=1)")
+        if self.disaggregated_prefill and self.distributed_executor != "mp":
+            raise ConfigError(f"disaggregated_prefill=True starts its two engine processes on this host; it cannot be "
+                              f"combined with distributed_executor={self.distributed_executor!r} (use 'mp')")
         _int(self.num_loops, "num_loops", 1, 128, allow_none=True)
         _int(self.max_model_len, "max_model_len", 1, allow_none=True)
         _int(self.max_num_seqs, "max_num_seqs", 1, 4096, allow_none=True)

@@ -59,11 +59,16 @@ def replica_devices(cfg: EngineConfig) -> list[str]:
 
 
 def build_engine(model: str, cfg: Optional[EngineConfig] = None, **kwargs):
-    """An LLMEngine, or a DataParallelEngine when data_parallel_size > 1 or replicas run on Ray."""
+    """An LLMEngine, a DataParallelEngine when data_parallel_size > 1 or replicas run on Ray, or a
+    DisaggregatedEngine with disaggregated_prefill=True."""
     from .llm_engine import LLMEngine
 
     cfg = cfg or EngineConfig.from_kwargs(**kwargs)
     cfg.validate_static()
+    if cfg.disaggregated_prefill:
+        from .disaggregated import DisaggregatedEngine
+
+        return DisaggregatedEngine(model, cfg)
     if cfg.data_parallel_size == 1 and cfg.distributed_executor == "mp":
         return LLMEngine(model, cfg)
     return DataParallelEngine(model, cfg)

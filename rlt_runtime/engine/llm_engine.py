@@ -105,6 +105,9 @@ class LLMEngine:
         if cfg.data_parallel_size != 1:
             raise ConfigError(f"LLMEngine runs one replica but data_parallel_size={cfg.data_parallel_size}; build the "
                               "engine with rlt_runtime.engine.data_parallel.build_engine (LLM and rlt-serve do)")
+        if cfg.disaggregated_prefill:
+            raise ConfigError("LLMEngine runs one engine but disaggregated_prefill=True; build the engine with "
+                              "rlt_runtime.engine.data_parallel.build_engine (LLM and rlt-serve do)")
         self.cfg = cfg
         self.device = _resolve_device(cfg.device)
         self._init(model, cfg)

@@ -85,6 +85,9 @@ class Scheduler:
         self._consecutive_prefill_steps = 0
         self.num_preemptions = 0
         self.draft_policy = None  # DraftPolicy when speculative decoding is on
+        # Prefill role of disaggregated prefill: requests stop after their first token (no decode rows)
+        # until engine/kv_transfer.py hands them to the decode engine.
+        self.hold_decodes = False
 
     # ---- queue management ----------------------------------------------------------------------
     def _order_key(self, r: Request):
@@ -179,7 +182,7 @@ class Scheduler:
             and self._consecutive_prefill_steps < self.cfg.max_consecutive_prefill_steps
             and self._can_admit_any()
         )
-        if not prefill_only:
+        if not prefill_only and not self.hold_decodes:
             for r in sorted((r for r in self.running if not r.is_prefilling), key=self._order_key):
                 if r not in self.running:  # preempted while scheduling this step
                     continue

@@ -24,6 +24,8 @@ HELP = {
                           "routed by least outstanding work and shared prompt prefix",
     "distributed_executor": "where replicas run: mp (processes on this host, default) or ray (Ray actors placed on "
                             "the Ray cluster at $RAY_ADDRESS or started last on this host, else a local one)",
+    "disaggregated_prefill": "run prompts in a prefill engine process and hand each request's K/V to a decode "
+                             "engine process (cuda:0 and cuda:1 on CUDA, else the CPU; docs/distributed.md)",
     "num_loops": "override the model depth (Ouro loops 1..8, Huginn recurrences 1..128)",
     "max_model_len": "context length limit (default: the model's)",
     "max_num_seqs": "maximum running requests (default 256 on CUDA, 16 on CPU)",

@@ -119,6 +119,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from ...engine.data_parallel import build_engine, replica_devices
+    from ...engine.disaggregated import role_devices
     from .app import ServerConfig, create_app
     from .http_server import build_server
     from .worker import EngineWorker
@@ -133,6 +134,8 @@ def main(argv=None) -> int:
             connect_ray()  # here, on the main thread; the cluster's devices are checked as replicas start
         else:
             replica_devices(engine_config)
+        if engine_config.disaggregated_prefill:
+            role_devices(engine_config)
         config = ServerConfig(
             served_model_name=args.served_model_name or args.model, api_key=api_key_from(args),
             max_concurrent_requests=args.max_concurrent_requests, max_body_bytes=args.max_body_bytes,

@@ -25,6 +25,7 @@ import uuid
 from typing import Callable, Optional, Union
 
 from ...engine.data_parallel import DataParallelEngine
+from ...engine.disaggregated import DisaggregatedEngine
 from ...engine.llm_engine import LLMEngine
 from ...errors import ConfigError, RequestError, RltError
 from ...outputs import OutputAccumulator, RequestOutput
@@ -133,7 +134,7 @@ class _Active:
 
 
 class EngineWorker:
-    """Runs an LLMEngine (or a DataParallelEngine: the same surface) on its own thread.
+    """Runs an LLMEngine (or a DataParallelEngine or DisaggregatedEngine: the same surface) on its own thread.
 
     engine: an engine, or a zero-argument callable that builds one on the owner thread (the
     server then answers /health with 503 while the model loads).
@@ -239,7 +240,8 @@ class EngineWorker:
     # ---- owner thread -------------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            engine = self._source if isinstance(self._source, (LLMEngine, DataParallelEngine)) else self._source()
+            built = isinstance(self._source, (LLMEngine, DataParallelEngine, DisaggregatedEngine))
+            engine = self._source if built else self._source()
             self.metrics.set_depth(engine.depth)
             self.metrics.update_engine(engine.stats())
             self._engine = engine
@@ -261,7 +263,7 @@ class EngineWorker:
             self.failure = exc
         finally:
             self._stop_all(engine)
-            if isinstance(engine, DataParallelEngine):
+            if isinstance(engine, (DataParallelEngine, DisaggregatedEngine)):
                 engine.shutdown()
 
     def _loop(self, engine: LLMEngine) -> None:
