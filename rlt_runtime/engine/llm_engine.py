@@ -324,7 +324,7 @@ class LLMEngine:
             )
             req.metrics = RequestMetrics(arrival_time=now, num_prompt_tokens=len(ids))
             self._trackers[id(req)] = TextTracker(self.tokenizer, stops, list(ids), params.skip_special_tokens,
-                                                  params.include_stop_str_in_output)
+                                                  params.include_stop_str_in_output, params.min_tokens)
             group.append(req)
         self._groups[request_id] = group
         self._prompts[request_id] = text
