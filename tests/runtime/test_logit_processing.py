@@ -6,8 +6,6 @@ speculation, preemption (recompute and swap) and best_of ranking."""
 from __future__ import annotations
 
 import functools
-import math
-from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -16,32 +14,12 @@ import torch
 from rlt_runtime import LLM, SamplingParams
 from rlt_runtime.errors import ConfigError, RequestError
 from rlt_runtime.executor.logit_processing import LogitProcessing
-from rlt_runtime.models.dense_reference import reference_generate
+from rlt_runtime.models.dense_reference import reference_generate, reference_logit_processing as reference_process
 from rlt_runtime.models.presets import preset_config, preset_weights
 from workload import run_workload
 
 SPEC = {"num_speculative_tokens": 3, "draft_loops": 1, "draft_policy": "fixed"}
 PROMPT = [5, 6, 7, 8, 5, 6, 246, 103, 101]  # holds tokens ouro-tiny likes to generate (246, 103, 101)
-
-
-def reference_process(logits: torch.Tensor, prompt: list[int], output: list[int], p: SamplingParams,
-                      stops: list[int], bad_words: list[list[int]]) -> torch.Tensor:
-    """vLLM's logit processing of one row, token by token (independent of the engine's tensors)."""
-    x = logits.clone()
-    for t, b in (p.logit_bias or {}).items():
-        x[t] += b
-    if len(output) < p.min_tokens:
-        for t in stops:
-            x[t] = -math.inf
-    for word in bad_words:
-        prefix = word[:-1]
-        if not prefix or (len(output) >= len(prefix) and output[len(output) - len(prefix):] == prefix):
-            x[word[-1]] = -math.inf
-    for t in set(prompt) | set(output):
-        x[t] = x[t] / p.repetition_penalty if x[t] > 0 else x[t] * p.repetition_penalty
-    for t, c in Counter(output).items():
-        x[t] -= p.frequency_penalty * c + p.presence_penalty
-    return x
 
 
 # ---- the device state ------------------------------------------------------------------------------
