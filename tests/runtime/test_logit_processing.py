@@ -262,3 +262,46 @@ def test_sampling_params_errors_name_the_field(kw, field):
 def test_engine_errors_name_the_field(llm, kw, field):
     with pytest.raises(RequestError, match=f"^{field}"):
         llm.engine.add_request("bad", PROMPT, SamplingParams(**kw))
+
+
+# ---- the penalty state: optional, and counted by the KV planner ----------------------------------
+
+def test_without_penalties_the_state_is_not_allocated_and_penalties_are_refused(llm):
+    """enable_penalties=False drops the two [slots, vocab] tensors; bias, min_tokens and bad words
+    still give the engine-with-penalties' tokens, speculative rounds included; a penalty is a
+    RequestError naming its field."""
+    lean = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, enable_penalties=False, speculative_config=SPEC)
+    full, slim = llm.engine.runner.logit_proc, lean.engine.runner.logit_proc
+    assert slim.counts is None and slim.prompt_mask is None
+    assert full.nbytes - slim.nbytes == 4 * preset_config("ouro-tiny").vocab_size * 5
+    kept = dict(logit_bias={7: 3.0, 246: -5.0}, bad_words=[[101, 101]], min_tokens=3)
+    assert _greedy(lean, PROMPT, **kept)[0].token_ids == _greedy(llm, PROMPT, **kept)[0].token_ids
+    for name, value in (("repetition_penalty", 1.2), ("presence_penalty", 0.5), ("frequency_penalty", -0.5)):
+        with pytest.raises(RequestError, match=f"^{name} needs the engine option enable_penalties=True"):
+            lean.engine.add_request("bad", PROMPT, SamplingParams(**{name: value}))
+    assert not lean.engine.has_unfinished_requests()
+
+
+def test_kv_planner_sets_the_penalty_state_aside(monkeypatch):
+    """On CUDA the pool is sized from gpu_memory_utilization minus weights, the per-slot state,
+    the step peak and the reserve (torch.cuda's device queries stubbed: the arithmetic alone)."""
+    from rlt_runtime.cache import memory
+    from rlt_runtime.engine import llm_engine
+
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=10 * gib))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (9 * gib, 10 * gib))
+    cfg = SimpleNamespace(num_blocks=None, kv_cache_memory_bytes=None, gpu_memory_utilization=0.5)
+    plan = lambda state: memory.plan_kv_cache(  # noqa: E731
+        cfg, device=torch.device("cuda"), per_block=2**20, useful_blocks=10**6, weights_bytes=gib,
+        profile_peak=lambda: gib // 2, state_bytes=state)
+    base, with_state = plan(0), plan(194 * 2**20)
+    assert base.num_blocks == (5 * gib - gib - gib // 2 - memory.RESERVE_BYTES) // 2**20
+    assert base.num_blocks - with_state.num_blocks == 194 and with_state.state_bytes == 194 * 2**20
+    seen = []
+    real = llm_engine.plan_kv_cache
+    monkeypatch.setattr(llm_engine, "plan_kv_cache", lambda *a, **kw: seen.append(kw["state_bytes"]) or real(*a, **kw))
+    for enabled in (True, False):
+        eng = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, enable_penalties=enabled).engine
+        assert seen[-1] == eng.runner.logit_proc.nbytes
+    assert seen[0] - seen[1] == 4 * preset_config("ouro-tiny").vocab_size * 5
