@@ -32,6 +32,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# Per-request sampling features a case may draw (each request of the case takes each drawn feature
+# with probability 1/2, so rows with and without it share batches); perf/conformance_case.py
+# builds and checks them.
+FEATURES = ("penalties", "bias-min-bad", "prompt-logprobs", "best-of", "guided")
 COMPILE_EVERY = 20  # on CUDA, cases 5, 25, 45, ... run in compile mode (minutes of Inductor time each)
 FAILING = ("fail", "crash", "timeout")
 STATUSES = ("pass", "not-applicable", *FAILING, "not-run")
@@ -61,6 +65,7 @@ DEFAULTS = dict(
     preemption_mode="recompute", tiny_pool=0, max_num_seqs=4, max_num_batched_tokens=32, prefill_chunk_size=None,
     execution_mode="eager", async_scheduling=False, cuda_graph_sizes=[1, 2, 4], requests=3, max_tokens=8,
     max_model_len=256, gpu_memory_utilization=0.04, workload_seed=0, plant=None, time_limit_s=None,
+    features=[], quantization=None, kv_cache_dtype="auto",
 )
 
 
@@ -93,6 +98,10 @@ def describe(c: dict) -> str:
              spec, c["sampling"], f"lp{c['logprobs']}", f"n{c['n']}", "prefix" if c["prefix_caching"] else "noprefix",
              pool, f"seqs{c['max_num_seqs']}", f"chunk{c['prefill_chunk_size']}/{c['max_num_batched_tokens']}", mode,
              f"req{c['requests']}x{c['max_tokens']}"]
+    if c["features"]:
+        parts.append("feat-" + "+".join(c["features"]))
+    if c["quantization"] or c["kv_cache_dtype"] != "auto":
+        parts.append("fp8" + ("w" if c["quantization"] else "") + ("kv" if c["kv_cache_dtype"] == "fp8" else ""))
     if c["loop_bounds"]:
         parts.append("loops2-3")
     if c["plant"]:
@@ -146,6 +155,10 @@ def draw_case(index: int, seed: int, device: str) -> dict:
         # 16 and 32, no speculation (its rounds are more programs still).
         f["cuda_graph_sizes"], f["max_num_batched_tokens"] = [min(4, f["max_num_seqs"])], 32
         f["speculative_config"] = None
+    # Drawn last, so the draws above stay what they were before these dimensions existed.
+    f["features"] = sorted(rng.sample(FEATURES, rng.choice([0, 1, 1, 2])))
+    f["kv_cache_dtype"] = "fp8" if rng.random() < 0.25 else "auto"
+    f["quantization"] = "fp8" if rng.random() < 0.15 else None
     return complete(index, f)
 
 
@@ -157,7 +170,7 @@ def crowd_case(index: int, seed: int) -> dict:
         exit_mode="ouro", exit_thresholds=[1.0, 0.6], sampling="mixed", logprobs=2, n=1, prefix_caching=True,
         max_num_seqs=64, max_num_batched_tokens=512, execution_mode="graphs", async_scheduling=True,
         cuda_graph_sizes=[8, 16, 32, 64], requests=60, max_tokens=8, gpu_memory_utilization=0.12,
-        workload_seed=rng.randrange(2**31),
+        workload_seed=rng.randrange(2**31), features=["bias-min-bad", "penalties"],
     ))
 
 

@@ -18,7 +18,15 @@ Equalities checked (the ones docs/design.md and README.md promise):
 * a sampled request under speculation equals itself alone in an eager, synchronous engine with the
   same speculative config (sampled rounds commit different bits than plain sampling, and its draft
   counts must be the same, which the matrix guarantees: see `perf.conformance`);
-* fp32 greedy requests produce the fp64 dense reference's tokens and exit depths;
+* requests that draw the case's per-request features (`perf.conformance.FEATURES`: penalties,
+  logit_bias + min_tokens + bad_words, prompt_logprobs, best_of > n, guided decoding) take part in
+  the comparison with all their outputs (prompt log-probabilities included: the crowd's chunking
+  and the alone engine's differ), FP8 weights and K/V (quantization / kv_cache_dtype) too;
+* fp32 greedy requests produce the fp64 dense reference's tokens and exit depths (its argmax taken
+  over `reference_logit_processing` of each step's logits for requests with logit processing;
+  guided requests and FP8 cases are left out, they have no fp64 counterpart);
+* every guided sample ends with the grammar ("stop") and its text matches the regex or parses as
+  JSON of the schema;
 * the block/slot invariants hold after every step, the KV pool is full again at the end, no graph
   capture failed (a mode that fell back to eager proves nothing), and fixed-K speculation ran rounds.
 """
@@ -39,6 +47,9 @@ from pathlib import Path
 # matrix never sets one. flip-token: alter one output token of the crowd run before the comparison;
 # abort: os.abort() at start; hang: sleep past any time limit.
 PLANTS = ("flip-token", "abort", "hang")
+GUIDED_REGEX = "[a-c]{2}-[0-9]{2}"
+GUIDED_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+                 "required": ["a"], "additionalProperties": False}
 
 
 @dataclass
@@ -52,7 +63,7 @@ class Work:
 
 
 def build_workload(case: dict, vocab: int) -> list[Work]:
-    """The case's requests, a pure function of case["workload_seed"] and its sampling fields.
+    """The case's requests, a pure function of case["workload_seed"] and its sampling and feature fields.
 
     Prompts share 16- or 32-token prefixes (whole KV blocks, so the prefix cache can hit), mixed
     with unrelated prompts of 1..48 tokens; arrivals are staggered over the first steps; every
@@ -61,6 +72,7 @@ def build_workload(case: dict, vocab: int) -> list[Work]:
     from rlt_runtime import SamplingParams
 
     rng = random.Random(case["workload_seed"])
+    frng = random.Random(f"{case['workload_seed']}:features")
     hi = vocab - 33  # special tokens sit at the top of the vocabulary
     prefixes = [[rng.randrange(3, hi) for _ in range(rng.choice([16, 32]))] for _ in range(2)]
     work = []
@@ -80,8 +92,42 @@ def build_workload(case: dict, vocab: int) -> list[Work]:
             exit_threshold=rng.choice(case["exit_thresholds"]) if case["exit_thresholds"] else 1.0,
             min_loops=2 if loops else None, max_loops=3 if loops else None,
         )
-        work.append(Work(f"r{i}", prompt, rng.randrange(0, 6), params))
+        work.append(Work(f"r{i}", prompt, rng.randrange(0, 6), with_features(params, case, frng, hi)))
     return work
+
+
+def with_features(params, case: dict, rng: random.Random, hi: int):
+    """`params` with each of the case's features taken with probability 1/2 (drawn from `rng`, a
+    stream of its own so a case's base workload does not depend on its features). Guided rows stop
+    at the grammar's end (EOS allowed, no stop ids) and take no logit_bias/min_tokens/bad_words
+    (a banned token the grammar needs would leave nothing to sample)."""
+    from dataclasses import asdict
+
+    from rlt_runtime import SamplingParams
+
+    feats = [f for f in case["features"] if rng.random() < 0.5]
+    if not feats:
+        return params
+    fields = {k: v for k, v in asdict(params).items() if k not in ("stop_list", "_stop_automaton")}
+    guided = "guided" in feats
+    if guided:
+        fields.update(guided={"regex": GUIDED_REGEX} if rng.random() < 0.5 else {"json": GUIDED_SCHEMA},
+                      ignore_eos=False, stop_token_ids=None, max_tokens=max(16, params.max_tokens))
+    if "penalties" in feats:
+        fields.update(repetition_penalty=rng.choice([1.3, 0.7, 2.0]), presence_penalty=rng.choice([0.0, 0.5, -1.0]),
+                      frequency_penalty=rng.choice([0.0, 0.4, -0.5, 1.0]))
+    if "bias-min-bad" in feats and not guided:
+        # A strongly favoured token that is also a stop id: min_tokens holds it back, then it ends
+        # the request; a bad word bans it twice in a row, another bans a second favoured token.
+        fav, banned, other = rng.sample(range(3, hi), 3)
+        fields.update(logit_bias={fav: rng.choice([4.0, 8.0]), banned: -50.0, other: 6.0},
+                      bad_words=[[fav, fav], [other]], min_tokens=rng.randint(1, params.max_tokens - 1),
+                      stop_token_ids=sorted({*(params.stop_token_ids or ()), fav}))
+    if "prompt-logprobs" in feats:
+        fields["prompt_logprobs"] = rng.choice([0, 2])
+    if "best-of" in feats:
+        fields["best_of"] = params.n + rng.choice([1, 2])
+    return SamplingParams(**fields)
 
 
 def engine_options(case: dict, device: str) -> dict:
@@ -94,6 +140,7 @@ def engine_options(case: dict, device: str) -> dict:
         prefill_chunk_size=case["prefill_chunk_size"], max_num_batched_tokens=case["max_num_batched_tokens"],
         max_num_seqs=case["max_num_seqs"], execution_mode=case["execution_mode"],
         async_scheduling=case["async_scheduling"], speculative_config=case["speculative_config"],
+        quantization=case["quantization"], kv_cache_dtype=case["kv_cache_dtype"],
     )
     if case["execution_mode"] != "eager":
         opts["cuda_graph_sizes"] = case["cuda_graph_sizes"]
@@ -102,16 +149,18 @@ def engine_options(case: dict, device: str) -> dict:
     return opts
 
 
-def alone_options(case: dict, device: str, speculative: bool, num_blocks: int) -> dict:
-    """The reference engine: same model, dtype, layout and exit rule; eager, synchronous, default
-    chunking and LAST_EXITED reads (both read modes must give the same bits), no prefix cache, an
-    ample pool; speculation only for sampled speculative requests."""
+def alone_options(case: dict, device: str, speculative: bool, num_blocks: int, samples: int) -> dict:
+    """The reference engine: same model, dtype, FP8 storage, layout and exit rule; eager,
+    synchronous, default chunking and LAST_EXITED reads (both read modes must give the same bits),
+    no prefix cache, an ample pool, room for `samples` rows of one request; speculation only for
+    sampled speculative requests."""
     return dict(
         dtype=case["dtype"], device=device, seed=0, max_model_len=case["max_model_len"], kv_layout=case["kv_layout"],
         exit_mode=case["exit_mode"], exit_criterion_threshold=case["exit_criterion_threshold"],
         lookahead_seed=case["lookahead_seed"], enable_prefix_caching=False, execution_mode="eager",
-        async_scheduling=False, max_num_seqs=max(2, case["n"]), num_blocks=num_blocks,
+        async_scheduling=False, max_num_seqs=max(2, samples), num_blocks=num_blocks,
         speculative_config=case["speculative_config"] if speculative else None,
+        quantization=case["quantization"], kv_cache_dtype=case["kv_cache_dtype"],
     )
 
 
@@ -124,13 +173,18 @@ def lifetime_blocks(case: dict, work: list[Work], block_size: int = 16) -> int:
     return max(-(-(len(w.prompt) + w.params.max_tokens) // block_size) for w in work) * planes
 
 
-def _sample(c) -> dict:
-    """A CompletionOutput as plain data; floats as exact hex strings (bitwise comparison)."""
-    lps = None
-    if c.logprobs is not None:
-        lps = [[lp.logprob.hex(), [[t, v.hex()] for t, v in lp.top.items()]] for lp in c.logprobs]
-    return {"token_ids": list(c.token_ids), "exit_depths": list(c.exit_depths), "finish_reason": c.finish_reason,
-            "logprobs": lps}
+def _logprobs(entries) -> list:
+    """TokenLogprob entries (None allowed) as exact hex strings (bitwise comparison)."""
+    return [None if lp is None else [lp.logprob.hex(), [[t, v.hex()] for t, v in lp.top.items()]] for lp in entries]
+
+
+def _samples(out) -> list[dict]:
+    """A finished RequestOutput's samples as plain data, each carrying the request's prompt
+    log-probabilities (None unless asked for)."""
+    prompt = None if out.prompt_logprobs is None else _logprobs(out.prompt_logprobs)
+    return [{"token_ids": list(c.token_ids), "exit_depths": list(c.exit_depths), "finish_reason": c.finish_reason,
+             "logprobs": None if c.logprobs is None else _logprobs(c.logprobs), "text": c.text,
+             "prompt_logprobs": prompt} for c in sorted(out.outputs, key=lambda c: c.index)]
 
 
 def row_keys(engine, request_id: str) -> list[int]:
@@ -153,7 +207,7 @@ def run_crowd(llm, work: list[Work]) -> tuple[dict, dict]:
             keys[w.request_id] = row_keys(eng, w.request_id)
         for out in eng.step():
             if out.finished:
-                done[out.request_id] = [_sample(c) for c in sorted(out.outputs, key=lambda c: c.index)]
+                done[out.request_id] = _samples(out)
         eng.check_invariants()
         step += 1
     free, total = eng.kv.pool.num_free, eng.kv.pool.num_blocks
@@ -163,8 +217,7 @@ def run_crowd(llm, work: list[Work]) -> tuple[dict, dict]:
 
 def run_alone(llm, w: Work) -> list[dict]:
     """One request alone in the reference engine (nothing else in flight)."""
-    out = llm.generate([{"prompt_token_ids": w.prompt}], w.params, use_tqdm=False)[0]
-    return [_sample(c) for c in sorted(out.outputs, key=lambda c: c.index)]
+    return _samples(llm.generate([{"prompt_token_ids": w.prompt}], w.params, use_tqdm=False)[0])
 
 
 def first_difference(got: list[dict], want: list[dict]) -> str:
@@ -172,7 +225,7 @@ def first_difference(got: list[dict], want: list[dict]) -> str:
     if len(got) != len(want):
         return f"{len(got)} samples, expected {len(want)}"
     for s, (g, e) in enumerate(zip(got, want)):
-        for name in ("token_ids", "exit_depths", "logprobs", "finish_reason"):
+        for name in ("token_ids", "exit_depths", "logprobs", "finish_reason", "prompt_logprobs", "text"):
             a, b = g[name], e[name]
             if a == b:
                 continue
@@ -191,7 +244,7 @@ def reference_difference(case: dict, w: Work, keys: list[int], got: list[dict]) 
     import torch
 
     from rlt_runtime.engine.exit_policy import lookahead_head
-    from rlt_runtime.models.dense_reference import RefExit, reference_generate
+    from rlt_runtime.models.dense_reference import RefExit, reference_generate, reference_logit_processing
     from rlt_runtime.models.huginn import request_initial_state
     from rlt_runtime.models.presets import preset_config
     from rlt_runtime.stable_hash import prompt_key
@@ -211,12 +264,19 @@ def reference_difference(case: dict, w: Work, keys: list[int], got: list[dict]) 
         rule = RefExit(mode=case["exit_mode"], threshold=case["exit_criterion_threshold"], **common)
         core = preset_config(case["model"]).n_layers_in_recurrent_block
         layout = {"last_exited": "full", "shared": f"compress-s{core}"}.get(case["kv_layout"], case["kv_layout"])
-    for s, key in enumerate(keys):
+    process = None
+    if p.processes_logits:  # ignore_eos rows: min_tokens holds back the stop ids alone
+        stops = sorted(set(p.stop_token_ids or ())) if p.min_tokens else ()
+        process = lambda logits, out: reference_logit_processing(  # noqa: E731
+            logits, w.prompt, out, p, stops, [list(b) for b in p.bad_words or ()])
+    # best_of returns its n best samples whatever their rows: greedy samples of one request are
+    # all equal (Huginn's start from per-row states, so its best_of rows are left to the alone check).
+    for s, key in enumerate(keys[:len(got)]):
         init = None
         if cfg.family == "huginn":
             init = request_initial_state(cfg, len(w.prompt), prompt_key(engine_options(case, "cpu")["seed"]), key)
         ref = reference_generate(cfg, weights, w.prompt, p.max_tokens, exit=rule, kv_layout=layout,
-                                 stop_token_ids=p.stop_token_ids or (), initial_state=init)
+                                 stop_token_ids=p.stop_token_ids or (), initial_state=init, process_logits=process)
         mine = got[s]
         if mine["token_ids"] != ref.tokens:
             i = next((i for i, (x, y) in enumerate(zip(mine["token_ids"], ref.tokens)) if x != y),
@@ -229,6 +289,33 @@ def reference_difference(case: dict, w: Work, keys: list[int], got: list[dict]) 
         if mine["exit_depths"] != ref.exit_depths:
             return f"sample {s} exit_depths vs fp64 reference: got {mine['exit_depths']} expected {ref.exit_depths}"
     return ""
+
+
+def feature_counts(work: list[Work]) -> dict:
+    """How many requests took each feature (what the log shows a case exercised)."""
+    has = {"penalties": lambda p: p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty,
+           "bias-min-bad": lambda p: p.logit_bias is not None, "prompt-logprobs": lambda p: p.prompt_logprobs is not None,
+           "best-of": lambda p: p.num_samples > p.n, "guided": lambda p: p.guided is not None}
+    counts = {name: sum(bool(test(w.params)) for w in work) for name, test in has.items()}
+    return {name: n for name, n in counts.items() if n}
+
+
+def guided_problem(guided, sample: dict) -> str:
+    """'' when a guided sample ended with its grammar and its text matches it (the regex in full,
+    or JSON of GUIDED_SCHEMA), else what is wrong."""
+    import re
+
+    text = sample["text"]
+    if sample["finish_reason"] != "stop":
+        return f"finish_reason {sample['finish_reason']!r} (the grammar never ended), text {text!r}"
+    if guided.regex is not None:
+        return "" if re.fullmatch(guided.regex, text) else f"text {text!r} does not match {guided.regex!r}"
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return f"text {text!r} is not JSON"
+    ok = isinstance(obj, dict) and set(obj) == {"a"} and type(obj["a"]) is int and 0 <= obj["a"] <= 9
+    return "" if ok else f"JSON {obj!r} does not follow the schema"
 
 
 _WEIGHTS: dict = {}
@@ -303,10 +390,11 @@ def run_case(case: dict) -> dict:
     if case.get("plant") == "flip-token":
         got["r0"][0]["token_ids"][-1] ^= 1
     sampled_spec = {w.request_id for w in work if spec and not w.params.greedy}
-    ample = need * (case["n"] + 1)
-    refs = {False: LLM(case["model"], **alone_options(case, device, False, ample))}
+    samples = max(w.params.num_samples for w in work)
+    ample = need * (samples + 1)
+    refs = {False: LLM(case["model"], **alone_options(case, device, False, ample, samples))}
     if sampled_spec:
-        refs[True] = LLM(case["model"], **alone_options(case, device, True, ample))
+        refs[True] = LLM(case["model"], **alone_options(case, device, True, ample, samples))
     # One reference engine serves the requests one at a time, in the reverse of the crowd's admission
     # order: a request's result must depend neither on its arrival number nor on earlier requests.
     for w in reversed(sorted(work, key=lambda w: w.arrival)):
@@ -315,8 +403,20 @@ def run_case(case: dict) -> dict:
             kind = "alone (eager, sync, same speculation)" if w.request_id in sampled_spec else "alone (eager, sync)"
             problems.append(f"{w.request_id} vs {kind}: {diff}")
     checks.append(f"{len(work) - len(sampled_spec)} requests vs alone eager, {len(sampled_spec)} vs alone speculative")
-    if case["dtype"] == "float32":
-        greedy = [w for w in work if w.params.greedy]
+    drawn = feature_counts(work)
+    if drawn:
+        checks.append("requests with features: " + ", ".join(f"{k} {v}" for k, v in drawn.items()))
+    guided = [w for w in work if w.params.guided is not None]
+    for w in guided:
+        for i, sample in enumerate(got[w.request_id]):
+            bad = guided_problem(w.params.guided, sample)
+            if bad:
+                problems.append(f"{w.request_id} sample {i} (guided): {bad}")
+    if guided:
+        checks.append(f"{len(guided)} guided requests end with their grammar and match it")
+    if case["dtype"] == "float32" and case["quantization"] is None and case["kv_cache_dtype"] == "auto":
+        greedy = [w for w in work if w.params.greedy and w.params.guided is None
+                  and not (w.params.num_samples > w.params.n and preset_config(case["model"]).family == "huginn")]
         for w in greedy:
             diff = reference_difference(case, w, keys[w.request_id], got[w.request_id])
             if diff:

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The GPU suite and every benchmark in one call.
-#   OUT=out bash perf/run_gpu.sh [tests|conformance|kernels|decode-attn|gemm-sweep|attn-sweep|engine|compile|spec|serving ...]
+#   OUT=out bash perf/run_gpu.sh [tests|conformance|kernels|decode-attn|gemm-sweep|attn-sweep|engine|compile|spec|serving|fp8 ...]
 #   (default: all but the sweeps; `tests` runs the GPU pytest suite and the conformance matrix side by
 #   side on the device, each with its own time limit, PART_TIMEOUT and CONF_TIMEOUT (default 480 s), so
 #   both fit one device call). Narrowing a part: TESTS_K (pytest -k for the GPU tests),
 #   CONF_CASES, CONF_SEED, CONF_WORKERS, CONF_BUDGET, CONF_ONLY (the conformance matrix: perf/conformance.py),
 #   RLT_SWEEP_K (weights of gemm-sweep), RLT_SPEC_CONFIGS (fixed2,fixed4,adaptive), RLT_SPEC_BATCHES,
 #   RLT_SPEC_ACCEPTANCE (measured,0.7,0.9),
-#   RLT_SERVING_MODES (native,speculative), RLT_SERVING_RATES (request rates, e.g. 16,32,inf).
+#   RLT_SERVING_MODES (native,speculative), RLT_SERVING_RATES (request rates, e.g. 16,32,inf),
+#   RLT_FP8_PARTS (fp8: "speed fidelity" by default; "fidelity" alone measures KL and agreement only).
 # Each part gets a time limit (PART_TIMEOUT seconds, default 900); every log, JSON, table and plot
 # is collected in $OUT/results.tgz (and left unpacked in $WORK). On a bare GPU image, install the
 # wheels perf/fetch_gpu_wheels.sh downloads first.
@@ -67,6 +68,9 @@ for part in $parts; do
              tail -n 8 "$WORK/compile.log" ;;
     spec)    timeout "$PART_TIMEOUT" python3 -m perf.bench_speculative --out "$WORK" ${QUICK:+--quick} > "$WORK/spec.log" 2>&1
              tail -n 15 "$WORK/spec.log" ;;
+    fp8)     # FP8 weights / weights + K/V against bf16 on ouro-1.4b: speed and fidelity (perf/bench_fp8.py).
+             timeout "$PART_TIMEOUT" python3 -m perf.bench_fp8 --out "$WORK/fp8" --parts ${RLT_FP8_PARTS:-speed fidelity} \
+               > "$WORK/fp8.log" 2>&1; tail -n 20 "$WORK/fp8.log" ;;
     serving) timeout "$PART_TIMEOUT" python3 -m perf.bench_serving --out "$WORK" ${QUICK:+--quick} > "$WORK/serving.log" 2>&1
              tail -n 15 "$WORK/serving.log" ;;
   esac

@@ -116,6 +116,9 @@ class EngineConfig:
     # Stop strings: per request, bounded so that building their automaton stays cheap.
     max_stop_strings: int = 128
     max_stop_chars: int = 4096  # total characters of a request's stop strings
+    # Penalties: the per-slot output-token counts and prompt-token mask ([max_num_seqs, vocab] each)
+    # that repetition/presence/frequency penalties read; off: not allocated, such requests refused.
+    enable_penalties: bool = True
     # Profiling.
     profile_dir: Optional[str] = None
     profile_steps: tuple = (2, 4)  # (first step to record, number of steps)
@@ -208,6 +211,8 @@ class EngineConfig:
             raise _fail("speculative_config", "a dict or SpeculativeConfig", self.speculative_config)
         _int(self.max_stop_strings, "max_stop_strings", 1)
         _int(self.max_stop_chars, "max_stop_chars", 1)
+        if not isinstance(self.enable_penalties, bool):
+            raise _fail("enable_penalties", "a boolean", self.enable_penalties)
         if (not isinstance(self.profile_steps, (list, tuple)) or len(self.profile_steps) != 2
                 or any(not isinstance(v, int) or v < 0 for v in self.profile_steps) or self.profile_steps[1] < 1):
             raise _fail("profile_steps", "(first_step >= 0, num_steps >= 1)", self.profile_steps)

@@ -55,7 +55,7 @@ class SamplingParams:
     Logit processing (vLLM's semantics, applied on the device in this order before temperature
     and the filters): ``logit_bias`` {token id: bias in [-100, 100]} is added to the logits;
     until ``min_tokens`` tokens exist, EOS (unless ``ignore_eos``) and ``stop_token_ids`` are
-    banned; ``bad_words`` (strings, tokenized with and without a leading space, or token-id
+    banned (and ``stop`` strings ending in those tokens' text do not count); ``bad_words`` (strings, tokenized with and without a leading space, or token-id
     lists) ban a word's last token whenever the output ends with its other tokens; then
     ``repetition_penalty`` divides positive logits and multiplies negative ones of every token in
     the prompt or the output, and ``frequency_penalty`` * count + ``presence_penalty`` * (count >

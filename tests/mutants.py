@@ -179,6 +179,20 @@ MUTANTS = (
         ("tests/runtime/test_output_deltas.py::test_abort_with_deltas_returns_only_what_is_new",),
         "every delta output repeats the tokens earlier deltas already handed out",
     ),
+    Mutant(
+        "stop-string-before-min-tokens", "rlt_runtime/engine/text.py",
+        "if hit is None or self._num_tokens <= self._min_tokens:",
+        "if hit is None:",
+        ("tests/runtime/test_stop_strings.py::test_min_tokens_hold_back_stop_strings_as_vllm_does",),
+        "a stop string in the text of the first min_tokens tokens ends the request (vLLM ignores it there)",
+    ),
+    Mutant(
+        "kv-plan-ignores-penalty-state", "rlt_runtime/cache/memory.py",
+        "budget = (int(total * cfg.gpu_memory_utilization) - weights_bytes - state_bytes - peak - graph_reserve_bytes",
+        "budget = (int(total * cfg.gpu_memory_utilization) - weights_bytes - peak - graph_reserve_bytes",
+        ("tests/runtime/test_logit_processing.py::test_kv_planner_sets_the_penalty_state_aside",),
+        "the KV pool is sized as if the per-slot penalty state took no memory",
+    ),
 )
 
 

@@ -2,8 +2,10 @@
 
 Explicit `num_blocks` or `kv_cache_memory_bytes` win (mutually exclusive). Otherwise on CUDA the
 planner measures the peak memory of the largest step (a profiling run at the biggest decode bucket
-and the full token budget), subtracts weights, that peak, the CUDA-graph pools and a fixed reserve
-from `gpu_memory_utilization` of the device memory, and sizes the pool from what is left. On CPU
+and the full token budget), subtracts weights, the per-slot logit-processing state (the penalties'
+[max_num_seqs, vocab] counts and prompt mask, allocated with the runner after the weights were
+measured), that peak, the CUDA-graph pools and a fixed reserve from `gpu_memory_utilization` of
+the device memory, and sizes the pool from what is left. On CPU
 the default is small. The pool is capped at the blocks every running request could use.
 
 Before anything is allocated, `check_context_fits` sizes what the context length alone decides,
@@ -41,12 +43,14 @@ class MemoryPlan:
     peak_activation_bytes: Optional[int] = None
     graph_reserve_bytes: Optional[int] = None
     reserve_bytes: Optional[int] = None
+    state_bytes: Optional[int] = None  # per-slot logit-processing state (penalty counts, prompt mask, ...)
 
     def describe(self) -> str:
         gib = lambda b: "n/a" if b is None else f"{b / 2**30:.2f} GiB"  # noqa: E731
         return (f"KV cache: {self.num_blocks} blocks x {self.block_bytes / 2**20:.2f} MiB ({self.source}); "
                 f"device {gib(self.total_bytes)}, weights {gib(self.weights_bytes)}, "
-                f"activation peak {gib(self.peak_activation_bytes)}, graphs {gib(self.graph_reserve_bytes)}")
+                f"per-slot state {gib(self.state_bytes)}, activation peak {gib(self.peak_activation_bytes)}, "
+                f"graphs {gib(self.graph_reserve_bytes)}")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -59,8 +63,9 @@ def block_bytes(num_cache_layers: int, block_size: int, kv_heads: int, head_dim:
 
 
 def plan_kv_cache(cfg, *, device: torch.device, per_block: int, useful_blocks: int, weights_bytes: int,
-                  profile_peak: Callable[[], int], graph_reserve_bytes: int = 0) -> MemoryPlan:
-    """Choose the pool size (see module docstring). `profile_peak()` returns the step's peak bytes."""
+                  profile_peak: Callable[[], int], graph_reserve_bytes: int = 0, state_bytes: int = 0) -> MemoryPlan:
+    """Choose the pool size (see module docstring). `profile_peak()` returns the step's peak bytes;
+    state_bytes: persistent per-slot state outside weights_bytes and the peak (set aside)."""
     if cfg.num_blocks is not None:
         return MemoryPlan(cfg.num_blocks, per_block, "num_blocks", useful_blocks)
     if cfg.kv_cache_memory_bytes is not None:
@@ -73,17 +78,20 @@ def plan_kv_cache(cfg, *, device: torch.device, per_block: int, useful_blocks: i
         return MemoryPlan(n, per_block, "cpu-default", useful_blocks)
     total = torch.cuda.get_device_properties(device).total_memory
     peak = profile_peak()
-    budget = int(total * cfg.gpu_memory_utilization) - weights_bytes - peak - graph_reserve_bytes - RESERVE_BYTES
+    budget = (int(total * cfg.gpu_memory_utilization) - weights_bytes - state_bytes - peak - graph_reserve_bytes
+              - RESERVE_BYTES)
     free_now = torch.cuda.mem_get_info(device)[0] - RESERVE_BYTES
     budget = min(budget, free_now - peak - graph_reserve_bytes)
     n = min(useful_blocks, budget // per_block)
     if n < 1:
         raise ConfigError(
             f"no memory left for the KV cache: gpu_memory_utilization={cfg.gpu_memory_utilization} of "
-            f"{total / 2**30:.1f} GiB minus weights {weights_bytes / 2**30:.2f} GiB and peak {peak / 2**30:.2f} GiB; "
-            "raise gpu_memory_utilization or lower max_num_seqs / max_num_batched_tokens"
+            f"{total / 2**30:.1f} GiB minus weights {weights_bytes / 2**30:.2f} GiB, per-slot state "
+            f"{state_bytes / 2**30:.2f} GiB and peak {peak / 2**30:.2f} GiB; raise gpu_memory_utilization, lower "
+            "max_num_seqs / max_num_batched_tokens or set enable_penalties=False"
         )
-    return MemoryPlan(int(n), per_block, "profiled", useful_blocks, total, weights_bytes, peak, graph_reserve_bytes, RESERVE_BYTES)
+    return MemoryPlan(int(n), per_block, "profiled", useful_blocks, total, weights_bytes, peak, graph_reserve_bytes,
+                      RESERVE_BYTES, state_bytes)
 
 
 def context_table_bytes(max_model_len: int, *, head_dim: int, num_planes: int, num_slots: int, block_size: int) -> int:

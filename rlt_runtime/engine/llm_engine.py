@@ -176,14 +176,14 @@ class LLMEngine:
             num_blocks=1, block_size=cfg.block_size, max_model_len=self.max_model_len, max_rows=self.max_num_seqs,
             max_tokens=self.max_num_batched_tokens,
             exit_mode=self.exit_mode, criterion_threshold=criterion, lookahead_seed=cfg.lookahead_seed,
-            prompt_key=prompt_key(cfg.seed), kv_dtype=self.kv_dtype,
+            prompt_key=prompt_key(cfg.seed), kv_dtype=self.kv_dtype, penalties=cfg.enable_penalties,
         )
         per_block = block_bytes(self.layout.num_cache_layers, cfg.block_size, mc.kv_heads, mc.head_dim, self.kv_dtype)
         blocks_per_seq = -(-self.max_model_len // cfg.block_size)
         useful = blocks_per_seq * self.layout.num_planes * self.max_num_seqs
         self.memory_plan = plan_kv_cache(
             cfg, device=self.device, per_block=per_block, useful_blocks=useful, weights_bytes=weights_bytes,
-            profile_peak=self._profile_peak, graph_reserve_bytes=0,
+            profile_peak=self._profile_peak, graph_reserve_bytes=0, state_bytes=self.runner.logit_proc.nbytes,
         )
         self.runner.allocate_kv(self.memory_plan.num_blocks)
         logger.info(self.memory_plan.describe())
@@ -327,7 +327,7 @@ class LLMEngine:
             )
             req.metrics = RequestMetrics(arrival_time=now, num_prompt_tokens=len(ids))
             self._trackers[id(req)] = TextTracker(self.tokenizer, stops, list(ids), params.skip_special_tokens,
-                                                  params.include_stop_str_in_output)
+                                                  params.include_stop_str_in_output, params.min_tokens)
             group.append(req)
         self._groups[request_id] = group
         self._prompts[request_id] = text
@@ -366,6 +366,11 @@ class LLMEngine:
         from ..executor.logit_processing import MAX_MIN_TOKEN_STOPS
         from ..sampling_params import MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS
 
+        if not self.cfg.enable_penalties:
+            for name, neutral in (("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0)):
+                if getattr(params, name) != neutral:
+                    raise RequestError(f"{name} needs the engine option enable_penalties=True (this engine runs without "
+                                       f"the per-slot penalty state); leave {name} at {neutral:g}")
         vocab = self.model_config.vocab_size
         bad = [t for t in (params.logit_bias or {}) if t >= vocab]
         if bad:

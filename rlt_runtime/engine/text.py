@@ -22,14 +22,18 @@ class TextTracker:
 
     stop: the stop strings, or their automaton (built once and shared by a request's samples).
     skip_special_tokens: leave special tokens out of the text. include_stop: keep a matched stop
-    string at the end of the text (it is still where generation ends).
+    string at the end of the text (it is still where generation ends). min_tokens: a stop string
+    counts only when it ends in text of a token after the first min_tokens (it may start earlier),
+    as vLLM does.
     """
 
     def __init__(self, tokenizer: Optional[Tokenizer], stop: Union[Sequence[str], StopAutomaton], prompt_ids: list[int],
-                 skip_special_tokens: bool = True, include_stop: bool = False):
+                 skip_special_tokens: bool = True, include_stop: bool = False, min_tokens: int = 0):
         self._detok = (IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens)
                        if tokenizer is not None else None)
         self._include_stop = include_stop
+        self._min_tokens = min_tokens
+        self._num_tokens = 0  # tokens fed to add()
         if not isinstance(stop, StopAutomaton):
             stop = StopAutomaton(stop) if stop else None
         self._stop = StopMatcher(stop) if stop is not None and stop.stops else None
@@ -51,6 +55,7 @@ class TextTracker:
         """Feed a token; returns the stop string it completed, if any."""
         if self._detok is None or self.stopped_by is not None:
             return None
+        self._num_tokens += 1
         if self._stop is None:
             self._queued.append(token_id)
             return None
@@ -111,11 +116,13 @@ class TextTracker:
     def _check(self, piece: str) -> Optional[str]:
         """Scan the newly appended text; on a match, cut the text before it (the earliest-starting
         match among those the piece completes; ties: first in the stop list). The cut never falls
-        in text already handed out: held-back text covers every prefix of a stop string."""
+        in text already handed out: held-back text covers every prefix of a stop string. Within the
+        first min_tokens tokens the piece is scanned (a later match may start in it) but a match
+        ending in it does not count."""
         if self._stop is None:
             return None
         hit = self._stop.scan(piece)
-        if hit is None:
+        if hit is None or self._num_tokens <= self._min_tokens:
             return None
         start, stop = hit
         cut = start + len(stop) if self._include_stop else start

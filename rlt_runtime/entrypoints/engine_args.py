@@ -61,6 +61,8 @@ HELP = {
     "speculative_config": "JSON: {\"num_speculative_tokens\": K, \"draft_loops\": d, \"draft_policy\": \"adaptive\"}",
     "max_stop_strings": "most stop strings one request may give (default 128; more is a 400 naming stop)",
     "max_stop_chars": "most characters one request's stop strings may hold in all (default 4096)",
+    "enable_penalties": "keep the per-slot state of repetition/presence/frequency penalties (max_num_seqs x vocab "
+                        "x 5 bytes); off: those fields are a 400",
     "profile_dir": "write a torch.profiler trace of some steps here",
     "profile_steps": "first step and number of steps to profile",
 }

@@ -21,8 +21,10 @@ update in place, so processing runs inside the step's CUDA graph with no host sy
                  prefixes right-aligned, ANY in unused positions, bad_last -1 for no word)
     tail int64 [S + 1, T]       the last T output tokens (-1 before the output starts; row S is a sink)
 
-The [S, V] tensors cost S x V x 5 bytes (256 slots x 151,936 tokens: 194 MB) and are allocated
-with the runner. A slot's state is written when a request is admitted (also after a preemption,
+The [S, V] tensors cost S x V x 5 bytes (256 slots x 151,936 tokens: 194 MB); they are allocated
+with the runner unless the engine runs with enable_penalties=False (then the engine refuses
+requests with a penalty and the rest of the processing runs without them), and the KV planner
+counts `nbytes` (cache/memory.py). A slot's state is written when a request is admitted (also after a preemption,
 from the host's copy of its tokens, so recompute and swap resume with the same counts); steps that
 carry no request that processes logits run programs without processing and leave the state alone. Everything is row-wise, so a row's result does not depend on its batch neighbours.
 """
@@ -45,11 +47,13 @@ ANY = -2  # a bad-word prefix position that matches any token (words shorter tha
 class LogitProcessing:
     """Per-slot device state of logit processing and the in-graph apply / commit steps."""
 
-    def __init__(self, num_slots: int, vocab_size: int, device):
+    def __init__(self, num_slots: int, vocab_size: int, device, penalties: bool = True):
+        """penalties: allocate counts and prompt_mask ([S, V]) for the three penalties; without
+        them (None) admitted requests must have neutral penalties (the engine checks)."""
         s, v, d = num_slots, vocab_size, torch.device(device)
         self.num_slots, self.vocab_size, self.device = s, v, d
-        self.counts = torch.zeros((s, v), dtype=torch.int32, device=d)
-        self.prompt_mask = torch.zeros((s, v), dtype=torch.bool, device=d)
+        self.counts = torch.zeros((s, v), dtype=torch.int32, device=d) if penalties else None
+        self.prompt_mask = torch.zeros((s, v), dtype=torch.bool, device=d) if penalties else None
         self.rep = torch.ones(s, dtype=torch.float32, device=d)
         self.pres = torch.zeros(s, dtype=torch.float32, device=d)
         self.freq = torch.zeros(s, dtype=torch.float32, device=d)
@@ -61,6 +65,11 @@ class LogitProcessing:
         self.bad_prefix = torch.full((s, MAX_BAD_WORDS, TAIL), ANY, dtype=torch.int64, device=d)
         self.bad_last = torch.full((s, MAX_BAD_WORDS), -1, dtype=torch.int64, device=d)
         self.tail = torch.full((s + 1, TAIL), -1, dtype=torch.int64, device=d)
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of the whole per-slot state (what the KV planner sets aside)."""
+        return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))
 
     # ---- admission (host → device, outside the step programs) ------------------------------------
     def admit(self, requests) -> None:
@@ -113,11 +122,12 @@ class LogitProcessing:
                  o_row=np.asarray(o_row, np.int64), o_tok=np.asarray(o_tok, np.int64))
         dev = upload_arrays(a, self.device)
         s = dev["slot"]
-        self.counts[s] = 0
-        self.prompt_mask[s] = False
-        self.prompt_mask[s[dev["p_row"]], dev["p_tok"]] = True
-        self.counts.index_put_((s[dev["o_row"]], dev["o_tok"]), torch.ones_like(dev["o_tok"], dtype=torch.int32),
-                               accumulate=True)
+        if self.counts is not None:
+            self.counts[s] = 0
+            self.prompt_mask[s] = False
+            self.prompt_mask[s[dev["p_row"]], dev["p_tok"]] = True
+            self.counts.index_put_((s[dev["o_row"]], dev["o_tok"]), torch.ones_like(dev["o_tok"], dtype=torch.int32),
+                                   accumulate=True)
         for name in ("rep", "pres", "freq", "min_tokens", "prompt_len"):
             getattr(self, name)[s] = dev[name]
         self.bias_ids[s] = dev["bias_ids"].view(m, MAX_LOGIT_BIAS)
@@ -145,17 +155,20 @@ class LogitProcessing:
         on = (sid >= 0) & early[:, None]
         ban.scatter_add_(1, torch.where(on, sid, torch.zeros_like(sid)), on.to(torch.float32))
         tail = self.tail[idx]
-        cnt = self.counts[idx]
+        cnt = self.counts[idx] if self.counts is not None else None
         if extra is not None:
             steps = torch.arange(extra.shape[1], device=dev)
             valid = steps[None, :] < num_extra[:, None]
             seq = torch.cat([tail, torch.where(valid, extra, torch.full_like(extra, -1))], dim=1)
             tail = seq.gather(1, num_extra[:, None] + torch.arange(TAIL, device=dev)[None, :])
-            cnt.scatter_add_(1, torch.where(valid, extra, torch.zeros_like(extra)), valid.to(torch.int32))
+            if cnt is not None:
+                cnt.scatter_add_(1, torch.where(valid, extra, torch.zeros_like(extra)), valid.to(torch.int32))
         pre, last = self.bad_prefix[idx], self.bad_last[idx]
         hit = ((pre == tail[:, None, :]) | (pre == ANY)).all(dim=2) & (last >= 0)
         ban.scatter_add_(1, torch.where(hit, last, torch.zeros_like(last)), hit.to(torch.float32))
         x = x.masked_fill(ban > 0, -math.inf)
+        if cnt is None:
+            return x
         seen = cnt > 0
         rep = self.rep[idx][:, None]
         x = torch.where(self.prompt_mask[idx] | seen, torch.where(x > 0, x / rep, x * rep), x)
@@ -165,8 +178,9 @@ class LogitProcessing:
         """Count committed tokens: tokens int64 [B, C] (a prefix of each row, -1 after it), rows
         with live False ([B] bool: padding, past the live count) change nothing."""
         valid = live[:, None] & (tokens >= 0)
-        flat = torch.where(valid, idx[:, None] * self.vocab_size + tokens, torch.zeros_like(tokens))
-        self.counts.view(-1).index_add_(0, flat.reshape(-1), valid.reshape(-1).to(torch.int32))
+        if self.counts is not None:
+            flat = torch.where(valid, idx[:, None] * self.vocab_size + tokens, torch.zeros_like(tokens))
+            self.counts.view(-1).index_add_(0, flat.reshape(-1), valid.reshape(-1).to(torch.int32))
         n = valid.sum(dim=1)
         seq = torch.cat([self.tail[idx], torch.where(valid, tokens, torch.full_like(tokens, -1))], dim=1)
         new = seq.gather(1, n[:, None] + torch.arange(TAIL, device=tokens.device)[None, :])

@@ -122,7 +122,8 @@ class StepHandle:
 class ModelRunner:
     def __init__(self, model, model_config, layout: KVLayout, *, ops, device, dtype, num_slots: int, num_blocks: int,
                  block_size: int, max_model_len: int, max_rows: int, max_tokens: int, exit_mode: str, criterion_threshold,
-                 lookahead_seed: int, prompt_key: int = 0, kv_dtype: Optional[torch.dtype] = None):
+                 lookahead_seed: int, prompt_key: int = 0, kv_dtype: Optional[torch.dtype] = None,
+                 penalties: bool = True):
         self.model, self.cfg, self.layout, self.ops = model, model_config, layout, ops
         # Huginn's initial-state noise key at prompt positions: the same for every request, so a
         # prompt's K/V depends on its tokens only (prefix-cache blocks are shared across requests).
@@ -145,7 +146,7 @@ class ModelRunner:
         self.slot_top_k = z(torch.int32)
         self.slot_threshold = z(torch.float32)
         self.slot_min_loops, self.slot_max_loops = z(torch.int32), z(torch.int32)
-        self.logit_proc = LogitProcessing(num_slots, model_config.vocab_size, d)
+        self.logit_proc = LogitProcessing(num_slots, model_config.vocab_size, d, penalties)
         self.token_mask = TokenMask(num_slots, model_config.vocab_size, d)
         self.lookahead_w = (
             lookahead_head(model_config.hidden_size, lookahead_seed, d, dtype) if exit_mode == "random_lookahead" else None

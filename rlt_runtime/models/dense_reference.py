@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -311,10 +312,36 @@ def _planes(config: ModelConfig, kv_layout: Optional[str], depth: int) -> int:
                      f"with N a positive multiple of the {core} core layers")
 
 
+def reference_logit_processing(logits: torch.Tensor, prompt: Sequence[int], output: Sequence[int], params,
+                               min_token_stops: Sequence[int] = (),
+                               bad_words: Sequence[Sequence[int]] = ()) -> torch.Tensor:
+    """vLLM's logit processing of one [vocab] row, token by token: logit_bias added; while fewer
+    than params.min_tokens outputs exist the min_token_stops banned; a bad word's last token banned
+    when the output ends with its other tokens; repetition_penalty over prompt and output tokens
+    (positive logits divided, negative multiplied); frequency_penalty * count + presence_penalty
+    subtracted over output tokens. `params` carries SamplingParams' field names."""
+    x = logits.clone()
+    for t, b in (params.logit_bias or {}).items():
+        x[t] += b
+    if len(output) < params.min_tokens:
+        for t in min_token_stops:
+            x[t] = -math.inf
+    for word in bad_words:
+        prefix = list(word[:-1])
+        if not prefix or (len(output) >= len(prefix) and list(output[len(output) - len(prefix):]) == prefix):
+            x[word[-1]] = -math.inf
+    for t in set(prompt) | set(output):
+        x[t] = x[t] / params.repetition_penalty if x[t] > 0 else x[t] * params.repetition_penalty
+    for t, c in Counter(output).items():
+        x[t] -= params.frequency_penalty * c + params.presence_penalty
+    return x
+
+
 def reference_generate(config: ModelConfig, weights: dict[str, torch.Tensor], prompt_ids: list[int],
                        max_new_tokens: int, *, exit: Optional[RefExit] = None, kv_layout: Optional[str] = None,
                        depth: Optional[int] = None, stop_token_ids: Sequence[int] = (),
                        initial_state: Optional[Callable[[int], torch.Tensor]] = None,
+                       process_logits: Optional[Callable[[torch.Tensor, list[int]], torch.Tensor]] = None,
                        dtype: torch.dtype = torch.float64) -> RefResult:
     """Greedy generation (argmax, lowest id on ties) for one request.
 
@@ -324,6 +351,8 @@ def reference_generate(config: ModelConfig, weights: dict[str, torch.Tensor], pr
     depth: D, default config.num_loops. stop_token_ids end generation (the stop id is kept).
     initial_state(position) -> [hidden]: Huginn's s0 as it enters the first adapter (already
     scaled by sqrt(hidden)); None = zeros (init_scale 0).
+    process_logits(logits [vocab], tokens generated so far) -> the [vocab] row the argmax picks
+    from (e.g. `reference_logit_processing`); RefResult.logits keeps the raw rows.
     """
     depth = depth or config.num_loops
     exit = exit or RefExit()
@@ -359,7 +388,7 @@ def reference_generate(config: ModelConfig, weights: dict[str, torch.Tensor], pr
             logits, loops = run(int(token), pos, None)
             result.prompt_logits.append(logits)
         while len(result.tokens) < max_new_tokens:
-            token = int(logits.argmax())
+            token = int((process_logits(logits, list(result.tokens)) if process_logits else logits).argmax())
             result.tokens.append(token)
             result.exit_depths.append(loops)
             result.logits.append(logits)

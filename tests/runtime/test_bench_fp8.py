@@ -1,6 +1,9 @@
 """perf/bench_fp8's FP8 floors: the layers' weights at one byte a parameter, the rest in bf16."""
 
+import json
 import math
+
+import pytest
 
 from perf.bench_engine import floor_ms, weight_bytes_per_step
 from perf.bench_fp8 import fp8_weight_bytes_per_step
@@ -20,3 +23,39 @@ def test_fp8_weight_bytes_halve_the_layers_only():
     roof = {"copy_gbps": 4000.0, "gemm_tflops": 700.0}
     assert floor_ms(cfg, 4, 1, roof, weight_bytes=fp8) < 0.6 * floor_ms(cfg, 4, 1, roof)
     assert floor_ms(cfg, 4, 256, roof, weight_bytes=fp8, kv_elem_bytes=1) < floor_ms(cfg, 4, 256, roof)
+
+
+def test_teacher_forced_rows_are_the_next_token_distributions():
+    """Row j of the observed LM-head output predicts token j + 1: its log-probability there is the
+    engine's own prompt log-probability of that token (an off-by-one would pair the wrong rows)."""
+    from perf.bench_fp8 import _teacher_forced_logprobs
+    from rlt_runtime import LLM, SamplingParams
+
+    llm = LLM("ouro-tiny", dtype="float32", execution_mode="eager", max_num_seqs=2)
+    seq = [17, 40, 41, 99, 5, 230, 230, 61]
+    rows = _teacher_forced_logprobs(llm, seq)
+    assert rows.shape == (len(seq) - 1, llm.engine.model_config.vocab_size)
+    want = llm.generate([seq], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0].prompt_logprobs
+    got = [float(rows[j, seq[j + 1]]) for j in range(len(seq) - 1)]
+    assert got == pytest.approx([lp.logprob for lp in want[1:]], abs=1e-5)
+
+
+def test_fidelity_smoke_on_cpu(tmp_path):
+    """The fidelity part alone on ouro-tiny: the bf16 control is exactly the reference (0 KL, full
+    agreement), the FP8 engines differ a little, and both files are written."""
+    from perf.bench_fp8 import CONTROL, main
+
+    main(["--out", str(tmp_path), "--model", "ouro-tiny", "--parts", "fidelity", "--prompts", "2",
+          "--fidelity-prompt-len", "6", "--fidelity-output-len", "5"])
+    res = json.loads((tmp_path / "fp8.json").read_text())
+    assert res["speed"] == {} and list(res["fidelity"]) == [CONTROL, "fp8 weights", "fp8 weights + KV"]
+    control = res["fidelity"][CONTROL]
+    assert control["mean_kl"] == 0.0 and control["max_kl"] == 0.0
+    assert control["greedy_agreement"] == control["teacher_forced_argmax_agreement"] == 1.0
+    assert control["exit_depth_agreement"] == 1.0 and control["exit_depth_positions"] == 2 * 5
+    for name in ("fp8 weights", "fp8 weights + KV"):
+        f = res["fidelity"][name]
+        assert f["positions"] == 2 * 5 and 0.0 < f["mean_kl"] <= f["max_kl"]
+        for key in ("greedy_agreement", "teacher_forced_argmax_agreement", "exit_depth_agreement"):
+            assert 0.0 <= f[key] <= 1.0
+    assert "| fp8 weights + KV |" in (tmp_path / "fp8.md").read_text()

@@ -7,13 +7,17 @@ import json
 
 import pytest
 
-from perf.conformance import classify, complete, matrix, run_matrix
-from rlt_runtime import LLM, ConfigError
+from perf.conformance import FEATURES, classify, complete, matrix, run_matrix
+from perf.conformance_case import alone_options, build_workload, guided_problem, reference_difference, run_alone
+from rlt_runtime import LLM, ConfigError, GuidedDecoding, SamplingParams
+from rlt_runtime.models.presets import preset_config
 
-OURO = dict(model="ouro-tiny", sampling="mixed", logprobs=2, n=2, requests=3, max_tokens=4, tiny_pool=2,
-            prefill_chunk_size=3, async_scheduling=True, exit_thresholds=[1.0, 0.6], workload_seed=5)
+OURO = dict(model="ouro-tiny", sampling="mixed", logprobs=2, n=2, requests=4, max_tokens=4, tiny_pool=2,
+            prefill_chunk_size=3, async_scheduling=True, exit_thresholds=[1.0, 0.6], workload_seed=3,
+            features=list(FEATURES), kv_cache_dtype="fp8")
 HUGINN = dict(model="huginn-tiny", kv_layout="last_exited", last_exited_reads="copy", exit_mode="latent-diff",
-              exit_criterion_threshold=1.2, exit_thresholds=[], requests=2, max_tokens=4, workload_seed=3)
+              exit_criterion_threshold=1.2, exit_thresholds=[], requests=2, max_tokens=4, workload_seed=3,
+              features=["bias-min-bad", "penalties"])
 
 
 def test_runner_passes_real_cases_and_fails_on_planted_faults(tmp_path):
@@ -30,6 +34,9 @@ def test_runner_passes_real_cases_and_fails_on_planted_faults(tmp_path):
     ouro, huginn, flipped, aborted, hung = (rows[f"c00{i}"] for i in range(5))
     assert ouro["status"] == "pass", ouro
     assert ouro["stats"]["preemptions"] > 0  # the tiny pool did preempt
+    drawn = next(c for c in ouro["checks"] if c.startswith("requests with features: "))
+    assert all(f in drawn for f in FEATURES), drawn  # every feature ran in the crowd (FP8 K/V too)
+    assert any(c.endswith("guided requests end with their grammar and match it") for c in ouro["checks"])
     assert huginn["status"] == "pass", huginn
     assert "2 greedy requests vs the fp64 dense reference" in huginn["checks"]
     assert flipped["status"] == "fail" and flipped["detail"].startswith("r0 vs alone") and "token_ids[" in flipped["detail"]
@@ -67,3 +74,41 @@ def test_matrix_is_deterministic_and_covers_sampled_speculation_everywhere():
     sampled_spec = [c for c in cases if c["speculative_config"] and c["sampling"] != "greedy"]
     assert {c["speculative_config"]["draft_policy"] for c in sampled_spec} == {"fixed", "adaptive"}
     assert any(c["async_scheduling"] for c in sampled_spec) and any(c["tiny_pool"] for c in sampled_spec)
+
+def test_matrix_draws_the_sampling_features_and_fp8():
+    for device in ("cuda", "cpu"):
+        cases = matrix(72, 0, device)
+        assert {f for c in cases for f in c["features"]} == set(FEATURES)
+        assert any(c["kv_cache_dtype"] == "fp8" for c in cases) and any(c["quantization"] == "fp8" for c in cases)
+        assert any(c["features"] and c["speculative_config"] for c in cases)
+    graphs = [c for c in matrix(72, 0, "cuda") if c["execution_mode"] == "graphs"]
+    assert {f for c in graphs if c["async_scheduling"] for f in c["features"]} == set(FEATURES)
+
+
+def test_fp64_reference_applies_the_logit_processing():
+    """A greedy request with penalties, bias, min_tokens and bad words: the engine's tokens agree
+    with the fp64 reference; the same request's unprocessed tokens do not (the check has teeth)."""
+    case = complete(0, dict(features=["bias-min-bad", "penalties"], requests=8, workload_seed=11))
+    work = [w for w in build_workload(case, preset_config("ouro-tiny").vocab_size) if w.params.processes_logits and w.params.logit_bias]
+    assert work
+    w = work[0]
+    llm = LLM("ouro-tiny", **alone_options(case, "cpu", False, 64, 1))
+    got = run_alone(llm, w)
+    assert reference_difference(case, w, [0], got) == ""
+    plain = SamplingParams(max_tokens=w.params.max_tokens, temperature=0.0, ignore_eos=True, seed=w.params.seed,
+                           stop_token_ids=w.params.stop_token_ids)
+    unprocessed = run_alone(llm, type(w)(w.request_id, w.prompt, 0, plain))
+    assert unprocessed[0]["token_ids"] != got[0]["token_ids"]
+    assert "vs fp64 reference differ" in reference_difference(case, w, [0], unprocessed)
+
+
+@pytest.mark.parametrize("guided,sample,ok", [
+    ({"regex": "[a-c]{2}-[0-9]{2}"}, {"text": "ab-12", "finish_reason": "stop"}, True),
+    ({"regex": "[a-c]{2}-[0-9]{2}"}, {"text": "ab-123", "finish_reason": "stop"}, False),
+    ({"regex": "[a-c]{2}-[0-9]{2}"}, {"text": "ab-1", "finish_reason": "length"}, False),
+    ({"json": {"type": "object"}}, {"text": '{"a":7}', "finish_reason": "stop"}, True),
+    ({"json": {"type": "object"}}, {"text": '{"a":17}', "finish_reason": "stop"}, False),
+    ({"json": {"type": "object"}}, {"text": '{"a":7', "finish_reason": "stop"}, False),
+])
+def test_guided_check(guided, sample, ok):
+    assert (guided_problem(GuidedDecoding.from_value(guided), sample) == "") == ok

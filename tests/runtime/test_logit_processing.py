@@ -6,8 +6,6 @@ speculation, preemption (recompute and swap) and best_of ranking."""
 from __future__ import annotations
 
 import functools
-import math
-from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -16,32 +14,12 @@ import torch
 from rlt_runtime import LLM, SamplingParams
 from rlt_runtime.errors import ConfigError, RequestError
 from rlt_runtime.executor.logit_processing import LogitProcessing
-from rlt_runtime.models.dense_reference import reference_generate
+from rlt_runtime.models.dense_reference import reference_generate, reference_logit_processing as reference_process
 from rlt_runtime.models.presets import preset_config, preset_weights
 from workload import run_workload
 
 SPEC = {"num_speculative_tokens": 3, "draft_loops": 1, "draft_policy": "fixed"}
 PROMPT = [5, 6, 7, 8, 5, 6, 246, 103, 101]  # holds tokens ouro-tiny likes to generate (246, 103, 101)
-
-
-def reference_process(logits: torch.Tensor, prompt: list[int], output: list[int], p: SamplingParams,
-                      stops: list[int], bad_words: list[list[int]]) -> torch.Tensor:
-    """vLLM's logit processing of one row, token by token (independent of the engine's tensors)."""
-    x = logits.clone()
-    for t, b in (p.logit_bias or {}).items():
-        x[t] += b
-    if len(output) < p.min_tokens:
-        for t in stops:
-            x[t] = -math.inf
-    for word in bad_words:
-        prefix = word[:-1]
-        if not prefix or (len(output) >= len(prefix) and output[len(output) - len(prefix):] == prefix):
-            x[word[-1]] = -math.inf
-    for t in set(prompt) | set(output):
-        x[t] = x[t] / p.repetition_penalty if x[t] > 0 else x[t] * p.repetition_penalty
-    for t, c in Counter(output).items():
-        x[t] -= p.frequency_penalty * c + p.presence_penalty
-    return x
 
 
 # ---- the device state ------------------------------------------------------------------------------
@@ -284,3 +262,46 @@ def test_sampling_params_errors_name_the_field(kw, field):
 def test_engine_errors_name_the_field(llm, kw, field):
     with pytest.raises(RequestError, match=f"^{field}"):
         llm.engine.add_request("bad", PROMPT, SamplingParams(**kw))
+
+
+# ---- the penalty state: optional, and counted by the KV planner ----------------------------------
+
+def test_without_penalties_the_state_is_not_allocated_and_penalties_are_refused(llm):
+    """enable_penalties=False drops the two [slots, vocab] tensors; bias, min_tokens and bad words
+    still give the engine-with-penalties' tokens, speculative rounds included; a penalty is a
+    RequestError naming its field."""
+    lean = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, enable_penalties=False, speculative_config=SPEC)
+    full, slim = llm.engine.runner.logit_proc, lean.engine.runner.logit_proc
+    assert slim.counts is None and slim.prompt_mask is None
+    assert full.nbytes - slim.nbytes == 4 * preset_config("ouro-tiny").vocab_size * 5
+    kept = dict(logit_bias={7: 3.0, 246: -5.0}, bad_words=[[101, 101]], min_tokens=3)
+    assert _greedy(lean, PROMPT, **kept)[0].token_ids == _greedy(llm, PROMPT, **kept)[0].token_ids
+    for name, value in (("repetition_penalty", 1.2), ("presence_penalty", 0.5), ("frequency_penalty", -0.5)):
+        with pytest.raises(RequestError, match=f"^{name} needs the engine option enable_penalties=True"):
+            lean.engine.add_request("bad", PROMPT, SamplingParams(**{name: value}))
+    assert not lean.engine.has_unfinished_requests()
+
+
+def test_kv_planner_sets_the_penalty_state_aside(monkeypatch):
+    """On CUDA the pool is sized from gpu_memory_utilization minus weights, the per-slot state,
+    the step peak and the reserve (torch.cuda's device queries stubbed: the arithmetic alone)."""
+    from rlt_runtime.cache import memory
+    from rlt_runtime.engine import llm_engine
+
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=10 * gib))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (9 * gib, 10 * gib))
+    cfg = SimpleNamespace(num_blocks=None, kv_cache_memory_bytes=None, gpu_memory_utilization=0.5)
+    plan = lambda state: memory.plan_kv_cache(  # noqa: E731
+        cfg, device=torch.device("cuda"), per_block=2**20, useful_blocks=10**6, weights_bytes=gib,
+        profile_peak=lambda: gib // 2, state_bytes=state)
+    base, with_state = plan(0), plan(194 * 2**20)
+    assert base.num_blocks == (5 * gib - gib - gib // 2 - memory.RESERVE_BYTES) // 2**20
+    assert base.num_blocks - with_state.num_blocks == 194 and with_state.state_bytes == 194 * 2**20
+    seen = []
+    real = llm_engine.plan_kv_cache
+    monkeypatch.setattr(llm_engine, "plan_kv_cache", lambda *a, **kw: seen.append(kw["state_bytes"]) or real(*a, **kw))
+    for enabled in (True, False):
+        eng = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, enable_penalties=enabled).engine
+        assert seen[-1] == eng.runner.logit_proc.nbytes
+    assert seen[0] - seen[1] == 4 * preset_config("ouro-tiny").vocab_size * 5

@@ -24,9 +24,11 @@ BINARY_STOPS = st.lists(st.text("ab", min_size=1, max_size=7), min_size=1, max_s
 BINARY_PIECES = st.lists(st.text("ab", max_size=3), max_size=30)
 
 
-def naive_stop(pieces: list[str], stops: list[str]):
+def naive_stop(pieces: list[str], stops: list[str], first_live: int = 0):
     """Reference: after each piece, every occurrence of every stop string that ends inside the
-    piece; the one starting first (ties: first in the list) cuts the text.
+    piece; the one starting first (ties: first in the list) cuts the text. Pieces before index
+    first_live (the text of the first min_tokens tokens) stop nothing; an occurrence ending in a
+    later piece may start in them.
     Returns (index of the stopping piece or None, text, stop string or None)."""
     text = ""
     for k, piece in enumerate(pieces):
@@ -34,15 +36,16 @@ def naive_stop(pieces: list[str], stops: list[str]):
         text += piece
         hits = [(i, j) for j, s in enumerate(stops) for i in range(len(text) - len(s) + 1)
                 if text.startswith(s, i) and i + len(s) > before]
-        if hits:
+        if hits and k >= first_live:
             i, j = min(hits)
             return k, text[:i], stops[j]
     return None, text, None
 
 
-def naive_pending(text: str, stops: list[str]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of a stop string."""
-    return max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+def naive_pending(text: str, stops: list[str], whole: bool = False) -> int:
+    """Length of the longest suffix of text that is a proper prefix of a stop string (or the whole
+    string: a match min_tokens held back is held back in the text too, until the next token)."""
+    return max((k for s in stops for k in range(1, len(s) + whole) if text.endswith(s[:k])), default=0)
 
 
 @settings(max_examples=300, deadline=None)
@@ -63,11 +66,14 @@ def test_matcher_equals_the_naive_reference(stops, pieces):
     assert want_k is None
 
 
-@settings(max_examples=100, deadline=None)
-@given(STOPS, st.text(ALPHABET, max_size=30), st.booleans())
-def test_tracker_equals_the_naive_reference_token_by_token(stops, text, cut_last_char):
+@settings(max_examples=150, deadline=None)
+@given(STOPS, st.text(ALPHABET, max_size=30), st.booleans(), st.sampled_from([0, 0, 1, 3, 8]))
+@example(["ab"], "abab", False, 1)  # the first "ab" ends in token 2: the match ending in token 4 stops
+@example(["abc"], "abcd", False, 2)  # starts in the held tokens, ends after them: it stops
+def test_tracker_equals_the_naive_reference_token_by_token(stops, text, cut_last_char, min_tokens):
     """Byte tokens: a multi-byte character arrives over several tokens; ending inside one leaves
-    bytes that only the final flush emits (as U+FFFD), which may complete a stop string too."""
+    bytes that only the final flush emits (as U+FFFD), which may complete a stop string too.
+    min_tokens: matches ending in the first min_tokens tokens' text do not stop (vLLM's rule)."""
     prompt = OURO.encode("p")
     ids = OURO.encode(text, add_special_tokens=False)
     if cut_last_char and text.endswith("é"):
@@ -75,8 +81,10 @@ def test_tracker_equals_the_naive_reference_token_by_token(stops, text, cut_last
         stops = stops + [text[-2:-1] + "\ufffd"] if len(text) > 1 else stops
     detok = IncrementalDetokenizer(OURO, prompt)
     pieces = [detok.add(t) for t in ids] + [detok.flush()]
-    want_k, want_text, want_stop = naive_stop(pieces, stops)
-    tracker = TextTracker(OURO, stops, prompt)
+    # Piece k belongs to token k + 1; the flush to the last token.
+    first_live = min_tokens if min_tokens < len(ids) else len(pieces)
+    want_k, want_text, want_stop = naive_stop(pieces, stops, first_live)
+    tracker = TextTracker(OURO, stops, prompt, min_tokens=min_tokens)
     shown = ""
     for k, t in enumerate(ids):
         hit = tracker.add(t)
@@ -87,7 +95,8 @@ def test_tracker_equals_the_naive_reference_token_by_token(stops, text, cut_last
         stable = tracker.stable_text(False)
         assert shown == stable[:len(shown)]  # streamed text is never taken back
         shown = stable
-        assert len(tracker.text) - len(stable) == naive_pending(tracker.text, stops)
+        last_text = max((j for j in range(k + 1) if pieces[j]), default=-1)  # the piece the text ends in
+        assert len(tracker.text) - len(stable) == naive_pending(tracker.text, stops, whole=last_text < first_live)
     else:
         assert tracker.finish() == want_stop
     assert (tracker.text, tracker.stopped_by) == (want_text, want_stop)
@@ -182,6 +191,28 @@ def test_many_stop_strings_stop_where_the_matching_one_occurs():
     many = m.generate(["text"], SamplingParams(stop=decoys + [probe], **p), use_tqdm=False)[0].outputs[0]
     assert (many.text, many.finish_reason, many.stop_reason) == (alone.text, "stop", probe)
     assert many.text == text[:text.index(probe)]
+
+
+def test_min_tokens_hold_back_stop_strings_as_vllm_does():
+    """A stop string that occurs in the text of the first min_tokens tokens does not end the
+    request; the first occurrence ending after them does (ignore_eos: min_tokens changes no token)."""
+    m = llm()
+    p = dict(max_tokens=24, temperature=1.0, seed=3, ignore_eos=True)
+    out = m.generate(["text"], SamplingParams(**p), use_tqdm=False)[0].outputs[0]
+    detok = IncrementalDetokenizer(OURO, OURO.encode("text"))
+    pieces = [detok.add(t) for t in out.token_ids]  # the final flush's characters are left out
+    stop = out.text[2:3]  # a character that occurs early, and (found below) again after min_tokens
+    early = naive_stop(pieces, [stop])[0]
+    for min_tokens in range(early + 1, len(pieces)):
+        k, want_text, _ = naive_stop(pieces, [stop], first_live=min_tokens)
+        if k is not None:
+            break
+    else:
+        pytest.fail(f"{stop!r} does not occur again in {out.text!r}")
+    got = m.generate(["text"], SamplingParams(stop=[stop], min_tokens=min_tokens, **p), use_tqdm=False)[0].outputs[0]
+    assert (got.text, got.finish_reason, got.stop_reason) == (want_text, "stop", stop)
+    assert len(got.token_ids) == k + 1 > min_tokens and got.token_ids == out.token_ids[:k + 1]
+    assert len(want_text) > out.text.index(stop)  # it went past the first occurrence
 
 
 def test_one_automaton_per_sampling_params(monkeypatch):

@@ -5,6 +5,7 @@ the engine as the offline SamplingParams and give the offline engine's tokens (i
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from rlt_runtime import SamplingParams
@@ -51,3 +52,15 @@ def test_best_of_returns_the_offline_ranking(client, offline):
     resp = client.completions.create(model=MODEL, prompt=PROMPT, n=2, best_of=4, extra_body={"ignore_eos": True}, **kw)
     assert [c.text for c in sorted(resp.choices, key=lambda c: c.index)] == [w.text for w in want]
     assert resp.usage.completion_tokens == sum(len(w.token_ids) for w in want)
+
+
+def test_penalties_are_a_400_naming_the_field_without_the_penalty_state(start_server):
+    with start_server(engine_options={"enable_penalties": False}) as live:
+        body = dict(model=MODEL, prompt=PROMPT, max_tokens=3, temperature=0)
+        for name, value in (("presence_penalty", 0.5), ("frequency_penalty", 1.0), ("repetition_penalty", 1.2)):
+            resp = httpx.post(f"{live.url}/v1/completions", json=body | {name: value}, timeout=30)
+            assert resp.status_code == 400, resp.text
+            err = resp.json()["error"]
+            assert err["param"] == name and "enable_penalties" in err["message"]
+        ok = httpx.post(f"{live.url}/v1/completions", json=body | {"logit_bias": {"5": 2.0}, "min_tokens": 2}, timeout=30)
+        assert ok.status_code == 200, ok.text
