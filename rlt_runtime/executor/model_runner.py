@@ -342,7 +342,7 @@ class ModelRunner:
         idx = slots.long()
         chosen_from = logits
         if processed:
-            chosen_from = self.token_mask.apply(self.logit_proc.apply(logits, idx, out_positions), idx)
+            chosen_from = self.token_mask.apply(self.logit_proc.apply(logits, idx, out_positions), idx, logits)
         tokens = ops.sample(
             chosen_from, self.slot_temperature[idx], self.slot_top_k[idx], self.slot_top_p[idx], self.slot_min_p[idx],
             self.slot_key[idx], out_positions, active_rows=active,

@@ -139,8 +139,9 @@ class SpeculativeRunner:
             if j < k:
                 logits = run.head_logits(out, slots, pos0 + j, count)
                 if processed:  # y_{j+1} follows the committed output and drafts y_1..y_j
-                    logits = run.logit_proc.apply(logits, idx, pos0 + j + 1, drafts[:, 1:], torch.full_like(pos0, j))
-                    logits = run.token_mask.apply(logits, idx)  # guided rows draft nothing: only their y_1 counts
+                    raw = logits
+                    logits = run.logit_proc.apply(raw, idx, pos0 + j + 1, drafts[:, 1:], torch.full_like(pos0, j))
+                    logits = run.token_mask.apply(logits, idx, raw)  # guided rows draft nothing: only their y_1 counts
                 if q is not None:
                     ops.filtered_probs(logits, temp, top_k, top_p, min_p, out=q[:, j], active_rows=count)
                 drawn = ops.sample(logits, temp, top_k, top_p, min_p, keys, pos0 + j + 1, stream=STREAM_DRAFT,
@@ -168,7 +169,7 @@ class SpeculativeRunner:
         run.run_loops(rs, d, depth, out_v)
         raw_v = logits_v = run.head_logits(out_v, v_slots, v_pos, num_verify, cached=False)
         if processed:  # the token after draft vj follows drafts y_1..y_vj of its request
-            logits_v = run.token_mask.apply(run.logit_proc.apply(raw_v, v_idx, v_pos + 1, drafts[vr, 1:], vj), v_idx)
+            logits_v = run.token_mask.apply(run.logit_proc.apply(raw_v, v_idx, v_pos + 1, drafts[vr, 1:], vj), v_idx, raw_v)
         # Arrange per request: row `rows` is the sink of padded verify rows.
         put_r = torch.where(in_use, vr, torch.full_like(vr, rows))
         target = torch.full((rows + 1, k + 1), -1, dtype=torch.int64, device=dev)

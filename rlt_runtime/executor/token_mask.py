@@ -58,6 +58,16 @@ class TokenMask:
         if guided_slots:
             self.mask[dev["slot"]] = dev["rows"].view(len(guided_slots), self.words)
 
-    def apply(self, logits: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        """`apply_token_bitmask` with the rows of slots idx (int64 [B])."""
-        return apply_token_bitmask(logits, self.mask.index_select(0, idx))
+    def apply(self, logits: torch.Tensor, idx: torch.Tensor, raw: torch.Tensor | None = None) -> torch.Tensor:
+        """`apply_token_bitmask` with the rows of slots idx (int64 [B]) on the processed logits.
+
+        The grammar wins over a request's own bans: where the processed logits (min_tokens holding
+        back EOS, bad_words, a -inf logit_bias) leave no token the grammar allows, the row is the
+        grammar's mask over ``raw`` (the unprocessed logits [B, V]), so a grammar that can only end
+        ends, rather than the sampler choosing among -inf everywhere."""
+        words = self.mask.index_select(0, idx)
+        masked = apply_token_bitmask(logits, words)
+        if raw is None:
+            return masked
+        stuck = masked.amax(dim=1) == -math.inf
+        return torch.where(stuck[:, None], apply_token_bitmask(raw.to(masked.dtype), words), masked)

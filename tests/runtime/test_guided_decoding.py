@@ -66,6 +66,22 @@ def test_slot_rows_follow_their_slots():
     assert torch.equal(mask.apply(logits[2:3], torch.tensor([4])), logits[2:3])
 
 
+def test_grammar_wins_over_the_requests_own_bans():
+    """A row whose processed logits leave no grammar token (min_tokens holding back the only
+    allowed EOS) takes the grammar's mask over the raw logits; other rows are unchanged."""
+    mask = TokenMask(num_slots=2, vocab_size=40, device="cpu")
+    rows = torch.zeros((2, 2), dtype=torch.int32)
+    rows[0, 0] = 1 << 5  # slot 0: only token 5 (say, EOS) can end the grammar
+    rows[1, 0] = (1 << 5) | (1 << 7)
+    mask.write([0, 1], [0, 1], rows)
+    raw = torch.randn(2, 40)
+    processed = raw.clone()
+    processed[:, 5] = -float("inf")  # min_tokens bans EOS in both rows
+    got = mask.apply(processed, torch.tensor([0, 1]), raw)
+    assert torch.isfinite(got[0]).nonzero().flatten().tolist() == [5] and got[0, 5] == raw[0, 5]
+    assert torch.isfinite(got[1]).nonzero().flatten().tolist() == [7] and got[1, 7] == raw[1, 7]
+
+
 # ---- outputs -------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -101,6 +117,13 @@ def test_json_object_regex_choice_and_grammar(llm):
     assert {o.text for o in _run(llm, {"choice": CHOICES}, 1.0, n=4)} <= set(CHOICES)
     out = _run(llm, {"grammar": GRAMMAR}, 1.0)[0]
     assert re.fullmatch(r"\([a-z][a-z]?\)", out.text) and out.finish_reason == "stop"
+
+
+def test_min_tokens_cannot_hold_a_finished_grammar(llm):
+    """min_tokens holds back EOS, but a choice that is complete can only end: the grammar wins and
+    the request stops (finish_reason stop) with a valid choice before min_tokens."""
+    for out in _run(llm, {"choice": CHOICES}, 1.0, n=3, min_tokens=12):
+        assert out.text in CHOICES and out.finish_reason == "stop" and len(out.token_ids) < 12
 
 
 def test_eos_only_when_the_grammar_can_end(llm):
