@@ -103,15 +103,15 @@ MUTANTS = (
     ),
     Mutant(
         "guided-mask-not-applied", "rlt_runtime/executor/model_runner.py",
-        "chosen_from = self.token_mask.apply(self.logit_proc.apply(logits, idx, out_positions), idx)",
+        "chosen_from = self.token_mask.apply(self.logit_proc.apply(logits, idx, out_positions), idx, logits)",
         "chosen_from = self.logit_proc.apply(logits, idx, out_positions)",
         ("tests/runtime/test_guided_decoding.py::test_json_schema_output_parses_and_validates[0.0]",),
         "guided rows sample from unmasked logits, so their output ignores the grammar",
     ),
     Mutant(
         "guided-mask-wrong-row", "rlt_runtime/executor/token_mask.py",
-        "return apply_token_bitmask(logits, self.mask.index_select(0, idx))",
-        "return apply_token_bitmask(logits, self.mask[: logits.shape[0]])",
+        "words = self.mask.index_select(0, idx)",
+        "words = self.mask[: logits.shape[0]]",
         ("tests/runtime/test_guided_decoding.py::test_slot_rows_follow_their_slots",
          "tests/runtime/test_guided_decoding.py::test_guided_and_unguided_requests_in_an_async_crowd_match_running_alone"),
         "a row takes the mask of the slot at its batch position instead of its own slot's",
