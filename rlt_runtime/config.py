@@ -74,6 +74,7 @@ class EngineConfig:
     device: str = "auto"
     seed: int = 0
     data_parallel_size: int = 1  # engine replicas, one process each (one GPU each on CUDA)
+    tensor_parallel_size: int = 1  # ranks one model is split over, one worker process each (one GPU each on CUDA)
     num_loops: Optional[int] = None  # depth override (Huginn recurrences; Ouro loops)
     max_model_len: Optional[int] = None
     # Scheduling.
@@ -153,6 +154,11 @@ class EngineConfig:
             raise _fail("device", "'auto', 'cpu', 'cuda' or 'cuda:N'", self.device)
         _int(self.seed, "seed", 0)
         _int(self.data_parallel_size, "data_parallel_size", 1)
+        _int(self.tensor_parallel_size, "tensor_parallel_size", 1)
+        if self.data_parallel_size > 1 and self.tensor_parallel_size > 1:
+            raise ConfigError(f"data_parallel_size ({self.data_parallel_size}) and tensor_parallel_size "
+                              f"({self.tensor_parallel_size}) cannot both exceed 1: replicas of a tensor-parallel "
+                              "group are not supported; set one of them to 1")
         _int(self.num_loops, "num_loops", 1, 128, allow_none=True)
         _int(self.max_model_len, "max_model_len", 1, allow_none=True)
         _int(self.max_num_seqs, "max_num_seqs", 1, 4096, allow_none=True)
