@@ -67,12 +67,7 @@ class StepInput:
     swap_in: list[tuple[int, list]] = field(default_factory=list)  # (swap id, new plane tuples)
     swap_free: list[int] = field(default_factory=list)  # swap ids whose saved K/V is no longer needed
     guided_slots: list[int] = field(default_factory=list)
-    guided_masks: Optional[object] = None  # numpy int32 [len(guided_slots), ceil(vocab / 32)] or None
-
-    @property
-    def is_empty(self) -> bool:
-        return not (self.decodes or self.prefills or self.admitted or self.block_updates or self.swap_out
-                    or self.swap_in)
+    guided_masks: Optional[object] = None  # int32 [len(guided_slots), ceil(vocab / 32)] on the CPU, or None
 
 
 @dataclass

@@ -7,14 +7,18 @@ plane. Every call — a step's plain `StepInput` included — is sent to every r
 (the broadcast), and every rank runs it: the same step programs, the same collectives, the same
 sampling (identical seeds and, after each sum, identical bits), so all ranks stay in lockstep.
 Rank 0 sends the step's results back; the other ranks answer with None (or their error).
-Replies are read in the order the calls were sent, so steps may overlap (async scheduling).
+One reader thread per rank empties its pipe as replies arrive; replies are matched to calls in
+the order the calls were sent, so steps may overlap (async scheduling).
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
+import queue
 import socket
+import threading
 import traceback
 from typing import Optional
 
@@ -128,6 +132,10 @@ class MultiprocExecutor(Executor):
             child.close()
             self._conns.append(parent)
             self._procs.append(proc)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # (rank, reply) in arrival order
+        self._pending = [collections.deque() for _ in range(size)]  # replies read, per rank, in call order
+        for rank, (conn, proc) in enumerate(zip(self._conns, self._procs)):
+            threading.Thread(target=self._read, args=(rank, conn, proc), daemon=True, name=f"rlt-tp-read{rank}").start()
         try:
             self._collect("load")
         except BaseException:
@@ -141,30 +149,31 @@ class MultiprocExecutor(Executor):
         seq, self._sent = self._sent, self._sent + 1
         return seq
 
-    def _collect(self, what: str) -> list:
-        """One reply from every rank. The first error (or a rank that exits) is raised at once — a
-        ConfigError as itself — without waiting for ranks that may be stuck in a collective."""
-        from multiprocessing.connection import wait
+    def _read(self, rank: int, conn, proc) -> None:
+        """Reader thread of one rank's pipe: every reply goes to the inbox as it arrives, so a rank
+        never blocks on a full pipe while the engine is sending it the next step."""
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                proc.join(timeout=5)
+                msg = ("error", ("EOFError", f"the process exited (code {proc.exitcode})", ""))
+                self._inbox.put((rank, msg))
+                return
+            self._inbox.put((rank, msg))
 
-        pending, replies = dict(enumerate(self._conns)), {}
-        while pending:
-            ready = wait(list(pending.values()))
-            for rank, conn in list(pending.items()):
-                if conn not in ready:
-                    continue
-                del pending[rank]
-                try:
-                    status, value = conn.recv()
-                except EOFError:
-                    self._procs[rank].join(timeout=5)
-                    status, value = "error", ("EOFError", f"the process exited (code {self._procs[rank].exitcode})", "")
-                if status == "error":
-                    name, message, tb = value
-                    if name == "ConfigError":
-                        raise ConfigError(message)
-                    raise RuntimeError(f"tensor-parallel rank {rank} failed in {what}: {name}: {message}\n{tb}")
-                replies[rank] = value
-        return [replies[rank] for rank in range(len(self._conns))]
+    def _collect(self, what: str) -> list:
+        """The next reply of every rank. The first error (or a rank that exits) is raised at once —
+        a ConfigError as itself — without waiting for ranks that may be stuck in a collective."""
+        while not all(self._pending):
+            rank, (status, value) = self._inbox.get()
+            if status == "error":
+                name, message, tb = value
+                if name == "ConfigError":
+                    raise ConfigError(message)
+                raise RuntimeError(f"tensor-parallel rank {rank} failed in {what}: {name}: {message}\n{tb}")
+            self._pending[rank].append(value)
+        return [replies.popleft() for replies in self._pending]
 
     def _wait(self, seq: int) -> list:
         while self._received <= seq:
