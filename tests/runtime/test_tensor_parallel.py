@@ -73,8 +73,9 @@ def test_huginn_fp64_matches_the_reference(engines, mode, threshold):
 
 
 @pytest.mark.slow
-def test_swap_preemption_and_speculation_change_no_output(engines):
-    """Swapped K/V stays with each rank under its swap id; a speculative round runs the same sums."""
+def test_swap_preemption_speculation_and_async_steps_change_no_output(engines):
+    """Swapped K/V stays with each rank under its swap id; a speculative round runs the same sums;
+    overlapping steps (async scheduling) read the ranks' replies in order."""
     from test_preemption_outputs import outputs
 
     params = SamplingParams(max_tokens=12, temperature=0.8, top_k=40, seed=5, logprobs=3, ignore_eos=True,
@@ -90,6 +91,8 @@ def test_swap_preemption_and_speculation_change_no_output(engines):
                             use_tqdm=False)
     assert [o.outputs[0].token_ids for o in drafted] == [o.outputs[0].token_ids for o in plain]
     assert spec.engine.stats()["speculative"]["rounds"] > 0
+    overlapped = engines("ouro-tiny", "float32", async_scheduling=True).generate(PROMPTS, greedy, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in overlapped] == [o.outputs[0].token_ids for o in plain]
 
 
 def test_shards_partition_every_block():
