@@ -151,6 +151,7 @@ class LLMEngine:
         origin = ("the max_model_len option" if cfg.max_model_len is not None
                   else f"the model's context: field {mc.context_field!r} of its config")
         weights_estimate = sum(math.prod(shape) for shape in hf_weight_shapes(mc).values()) * self.dtype.itemsize
+        weights_estimate //= cfg.tensor_parallel_size  # about what each rank's device holds
         check_context_fits(self.max_model_len, origin=origin, head_dim=mc.head_dim, num_planes=self.layout.num_planes,
                            num_slots=self.max_num_seqs, block_size=cfg.block_size, weights_bytes=weights_estimate,
                            device=self.device)

@@ -66,19 +66,20 @@ class Worker:
         from .ops import select_ops
 
         s, mc = self.spec, self.spec.model_config
+        # A tensor-parallel rank loads the whole model on the CPU, keeps its shard and moves only that.
+        load_device = torch.device("cpu") if self.tp is not None else self.device
         if weights is None:
-            _, weights, _ = load_model(s.model, seed=s.seed, device=self.device, dtype=s.dtype, tokenizer=s.tokenizer,
+            _, weights, _ = load_model(s.model, seed=s.seed, device=load_device, dtype=s.dtype, tokenizer=s.tokenizer,
                                        revision=s.revision, download_dir=s.download_dir)
         self.ops = select_ops(self.device, s.attention_backend, s.batch_invariant)
-        self.model = build_model(mc, s.layout, self.device, s.dtype, s.quantization)
+        self.model = build_model(mc, s.layout, load_device, s.dtype, s.quantization)
         self.model.load_weights(weights)
         if self.tp is not None:
-            from ..models.tensor_parallel import shard_model
+            from ..models.tensor_parallel import move_model, shard_model
 
             shard_model(self.model, self.tp)
+            move_model(self.model, self.device)
         on_cuda = self.device.type == "cuda"
-        if on_cuda and self.tp is not None:
-            torch.cuda.empty_cache()  # return the unsharded weights' memory
         self.weights_bytes = torch.cuda.memory_allocated(self.device) if on_cuda else 0
         if s.execution_mode == "compile":
             from .opaque_ops import opaque

@@ -13,6 +13,7 @@ tensor by size, which would change the order of additions with the batch).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -112,3 +113,26 @@ def shard_model(model, tp: TensorParallel) -> None:
     for block in blocks:
         _shard_block(block, tp, cfg.num_heads, cfg.kv_heads, cfg.head_dim, cfg.intermediate_size, names)
     model.heads, model.kv_heads, model.tp = cfg.num_heads // tp.size, cfg.kv_heads // tp.size, tp
+
+
+def move_model(model, device) -> None:
+    """Move a model's weights (tensors, `Fp8Weight`s, blocks, lists of blocks) to `device`: a rank
+    loads and slices on the CPU, so its GPU only ever holds its shard."""
+    device = torch.device(device)
+
+    def move(value):
+        if isinstance(value, torch.Tensor):
+            return value.to(device)
+        if isinstance(value, Fp8Weight):
+            return Fp8Weight(value.data.to(device), value.scale.to(device))
+        if isinstance(value, list):
+            return [move(v) for v in value]
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            for f in dataclasses.fields(value):
+                setattr(value, f.name, move(getattr(value, f.name)))
+        return value
+
+    for name, value in vars(model).items():
+        if name not in ("config", "layout", "tp"):
+            setattr(model, name, move(value))
+    model.device = device

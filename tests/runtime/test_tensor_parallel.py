@@ -14,7 +14,8 @@ from rlt_runtime import LLM, ConfigError, EngineConfig, SamplingParams
 from rlt_runtime.executor.worker import WorkerSpec
 from rlt_runtime.models import build_model
 from rlt_runtime.models.presets import preset_config, preset_weights
-from rlt_runtime.models.tensor_parallel import TensorParallel, check_tensor_parallel, shard_model
+from rlt_runtime.models.fp8_weights import Fp8Weight
+from rlt_runtime.models.tensor_parallel import TensorParallel, check_tensor_parallel, move_model, shard_model
 
 TP = dict(device="cpu", seed=0, tensor_parallel_size=2, max_num_seqs=4, enable_prefix_caching=False)
 
@@ -128,6 +129,35 @@ def test_shards_partition_every_block():
             if cfg.family == "huginn" and cfg.qk_bias:
                 assert torch.equal(torch.cat([a.q_bias, b.q_bias]), block.q_bias)
                 assert torch.equal(torch.cat([a.k_bias, b.k_bias]), block.k_bias)
+
+
+@pytest.mark.parametrize("preset,quantization", [("ouro-tiny", None), ("huginn-tiny", "fp8")])
+def test_a_shard_moves_to_its_device_whole(preset, quantization):
+    """Every weight a rank keeps reaches its device (the rank loads and slices on the CPU)."""
+    cfg = preset_config(preset)
+    model = build_model(cfg, None, "cpu", torch.float32, quantization)
+    model.load_weights(preset_weights(cfg, seed=0, device="cpu", dtype=torch.float32))
+    shard_model(model, TensorParallel(1, 2))
+    move_model(model, "meta")
+    tensors = []
+
+    def collect(value):
+        if isinstance(value, torch.Tensor):
+            tensors.append(value)
+        elif isinstance(value, Fp8Weight):
+            tensors.extend([value.data, value.scale])
+        elif isinstance(value, list):
+            for v in value:
+                collect(v)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            for f in dataclasses.fields(value):
+                collect(getattr(value, f.name))
+
+    for name, value in vars(model).items():
+        if name not in ("config", "layout", "tp"):
+            collect(value)
+    assert len(tensors) > 10 and all(t.device.type == "meta" for t in tensors)
+    assert model.device.type == "meta"
 
 
 def test_sizes_that_do_not_divide_the_model_are_config_errors():
