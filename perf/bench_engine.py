@@ -73,7 +73,7 @@ def engine(model, **kw):
 
     t0 = time.perf_counter()
     llm = LLM(model, dtype="bfloat16", **kw)
-    llm.engine.runner.record_device_time = True
+    llm.engine.executor.worker.runner.record_device_time = True
     st = llm.stats()
     programs = [st.get("graphs") or {}, st.get("prefill_graphs") or {}]  # decode rows and prefill tokens
     return llm, {"init_s": time.perf_counter() - t0, "capture_s": sum(g.get("capture_seconds", 0) for g in programs),

@@ -106,7 +106,7 @@ def _teacher_forced_logprobs(llm, seq: list[int]) -> torch.Tensor:
     """fp32 log-softmax [len(seq) - 1, vocab] of the next-token logits at positions 0..len-2 of
     `seq`, fed as one prompt (full depth), taken from the LM-head calls of the prompt's
     log-probability pass (the step's first LM-head call samples the next token)."""
-    model = llm.engine.model
+    model = llm.engine.executor.worker.model
     calls = []
     head = type(model).logits
 

@@ -31,21 +31,31 @@ WINDOW = 20  # steps averaged around each length
 
 
 def _fake_execute(engine, ids: list[int]):
-    """runner.execute replacement: every sampling row commits the next id of the text, depth D."""
+    """executor.execute replacement: every sampling row commits the next id of the text, depth D
+    (the engine's requests of the step are read from its step builder)."""
     from rlt_runtime.executor.model_runner import StepHandle
 
-    def execute(sched):
+    build, built = engine._steps.build, {}
+
+    def recording_build(sched):
+        step, built["live"] = build(sched)
+        return step, built["live"]
+
+    engine._steps.build = recording_build
+
+    def execute(step):
         h = StepHandle()
-        h.rows = [(r, r.generation, "decode", 0) for r in sched.decodes]
-        h.rows += [(c.request, c.request.generation, "prefill", 0) for c in sched.prefills if c.sample]
-        h.prefills = [(c.request, c.request.generation, c) for c in sched.prefills]
+        h.rows = [(s.key, s.generation, "decode", 0) for s in step.decodes]
+        h.rows += [(c.request.key, c.request.generation, "prefill", 0) for c in step.prefills if c.sample]
+        h.prefills = [(c.request.key, c.request.generation, len(c.token_ids)) for c in step.prefills]
         if not h.rows:
             return h
-        toks = [ids[(r.arrival_index + len(r.output_token_ids) + r.inflight_outputs) % len(ids)] for r, *_ in h.rows]
+        reqs = [built["live"][key] for key, *_ in h.rows]
+        toks = [ids[(r.arrival_index + len(r.output_token_ids) + r.inflight_outputs) % len(ids)] for r in reqs]
         n = len(toks)
         h.host = {"tokens": torch.tensor(toks, dtype=torch.int64)[:, None],
                   "depths": torch.full((n, 1), engine.depth, dtype=torch.int32)}
-        if any(r.wants_logprobs for r, *_ in h.rows):
+        if any(r.wants_logprobs for r in reqs):
             h.host["logprobs"] = torch.full((n, 1), -0.5)
             h.host["top_ids"] = torch.tensor(toks, dtype=torch.int64)[:, None, None].repeat(1, 1, 2)
             h.host["top_logprobs"] = torch.full((n, 1, 2), -0.5)
@@ -102,7 +112,7 @@ def _measure(kind: str, mode: str, quick: bool) -> dict:
     engine = LLMEngine("ouro-tiny", device="cpu", dtype="float32", kv_layout="shared", max_num_seqs=STREAMS,
                        max_num_batched_tokens=4096, num_blocks=STREAMS * (-(-(max_len + 40) // 16)) + 64)
     ids = [int(t) for t in engine.tokenizer.encode(TEXT, add_special_tokens=False)]
-    engine.runner.execute = _fake_execute(engine, ids)
+    engine.executor.execute = _fake_execute(engine, ids)
     extra = {"stop": {"stop": ["\x00never one", "no such stop"]}, "logprobs": {"logprobs": 2}}.get(kind, {})
     params = SamplingParams(max_tokens=max_len, ignore_eos=True, temperature=0, **extra)
     for i in range(STREAMS):

@@ -111,7 +111,7 @@ def run(out: str, quick: bool) -> dict:
     common = dict(dtype="bfloat16", max_num_seqs=max(batches), cuda_graph_sizes=batches)
     model = preset_checkpoint("ouro-1.4b")
     llm = LLM(model, **common)
-    llm.engine.runner.record_device_time = True
+    llm.engine.executor.worker.runner.record_device_time = True
     end_to_end(llm, 2, "warm")
     for b in batches:
         res["native"][b] = end_to_end(llm, b, f"n{b}")
@@ -122,7 +122,7 @@ def run(out: str, quick: bool) -> dict:
         for acc in acceptances:
             spec = {"num_speculative_tokens": k, "draft_loops": 2, "draft_policy": policy, "synthetic_acceptance": acc}
             llm = LLM(model, speculative_config=spec, **common)
-            llm.engine.runner.record_device_time = True
+            llm.engine.executor.worker.runner.record_device_time = True
             end_to_end(llm, 2, "warm")
             key = f"{name}@{'measured' if acc is None else acc}"
             res["spec"][key] = {}

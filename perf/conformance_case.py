@@ -243,7 +243,7 @@ def reference_difference(case: dict, w: Work, keys: list[int], got: list[dict]) 
     A token mismatch reports the reference's top-2 logit gap there (a near tie is worth knowing)."""
     import torch
 
-    from rlt_runtime.engine.exit_policy import lookahead_head
+    from rlt_runtime.models.exit_rules import lookahead_head
     from rlt_runtime.models.dense_reference import RefExit, reference_generate, reference_logit_processing
     from rlt_runtime.models.huginn import request_initial_state
     from rlt_runtime.models.presets import preset_config

@@ -2,7 +2,7 @@
 that names the vLLM option, the rlt option and the allowed values.
 
 `EngineConfig.from_kwargs` (so `LLM(...)`, `LLMEngine(...)`) and the CLIs' `--enforce-eager`,
-`--tensor-parallel-size`, ... flags go through `translate_vllm_options`. `tokenizer` is not here:
+`--swap-space`, ... flags go through `translate_vllm_options`. `tokenizer` is not here:
 it is an rlt option of its own (a tokenizer directory other than the model's).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .errors import ConfigError
 
-VLLM_OPTIONS = ("enforce_eager", "tensor_parallel_size", "disable_log_stats", "trust_remote_code", "swap_space")
+VLLM_OPTIONS = ("enforce_eager", "disable_log_stats", "trust_remote_code", "swap_space")
 
 
 def _bool(name: str, value) -> bool:
@@ -31,10 +31,6 @@ def translate_vllm_options(kwargs: dict) -> dict:
             raise ConfigError(f"enforce_eager=True (vLLM option) means execution_mode='eager' but execution_mode="
                               f"{mode!r} was also given; give one of them")
         out["execution_mode"] = "eager"
-    tp = kwargs.get("tensor_parallel_size", 1)
-    if not isinstance(tp, int) or isinstance(tp, bool) or tp != 1:
-        raise ConfigError(f"tensor_parallel_size (vLLM option) must be 1, got {tp!r}: tensor parallelism is not "
-                          "supported yet; rlt runs one model on one device (choose it with device='cuda:N')")
     _bool("disable_log_stats", kwargs.get("disable_log_stats", False))  # rlt logs no periodic stats
     _bool("trust_remote_code", kwargs.get("trust_remote_code", False))  # rlt never runs checkpoint code
     swap = kwargs.get("swap_space", 0)

@@ -2,7 +2,7 @@
 
 The prefill engine's scheduler never schedules decode rows (`Scheduler.hold_decodes`): a request
 stops once its prompt is in the cache and its first token is sampled. `export_handoffs` then
-takes every such request out of the prefill engine with the swap-preemption machinery: the runner
+takes every such request out of the prefill engine with the swap-preemption machinery: its worker
 copies its blocks (every plane and layer, and the key-depth rows of its plane-0 blocks) to host
 memory exactly as a swap-out does, the scheduler frees its blocks and slot, and what the decode
 engine needs travels as a `Handoff`: plain metadata plus those host tensors.
@@ -10,8 +10,9 @@ engine needs travels as a `Handoff`: plain metadata plus those host tensors.
 `import_handoff` rebuilds the request in the decode engine: `add_request` with the same arrival
 index (so unseeded samples get the same random keys), the committed first token replayed through
 the engine's own bookkeeping (`LLMEngine._append`: text, stop checks, grammar matcher, metrics),
-and the request queued in the swapped-out state (`Request.swapped`), so the scheduler's swap-in
-admits it and the runner copies the blocks into the decode engine's pool. Sampling needs no RNG
+and the request queued in the swapped-out state (`Request.swapped`, its K/V held by the decode
+engine's worker under a fresh swap id), so the scheduler's swap-in admits it and the worker copies
+the blocks into the decode engine's pool. Sampling needs no RNG
 state: a token's randomness is keyed by (request key, position), so decode continues with the
 bits one engine would produce.
 
@@ -21,6 +22,7 @@ point-to-point (gloo on CPU, NCCL on CUDA).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 from typing import Optional
@@ -28,8 +30,8 @@ from typing import Optional
 import torch
 
 from ..outputs import TokenLogprob
+from ..step import StepInput
 from .request import Request, Status
-from .scheduler import SchedulerOutput
 from .wire import params_from_dict, params_to_dict
 
 TRANSFER_TIMEOUT_S = 300  # a transfer (or the group's set-up) that waits longer fails the worker
@@ -82,21 +84,16 @@ def export_handoffs(engine) -> list[Handoff]:
 
 def _export(engine, group_id: str, group: list[Request], live: list[Request]) -> Handoff:
     kv = engine.kv
-    sched = SchedulerOutput(swap_out=[(r, list(kv.table(r.request_id))[: kv.blocks_for(r.num_computed)]) for r in live])
-    for r in live:
-        r.swapped = {"num_computed": r.num_computed}
-    if engine.device.type == "cuda":
-        with torch.cuda.device(engine.device):
-            engine.runner._swap(sched)
-            torch.cuda.current_stream().synchronize()  # the host copies are complete
-    else:
-        engine.runner._swap(sched)
+    step = StepInput(swap_out=[(-1 - i, [tuple(p) for p in list(kv.table(r.request_id))[: kv.blocks_for(r.num_computed)]])
+                               for i, r in enumerate(live)])
+    with torch.cuda.device(engine.device) if engine.device.type == "cuda" else contextlib.nullcontext():
+        copies = iter(engine.executor.export_swapped(step))  # complete host copies
     first = group[0]
     samples, tensors = [], []
     for r in group:
         saved = None
         if not r.finished:
-            saved = r.swapped["kv"]
+            saved = next(copies)
             tensors += saved
         m = r.metrics
         samples.append({
@@ -114,7 +111,6 @@ def _export(engine, group_id: str, group: list[Request], live: list[Request]) ->
         "samples": samples,
     }
     for r in live:
-        r.swapped = None
         engine.scheduler.finish(r)
     engine._groups.pop(group_id, None)
     engine._prompts.pop(group_id, None)
@@ -151,7 +147,9 @@ def import_handoff(engine, handoff: Handoff) -> None:
         if not req.finished:
             if saved is None:
                 raise AssertionError(f"{req.request_id}: the prefill engine sent no K/V for a running sample")
-            req.swapped = {"num_computed": s["num_computed"], "kv": saved}
+            swap_id = engine._steps.new_swap_id()
+            engine.executor.import_swapped(swap_id, saved)
+            req.swapped = {"num_computed": s["num_computed"], "id": swap_id}
 
 
 # ---- transport ------------------------------------------------------------------------------------------

@@ -22,19 +22,22 @@ from rlt_kernels.fp8 import FP8_DTYPE
 
 from ..cache.kv_cache import KVCacheManager
 from ..cache.layout import make_layout
-from ..cache.memory import block_bytes, check_context_fits, plan_kv_cache
+from ..cache.memory import check_context_fits
 from ..config import HUGINN_CRITERION_DEFAULTS, EngineConfig
 from ..errors import ConfigError, RequestError
-from ..executor.model_runner import ModelRunner, StepHandle
-from ..executor.ops import check_flash_setup, select_ops
+from ..executor.executor import build_executor
+from ..executor.model_runner import StepHandle
+from ..executor.ops import check_flash_setup
+from ..executor.worker import WorkerSpec
 from ..models import load_model
 from ..models.configs import hf_weight_shapes
 from ..outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 from ..sampling_params import SamplingParams
 from ..stable_hash import prompt_key, sample_key, stable_hash, unseeded_key
-from .exit_policy import load_trace
+from .exit_trace import load_trace
 from .request import Request
 from .scheduler import Scheduler
+from .step_builder import StepBuilder
 from .text import TextTracker
 
 logger = logging.getLogger("rlt")
@@ -151,51 +154,41 @@ class LLMEngine:
         origin = ("the max_model_len option" if cfg.max_model_len is not None
                   else f"the model's context: field {mc.context_field!r} of its config")
         weights_estimate = sum(math.prod(shape) for shape in hf_weight_shapes(mc).values()) * self.dtype.itemsize
+        weights_estimate //= cfg.tensor_parallel_size  # about what each rank's device holds
         check_context_fits(self.max_model_len, origin=origin, head_dim=mc.head_dim, num_planes=self.layout.num_planes,
                            num_slots=self.max_num_seqs, block_size=cfg.block_size, weights_bytes=weights_estimate,
                            device=self.device)
         self.async_scheduling = on_cuda if cfg.async_scheduling is None else cfg.async_scheduling
-        self.ops = select_ops(self.device, cfg.attention_backend, cfg.batch_invariant)
         if cfg.attention_backend == "flash":
             check_flash_setup(self.layout, self.device, self.dtype, cfg.block_size)
-
-        from ..models import build_model
-
-        self.model = build_model(mc, self.layout, self.device, self.dtype, cfg.quantization)
-        self.model.load_weights(weights)
-        weights_bytes = torch.cuda.memory_allocated(self.device) if on_cuda else 0
         self.execution_mode = cfg.execution_mode or ("graphs" if on_cuda else "eager")
         if self.execution_mode != "eager" and not on_cuda:
             raise ConfigError(f"execution_mode={self.execution_mode!r} needs a CUDA device; use 'eager' on CPU")
-        if self.execution_mode == "compile":
-            from ..executor.opaque_ops import opaque
-
-            self.ops = opaque(self.ops)  # torch.compile sees the kernels as opaque custom ops
-        self.runner = ModelRunner(
-            self.model, mc, self.layout, ops=self.ops, device=self.device, dtype=self.dtype, num_slots=self.max_num_seqs,
-            num_blocks=1, block_size=cfg.block_size, max_model_len=self.max_model_len, max_rows=self.max_num_seqs,
-            max_tokens=self.max_num_batched_tokens,
+        spec = WorkerSpec(
+            model=model, model_config=mc, layout=self.layout, seed=cfg.seed, tokenizer=cfg.tokenizer,
+            revision=cfg.revision, download_dir=cfg.download_dir, device=str(self.device), dtype=self.dtype,
+            kv_dtype=self.kv_dtype, quantization=cfg.quantization, attention_backend=cfg.attention_backend,
+            batch_invariant=cfg.batch_invariant, execution_mode=self.execution_mode, num_slots=self.max_num_seqs,
+            block_size=cfg.block_size, max_model_len=self.max_model_len, max_tokens=self.max_num_batched_tokens,
             exit_mode=self.exit_mode, criterion_threshold=criterion, lookahead_seed=cfg.lookahead_seed,
-            prompt_key=prompt_key(cfg.seed), kv_dtype=self.kv_dtype, penalties=cfg.enable_penalties,
+            prompt_key=prompt_key(cfg.seed), penalties=cfg.enable_penalties,
         )
-        per_block = block_bytes(self.layout.num_cache_layers, cfg.block_size, mc.kv_heads, mc.head_dim, self.kv_dtype)
+        self.executor = build_executor(spec, cfg, weights)
         blocks_per_seq = -(-self.max_model_len // cfg.block_size)
         useful = blocks_per_seq * self.layout.num_planes * self.max_num_seqs
-        self.memory_plan = plan_kv_cache(
-            cfg, device=self.device, per_block=per_block, useful_blocks=useful, weights_bytes=weights_bytes,
-            profile_peak=self._profile_peak, graph_reserve_bytes=0, state_bytes=self.runner.logit_proc.nbytes,
-        )
-        self.runner.allocate_kv(self.memory_plan.num_blocks)
+        self.memory_plan = self.executor.plan_memory(cfg, useful)
+        self.executor.allocate_kv(self.memory_plan.num_blocks)
         logger.info(self.memory_plan.describe())
         self.kv = KVCacheManager(self.memory_plan.num_blocks, cfg.block_size, self.layout.num_planes,
                                  enable_prefix_caching=cfg.enable_prefix_caching,
                                  cache_salt=stable_hash("rlt.cache", model, depth, cfg.kv_layout, cfg.seed))
         self.scheduler = Scheduler(cfg, self.kv, depth=depth, shares_planes=self.layout.shares_planes, num_slots=self.max_num_seqs)
+        self._steps = StepBuilder(depth)
         if self.execution_mode != "eager":
             from ..executor.graphs import default_ladder, doubling_ladder
 
-            self.runner.enable_graphs(self.execution_mode, cfg.cuda_graph_sizes or default_ladder(self.max_num_seqs),
-                                      doubling_ladder(self.max_num_batched_tokens, first=16))
+            self.executor.enable_graphs(cfg.cuda_graph_sizes or default_ladder(self.max_num_seqs),
+                                        doubling_ladder(self.max_num_batched_tokens, first=16))
         self.policy = None
         self.spec_stats = None
         if cfg.speculative_config is not None:
@@ -219,7 +212,6 @@ class LLMEngine:
         return make_layout(mc, cfg.kv_layout, depth).core_planes == depth > 1
 
     def _init_speculation(self, spec) -> None:
-        from ..executor.speculative import SpeculativeRunner
         from .draft_policy import DraftPolicy
 
         if self.exit_mode == "trace" and self.async_scheduling:
@@ -234,11 +226,12 @@ class LLMEngine:
         if not 1 <= d < self.depth:
             raise ConfigError(f"speculative_config.draft_loops must be in 1..{self.depth - 1}, got {d}")
         self.draft_loops = d
-        self.runner.spec = SpeculativeRunner(self.runner, spec.num_speculative_tokens, d, spec.synthetic_acceptance)
+        sizes = None
         if self.execution_mode != "eager":
             from ..executor.graphs import doubling_ladder
 
-            self.runner.spec.enable_graphs(self.execution_mode, self.cfg.cuda_graph_sizes or doubling_ladder(self.max_num_seqs))
+            sizes = self.cfg.cuda_graph_sizes or doubling_ladder(self.max_num_seqs)
+        self.executor.init_speculation(spec.num_speculative_tokens, d, spec.synthetic_acceptance, sizes)
         # At most one round of K drafts must fit the token budget (rows never draft less to fit).
         k_max = min(spec.num_speculative_tokens, self.max_num_batched_tokens - 1)
         self.policy = DraftPolicy(k_max, d, self.depth, adaptive=spec.draft_policy == "adaptive")
@@ -246,13 +239,6 @@ class LLMEngine:
         self.spec_stats = {"rounds": 0, "drafted": 0, "accepted": 0, "committed": 0, "verify_rows": 0,
                            "accepted_per_position": [0] * spec.num_speculative_tokens,
                            "drafted_per_position": [0] * spec.num_speculative_tokens}
-
-    # ---- capacity ------------------------------------------------------------------------------
-    def _profile_peak(self) -> int:
-        """Peak bytes of the largest prefill and decode steps plus the decode graphs' pool."""
-        from ..executor.profiling import profile_step_peak
-
-        return profile_step_peak(self, graphs=self.execution_mode != "eager")
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Union[str, list[int], dict, None], params: Optional[SamplingParams] = None,
@@ -446,6 +432,7 @@ class LLMEngine:
         for req in group:
             if not req.finished:
                 self.scheduler.finish(req)
+                self._steps.forget_swap(req)
                 req.finish_reason = "abort"
                 req.metrics.finished_time = time.monotonic()
         return self._finalize_group(str(request_id), deltas)
@@ -480,9 +467,11 @@ class LLMEngine:
             if r.metrics.first_scheduled_time is None:
                 r.metrics.first_scheduled_time = now
         guided = self._fill_masks(sched)
-        handle = self.runner.execute(sched) if not sched.is_empty else None
-        if handle is not None:
-            handle.guided = guided
+        handle = None
+        if not sched.is_empty:
+            step, live = self._steps.build(sched)
+            handle = self.executor.execute(step)
+            handle.guided, handle.live = guided, live
         self.num_steps += 1
         if self.async_scheduling:
             previous, self._pending = self._pending, handle
@@ -507,20 +496,22 @@ class LLMEngine:
         res = handle.result()
         self._wait_s += time.perf_counter() - t_wait
         self._last_device_ms = handle.device_ms()
-        for req, gen, chunk in handle.prefills:
+        live = handle.live
+        for key, gen, n in handle.prefills:
+            req = live[key]
             if gen != req.generation:
                 continue
-            n = len(chunk.token_ids)
             req.num_computed += n
             req.num_inflight -= n
             self.scheduler.publish(req)
         if res is not None and res.prompt is not None:
-            self._collect_prompt_logprobs(handle.prompt_rows, res.prompt)
+            self._collect_prompt_logprobs([(live[key], *rest) for key, *rest in handle.prompt_rows], res.prompt)
         if res is None:
             return
         counts = (res.tokens >= 0).sum(axis=1).tolist()
         tokens, depths = res.tokens.tolist(), res.depths.tolist()
-        for i, (req, gen, kind, k) in enumerate(handle.rows):
+        for i, (key, gen, kind, k) in enumerate(handle.rows):
+            req = live[key]
             committed = counts[i]
             if gen != req.generation or req.finished:
                 continue
@@ -696,6 +687,7 @@ class LLMEngine:
 
     def stats(self) -> dict:
         pool = self.kv.pool
+        graphs = self.executor.graph_stats()
         return {
             "steps": self.num_steps,
             "running": len(self.scheduler.running),
@@ -708,8 +700,7 @@ class LLMEngine:
             "memory_plan": self.memory_plan.as_dict(),
             "execution_mode": self.execution_mode,
             "async_scheduling": self.async_scheduling,
-            "graphs": self.runner.graphs.stats.as_dict() if self.runner.graphs is not None else None,
-            "prefill_graphs": self.runner.prefill_graphs.stats.as_dict() if self.runner.prefill_graphs is not None else None,
+            **{name: graphs[name] for name in ("graphs", "prefill_graphs")},
             "speculative": self._spec_stats(),
         }
 
@@ -718,9 +709,12 @@ class LLMEngine:
             return None
         st = dict(self.spec_stats)
         st["chosen_k"] = dict(self.policy.chosen)
-        graphs = self.runner.spec.graphs
-        st["graphs"] = graphs.stats.as_dict() if graphs is not None else None
+        st["graphs"] = self.executor.graph_stats()["speculative"]
         return st
+
+    def shutdown(self) -> None:
+        """Stop the executor's worker processes (tensor parallelism); nothing to do in process."""
+        self.executor.shutdown()
 
     def check_invariants(self) -> None:
         """Block accounting and slot bookkeeping are consistent (for tests)."""

@@ -26,6 +26,8 @@ HELP = {
                             "the Ray cluster at $RAY_ADDRESS or started last on this host, else a local one)",
     "disaggregated_prefill": "run prompts in a prefill engine process and hand each request's K/V to a decode "
                              "engine process (cuda:0 and cuda:1 on CUDA, else the CPU; docs/distributed.md)",
+    "tensor_parallel_size": "ranks one model is split over (attention heads and MLP columns), one worker process "
+                            "each (cuda:0..N-1 on CUDA, else the CPU)",
     "num_loops": "override the model depth (Ouro loops 1..8, Huginn recurrences 1..128)",
     "max_model_len": "context length limit (default: the model's)",
     "max_num_seqs": "maximum running requests (default 256 on CUDA, 16 on CPU)",
@@ -74,7 +76,6 @@ def _flag(name: str) -> str:
 
 VLLM_FLAGS = {
     "enforce_eager": (None, "vLLM name: same as --execution-mode eager"),
-    "tensor_parallel_size": (int, "vLLM name: only 1 (rlt runs one model on one device)"),
     "disable_log_stats": (None, "vLLM name: accepted; rlt logs no periodic stats (see /metrics, LLM.stats())"),
     "trust_remote_code": (None, "vLLM name: accepted; rlt never runs code from a checkpoint"),
     "swap_space": (float, "vLLM name: only 0 (no CPU swap budget; see --preemption-mode)"),

@@ -20,11 +20,11 @@ from rlt_kernels.fp8 import FP8_DTYPE
 from rlt_kernels.norms import rope_cos_sin
 
 from ..cache.layout import KVLayout
-from ..engine.exit_policy import (
+from ..models.exit_rules import (
     GATE_MODES, LOGIT_CRITERIA, ExitState, huginn_exit, init_huginn_state, lookahead_head,
     new_exit_state, ouro_exit,
 )
-from ..engine.scheduler import SchedulerOutput
+from ..step import StepInput
 from .forward_batch import KV_FP8_SCALE, ForwardBatch, KVCacheTensors
 from .logit_processing import LogitProcessing
 from .staging import StaticStaging, upload_arrays
@@ -84,13 +84,15 @@ class StepResult:
 
 @dataclass
 class StepHandle:
-    """A submitted step: rows (request, generation) and the pending device→host copies."""
+    """A submitted step: rows (sequence key, generation) and the pending device→host copies.
 
-    rows: list = field(default_factory=list)  # (request, generation, kind, drafts) per result row
+    Keys are those of the step's `StepInput` (the engine maps them back to its requests)."""
+
+    rows: list = field(default_factory=list)  # (key, generation, kind, drafts) per result row
     round_k: int = 0
     guided: bool = False  # carries a guided row (the host needs its token before the row's next mask)
-    prefills: list = field(default_factory=list)  # (request, generation, chunk) per prefill chunk
-    # (request, generation, first prompt index, count) per run of prompt log-probability rows, in row order
+    prefills: list = field(default_factory=list)  # (key, generation, tokens) per prefill chunk
+    # (key, generation, first prompt index, count) per run of prompt log-probability rows, in row order
     prompt_rows: list = field(default_factory=list)
     host: Optional[dict] = None
     event: Optional[torch.cuda.Event] = None
@@ -155,6 +157,7 @@ class ModelRunner:
         self.graphs = None
         self.prefill_graphs = None
         self.spec = None  # SpeculativeRunner when speculative decoding is on
+        self.swapped: dict[int, list] = {}  # swap id -> CPU copies (K, V, key depths) of a swapped-out sequence
         self.record_device_time = False
         self.dec_in = StaticStaging(
             {"slots": (torch.int32, max_rows), "trace": (torch.int32, max_rows), "num_rows": (torch.int32, 1)}, d,
@@ -174,9 +177,10 @@ class ModelRunner:
         """(Re)allocate the paged pool and clear the tables (before any request runs)."""
         cfg, layout, d = self.cfg, self.layout, self.device
         self.kv = None
-        kv_shape = (layout.num_cache_layers, num_blocks, self.block_size, cfg.kv_heads, cfg.head_dim)
+        kv_heads = self.model.kv_heads  # this rank's K/V heads (all of them without tensor parallelism)
+        kv_shape = (layout.num_cache_layers, num_blocks, self.block_size, kv_heads, cfg.head_dim)
         fp8 = self.kv_dtype == FP8_DTYPE
-        scales = lambda: torch.full((layout.num_cache_layers, cfg.kv_heads), KV_FP8_SCALE, dtype=torch.float32,  # noqa: E731
+        scales = lambda: torch.full((layout.num_cache_layers, kv_heads), KV_FP8_SCALE, dtype=torch.float32,  # noqa: E731
                                     device=d) if fp8 else None
         self.kv = KVCacheTensors(
             k=torch.zeros(kv_shape, dtype=self.kv_dtype, device=d),
@@ -200,9 +204,29 @@ class ModelRunner:
         self.prefill_graphs.capture_all((False, 0, False))
 
     # ---- swap preemption ----------------------------------------------------------------------
-    def _swap(self, sched: SchedulerOutput) -> None:
-        """Copy swapped-out requests' blocks (every plane and layer, and their key depths) to CPU,
-        then swapped-in requests' saved blocks into their new blocks, before the step's work."""
+    def _kv_bits(self):
+        """The K and V pools, FP8 planes as their bytes (index_copy_ has no float8 kernel on the CPU)."""
+        return (t.view(torch.uint8) if t.dtype == FP8_DTYPE else t for t in (self.kv.k, self.kv.v))
+
+    def export_swapped(self, step: StepInput) -> list[list[torch.Tensor]]:
+        """Swap out `step.swap_out`'s sequences and hand their saved copies over (K, V, key depths
+        per sequence, in order), complete: for a transfer to another engine. Its swap ids are
+        negative, apart from the engine's own."""
+        self._swap(StepInput(swap_out=step.swap_out))
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        return [self.swapped.pop(sid) for sid, _ in step.swap_out]
+
+    def import_swapped(self, swap_id: int, saved: list[torch.Tensor]) -> None:
+        """Hold another engine's saved copies (K, V, key depths) under `swap_id` for a later swap-in."""
+        self.swapped[swap_id] = saved
+
+    def _swap(self, sched: StepInput) -> None:
+        """Copy swapped-out sequences' blocks (every plane and layer, and their key depths) to CPU
+        (kept in `swapped` under the swap id), then swapped-in sequences' saved blocks into their
+        new blocks, before the step's work."""
+        for sid in sched.swap_free:
+            self.swapped.pop(sid, None)
         pin = self.device.type == "cuda"
 
         def block_indices(table):  # every block of every plane; the plane-0 blocks (key depths live there)
@@ -210,26 +234,24 @@ class ModelRunner:
             first = torch.tensor([planes[0] for planes in table], dtype=torch.int64)
             return idx.to(self.device, non_blocking=True), first.to(self.device, non_blocking=True)
 
-        # FP8 planes move as their bytes (index_copy_ has no float8 kernel on the CPU).
-        k_bits, v_bits = (t.view(torch.uint8) if t.dtype == FP8_DTYPE else t for t in (self.kv.k, self.kv.v))
-        for req, table in sched.swap_out:
+        k_bits, v_bits = self._kv_bits()
+        for sid, table in sched.swap_out:
             idx, first = block_indices(table)
             saved = []
             for src in (k_bits.index_select(1, idx), v_bits.index_select(1, idx), self.kv.key_depth.index_select(0, first)):
                 host = torch.empty(src.shape, dtype=src.dtype, pin_memory=pin)
                 host.copy_(src, non_blocking=True)
                 saved.append(host)
-            req.swapped["kv"] = saved
-        for req, table in sched.swap_in:
-            k, v, depth = req.swapped["kv"]
+            self.swapped[sid] = saved
+        for sid, table in sched.swap_in:
+            k, v, depth = self.swapped.pop(sid)
             idx, first = block_indices(table)
             k_bits.index_copy_(1, idx, k.to(self.device, non_blocking=True))
             v_bits.index_copy_(1, idx, v.to(self.device, non_blocking=True))
             self.kv.key_depth.index_copy_(0, first, depth.to(self.device, non_blocking=True))
-            req.swapped = None
 
     # ---- persistent state updates ------------------------------------------------------------
-    def _apply_updates(self, sched: SchedulerOutput) -> None:
+    def _apply_updates(self, sched: StepInput) -> None:
         self.token_mask.write([r.slot for r in sched.admitted], sched.guided_slots, sched.guided_masks)
         arrays = {}
         if sched.block_updates:
@@ -269,7 +291,7 @@ class ModelRunner:
         self.logit_proc.admit(admitted)
 
     # ---- a step ------------------------------------------------------------------------------
-    def execute(self, sched: SchedulerOutput) -> StepHandle:
+    def execute(self, sched: StepInput) -> StepHandle:
         """Submit the step's device work; the handle's `result()` waits for the readback."""
         handle = StepHandle()
         if self.record_device_time and self.device.type == "cuda":
@@ -287,20 +309,20 @@ class ModelRunner:
             order = sorted(range(len(sched.decodes)), key=lambda i: -sched.num_drafts[i])
             reqs = [sched.decodes[i] for i in order]
             drafts = [sched.num_drafts[i] for i in order]
-            traces = [self._trace(r, k + 1) for r, k in zip(reqs, drafts)]
+            traces = [sched.traces[i] for i in order]
             processed = any(r.processes_logits for r in reqs)
             parts.append(self.spec.run_round(reqs, drafts, traces, sched.round_k, want_lp, num_top, processed))
-            handle.rows += [(r, r.generation, "decode", k) for r, k in zip(reqs, drafts)]
+            handle.rows += [(r.key, r.generation, "decode", k) for r, k in zip(reqs, drafts)]
         elif sched.decodes:
             parts.append(self._run_decode(sched, want_lp, num_top, any(r.processes_logits for r in sched.decodes)))
-            handle.rows += [(r, r.generation, "decode", 0) for r in sched.decodes]
+            handle.rows += [(r.key, r.generation, "decode", 0) for r in sched.decodes]
         if sched.prefills:
             processed = any(c.sample and c.request.processes_logits for c in sched.prefills)
             part, prompt_part = self._run_prefill(sched, want_lp, num_top, handle.prompt_rows, processed)
             if part is not None:
                 parts.append(part)
-            handle.rows += [(c.request, c.request.generation, "prefill", 0) for c in sched.prefills if c.sample]
-            handle.prefills = [(c.request, c.request.generation, c) for c in sched.prefills]
+            handle.rows += [(c.request.key, c.request.generation, "prefill", 0) for c in sched.prefills if c.sample]
+            handle.prefills = [(c.request.key, c.request.generation, len(c.token_ids)) for c in sched.prefills]
         if parts or prompt_part:
             handle.host, handle.event = self._readback(parts, want_lp, prompt_part, timed=handle.start_event is not None)
         return handle
@@ -359,7 +381,7 @@ class ModelRunner:
         return res
 
     # ---- prefill -----------------------------------------------------------------------------
-    def _run_prefill(self, sched: SchedulerOutput, want_lp: bool, num_top: int, prompt_runs: list, processed: bool):
+    def _run_prefill(self, sched: StepInput, want_lp: bool, num_top: int, prompt_runs: list, processed: bool):
         """Stage the step's prefill chunks (padded to a token bucket when graphs exist) and run them.
 
         Returns (the sampled rows' results or None, the prompt log-probabilities or None); the
@@ -375,7 +397,7 @@ class ModelRunner:
             if req.needs_prompt_logprobs:  # the state at position q gives the log-probability of token q + 1
                 count = min(n, req.num_prompt_tokens - 1 - c.start)
                 if count > 0:
-                    prompt_runs.append((req, req.generation, c.start + 1, count))
+                    prompt_runs.append((req.key, req.generation, c.start + 1, count))
                     prompt_rows += range(qsl[-1], qsl[-1] + count)
                     prompt_targets += req.prompt_token_ids[c.start + 1: c.start + 1 + count]
                     prompt_top = max(prompt_top, req.params.prompt_logprobs)
@@ -498,19 +520,12 @@ class ModelRunner:
         self.ops.scatter_rows(last_loop.to(torch.int32), slots0, self.kv.key_depth.view(-1), active_rows=batch.active)
 
     # ---- decode ------------------------------------------------------------------------------
-    def _trace(self, r, n: int) -> list[int]:
-        """Trace depths of a row's next n outputs (the model depth when not replaying a trace)."""
-        if not r.trace_depths:
-            return [self.depth] * n
-        first = len(r.output_token_ids) + r.inflight_outputs - 1
-        return [r.trace_depths[min(first + j, len(r.trace_depths) - 1)] for j in range(n)]
-
-    def _run_decode(self, sched: SchedulerOutput, want_lp: bool, num_top: int, processed: bool):
+    def _run_decode(self, sched: StepInput, want_lp: bool, num_top: int, processed: bool):
         rows = sched.decodes
         b = len(rows)
         st = self.dec_in
         st.write("slots", np.asarray([r.slot for r in rows], np.int32))
-        trace = [self._trace(r, 1)[0] for r in rows]
+        trace = [t[0] for t in sched.traces]
         st.write("trace", np.asarray(trace, np.int32))
         st.write("num_rows", np.asarray([b], np.int32))
         st.upload()

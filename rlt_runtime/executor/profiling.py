@@ -8,7 +8,7 @@ import time
 import torch
 
 
-def profile_step_peak(engine, graphs: bool) -> int:
+def profile_step_peak(worker, graphs: bool) -> int:
     """Peak bytes above the weights needed by the largest steps, measured on CUDA.
 
     Runs (a) one loop of a prefill at the full token budget and (b) the whole decode program at
@@ -16,9 +16,9 @@ def profile_step_peak(engine, graphs: bool) -> int:
     points at block 0, so the writes are harmless). With CUDA graphs the two graph pools (prefill
     and decode buckets) hold their peaks on top of the largest eager step.
     """
-    runner, dev, mc = engine.runner, engine.device, engine.model_config
-    n = engine.max_num_batched_tokens
-    bs = engine.cfg.block_size
+    runner, dev, mc = worker.runner, worker.device, worker.spec.model_config
+    n = worker.spec.max_tokens
+    bs = runner.block_size
     torch.cuda.synchronize(dev)
     base = torch.cuda.memory_allocated(dev)
 
@@ -33,31 +33,31 @@ def profile_step_peak(engine, graphs: bool) -> int:
     from ..sampling_params import MAX_LOGPROBS
     from .forward_batch import ForwardBatch, KVCacheTensors
 
-    probe_tables = torch.zeros((engine.layout.num_planes, 1, -(-n // bs)), dtype=torch.int32, device=dev)
+    probe_tables = torch.zeros((runner.layout.num_planes, 1, -(-n // bs)), dtype=torch.int32, device=dev)
     kv = KVCacheTensors(runner.kv.k, runner.kv.v, probe_tables, runner.kv.key_depth, runner.kv.k_scale, runner.kv.v_scale)
     pos = torch.arange(n, dtype=torch.int64, device=dev)
     batch = ForwardBatch(
-        ops=engine.ops, kv=kv, positions=pos, token_slots=torch.zeros(n, dtype=torch.int32, device=dev),
+        ops=runner.ops, kv=kv, positions=pos, token_slots=torch.zeros(n, dtype=torch.int32, device=dev),
         seq_slots=torch.zeros(1, dtype=torch.int32, device=dev), seq_lens=torch.tensor([n], dtype=torch.int32, device=dev),
         query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=dev), cos_sin=runner.cos_sin,
-        rope_style=engine.model.rope_style,
+        rope_style=runner.model.rope_style,
     )
     tokens = torch.zeros(n, dtype=torch.int64, device=dev)
 
     def prefill():
-        model = engine.model
+        model = runner.model
         if mc.family == "ouro":
             h = model.loop(model.embed(tokens), batch, 0)
         else:
             e = model.embed(tokens, batch)
             h = model.coda(model.loop(torch.zeros_like(e), e, batch, 0), batch)
-        model.logits(h[: engine.max_num_seqs], engine.ops)
+        model.logits(h[: runner.max_rows], runner.ops)
 
-    rows = engine.max_num_seqs
+    rows = runner.max_rows
     runner.kv.block_tables.zero_()
     runner.dec_in.write("slots", list(range(rows)))
     runner.slot_pos.zero_()
-    runner.dec_in.write("trace", [engine.depth] * rows)
+    runner.dec_in.write("trace", [runner.depth] * rows)
     runner.dec_in.write("num_rows", [rows])
     runner.dec_in.upload()
     prefill_peak = measure(prefill)

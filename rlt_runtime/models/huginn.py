@@ -22,6 +22,7 @@ from rlt_kernels.sampling import STREAM_STATE, philox_uniform
 from ..cache.layout import KVLayout, PlaneSpec
 from .configs import HuginnConfig, check_weight_names, check_weights_complete, hf_weight_shapes
 from .fp8_weights import linear_weight
+from .tensor_parallel import row_parallel_linear
 
 
 @dataclass
@@ -100,6 +101,9 @@ class HuginnModel:
         self.core: list[HuginnBlock] = []
         self.coda_blocks: list[HuginnBlock] = []
         self.wte = self.adapter = self.ln_f = None
+        # This rank's attention heads and the group summing the partial outputs of the proj and
+        # mlp_proj projections (models/tensor_parallel.py); all heads and None without tensor parallelism.
+        self.heads, self.kv_heads, self.tp = config.num_heads, config.kv_heads, None
 
     @property
     def state_std(self) -> float:
@@ -143,7 +147,7 @@ class HuginnModel:
         cfg, ops, active = self.config, batch.ops, batch.active
         eps = cfg.norm_eps
         m = x.shape[0]
-        hq, hkv, d = cfg.num_heads, cfg.kv_heads, cfg.head_dim
+        hq, hkv, d = self.heads, self.kv_heads, cfg.head_dim
         n = ops.rms_norm(x, blocks[0].norm_1, eps, active_rows=active)
         for idx, b in enumerate(blocks):
             qkv = ops.linear(n, b.wqkv, active_rows=active)
@@ -151,11 +155,11 @@ class HuginnModel:
             k = qkv[:, hq * d : (hq + hkv) * d].view(m, hkv, d)
             v = qkv[:, (hq + hkv) * d :].view(m, hkv, d)
             attn = batch.attend(first_cache_layer + idx, q, k, v, spec, q_bias=b.q_bias, k_bias=b.k_bias)
-            o = ops.linear(attn, b.proj, active_rows=active)
+            o = row_parallel_linear(ops, attn, b.proj, self.tp, active)
             x, n = ops.residual_norm(o, x, b.norm_2, b.norm_3, eps, mode="huginn",
                                      residual_out=x if idx else None, active_rows=active)
             act = ops.linear(n, b.fc, activation="swiglu", active_rows=active)
-            mlp = ops.linear(act, b.mlp_proj, active_rows=active)
+            mlp = row_parallel_linear(ops, act, b.mlp_proj, self.tp, active)
             nxt = blocks[idx + 1].norm_1 if idx + 1 < len(blocks) else final_norm
             x, n = ops.residual_norm(mlp, x, b.norm_4, nxt, eps, mode="huginn", residual_out=x, active_rows=active)
         return x, n

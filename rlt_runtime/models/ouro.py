@@ -18,6 +18,7 @@ import torch
 from ..cache.layout import KVLayout
 from .configs import OuroConfig, check_weight_names, check_weights_complete, hf_weight_shapes
 from .fp8_weights import linear_weight
+from .tensor_parallel import row_parallel_linear
 
 
 @dataclass
@@ -45,6 +46,9 @@ class OuroModel:
         self.layers: list[OuroLayer] = []
         self._layers: dict[int, OuroLayer] = {}
         self.embed_tokens = self.norm = self.gate_w = self.gate_b = self.lm_head = None
+        # This rank's attention heads and the group summing the partial outputs of the o and down
+        # projections (models/tensor_parallel.py); all heads and None without tensor parallelism.
+        self.heads, self.kv_heads, self.tp = config.num_attention_heads, config.num_key_value_heads, None
 
     # ---- loading -----------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -94,7 +98,7 @@ class OuroModel:
         cfg, ops, active = self.config, batch.ops, batch.active
         eps = cfg.rms_norm_eps
         m = h.shape[0]
-        hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        hq, hkv, d = self.heads, self.kv_heads, cfg.head_dim
         spec = self.layout.core(t)
         n = ops.rms_norm(h, self.layers[0].input_norm, eps, active_rows=active)
         for idx, layer in enumerate(self.layers):
@@ -103,12 +107,12 @@ class OuroModel:
             k = qkv[:, hq * d : (hq + hkv) * d].view(m, hkv, d)
             v = qkv[:, (hq + hkv) * d :].view(m, hkv, d)
             attn = batch.attend(idx, q, k, v, spec)
-            o = ops.linear(attn, layer.wo, active_rows=active)
+            o = row_parallel_linear(ops, attn, layer.wo, self.tp, active)
             # The first update writes a fresh residual so the caller's h is never modified.
             h, n = ops.residual_norm(o, h, layer.input_norm_2, layer.post_norm, eps, mode="ouro",
                                      residual_out=h if idx else None, active_rows=active)
             act = ops.linear(n, layer.w_gate_up, activation="swiglu", active_rows=active)
-            down = ops.linear(act, layer.w_down, active_rows=active)
+            down = row_parallel_linear(ops, act, layer.w_down, self.tp, active)
             next_w = self.layers[idx + 1].input_norm if idx + 1 < len(self.layers) else self.norm
             h, n = ops.residual_norm(down, h, layer.post_norm_2, next_w, eps, mode="ouro",
                                      residual_out=h, active_rows=active)

@@ -22,7 +22,7 @@ PROMPTS = [[5, 7, 9], [6, 7, 9, 11], [7, 7, 9, 11, 13]]
 
 def _outputs(compiled: bool, params: SamplingParams, programs: tuple, model: str = "ouro-tiny", **options):
     llm = LLM(model, max_num_seqs=4, attention_backend="triton", dtype="float32", **options)
-    runner = llm.engine.runner
+    runner = llm.engine.executor.worker.runner
     if compiled:
         runner.ops = opaque(runner.ops)
         for owner, name in programs:

@@ -59,7 +59,7 @@ def test_the_suggested_max_model_len_is_the_largest_that_fits(checkpoint, monkey
     assert 0 < fits < 1 << 20 and fits % 16 == 0
 
     llm = LLM(model, dtype="float32", max_num_seqs=SLOTS, max_model_len=fits)
-    runner = llm.engine.runner
+    runner = llm.engine.executor.worker.runner
     tables = runner.cos_sin.nbytes + runner.kv.block_tables.nbytes
     layout = llm.engine.layout
     estimate = memory.context_table_bytes(fits, head_dim=16, num_planes=layout.num_planes, num_slots=SLOTS,

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlt_runtime import LLM, SamplingParams
-from rlt_runtime.engine.exit_policy import lookahead_head
+from rlt_runtime.models.exit_rules import lookahead_head
 from rlt_runtime.models.dense_reference import RefExit, reference_generate
 from rlt_runtime.models.huginn import request_initial_state
 from rlt_runtime.models.presets import preset_config, preset_weights

@@ -47,7 +47,7 @@ def flash_llm(preset, version, **options):
 def test_flash_engine_matches_dense_reference(standin, preset, options, mode, threshold, ref_layout):
     """Greedy tokens and exit depths equal the fp64 reference (LAST_EXITED through copy reads)."""
     llm = flash_llm(preset, standin, **options)
-    assert llm.engine.ops.paged_attention is flash.paged_attention
+    assert llm.engine.executor.worker.ops.paged_attention is flash.paged_attention
     assert llm.engine.layout.copy_reads == (llm.engine.layout.core_planes > 1)
     params = SamplingParams(max_tokens=5, temperature=0, exit_threshold=threshold if preset == "ouro-tiny" else 1.0,
                             ignore_eos=True, seed=SEED)

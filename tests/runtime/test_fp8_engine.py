@@ -33,11 +33,11 @@ def greedy(llm, prompts=PROMPTS, max_tokens=16, exit_threshold=0.6):
 def test_fp8_storage_and_fidelity():
     base = LLM("ouro-tiny", **TINY)
     fp8 = LLM("ouro-tiny", **TINY, **FP8)
-    layer = fp8.engine.model.layers[0]
+    layer = fp8.engine.executor.worker.model.layers[0]
     for w in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down):
         assert isinstance(w, Fp8Weight) and w.data.dtype == FP8_DTYPE and w.scale.dtype == torch.float32
-    assert fp8.engine.model.lm_head.dtype == torch.float32  # embeddings and the head stay in the model dtype
-    assert fp8.engine.runner.kv.k.dtype == FP8_DTYPE and fp8.engine.runner.kv.v.dtype == FP8_DTYPE
+    assert fp8.engine.executor.worker.model.lm_head.dtype == torch.float32  # embeddings and the head stay in the model dtype
+    assert fp8.engine.executor.worker.runner.kv.k.dtype == FP8_DTYPE and fp8.engine.executor.worker.runner.kv.v.dtype == FP8_DTYPE
     # One byte an element: a block is a quarter of the fp32 engine's.
     assert fp8.engine.memory_plan.block_bytes * 4 == base.engine.memory_plan.block_bytes
     ours, theirs = greedy(fp8, exit_threshold=1.0), greedy(base, exit_threshold=1.0)  # full depth

@@ -271,7 +271,7 @@ def test_without_penalties_the_state_is_not_allocated_and_penalties_are_refused(
     still give the engine-with-penalties' tokens, speculative rounds included; a penalty is a
     RequestError naming its field."""
     lean = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, enable_penalties=False, speculative_config=SPEC)
-    full, slim = llm.engine.runner.logit_proc, lean.engine.runner.logit_proc
+    full, slim = llm.engine.executor.worker.runner.logit_proc, lean.engine.executor.worker.runner.logit_proc
     assert slim.counts is None and slim.prompt_mask is None
     assert full.nbytes - slim.nbytes == 4 * preset_config("ouro-tiny").vocab_size * 5
     kept = dict(logit_bias={7: 3.0, 246: -5.0}, bad_words=[[101, 101]], min_tokens=3)
@@ -286,7 +286,7 @@ def test_kv_planner_sets_the_penalty_state_aside(monkeypatch):
     """On CUDA the pool is sized from gpu_memory_utilization minus weights, the per-slot state,
     the step peak and the reserve (torch.cuda's device queries stubbed: the arithmetic alone)."""
     from rlt_runtime.cache import memory
-    from rlt_runtime.engine import llm_engine
+    from rlt_runtime.executor import worker
 
     gib = 2**30
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=10 * gib))
@@ -299,9 +299,9 @@ def test_kv_planner_sets_the_penalty_state_aside(monkeypatch):
     assert base.num_blocks == (5 * gib - gib - gib // 2 - memory.RESERVE_BYTES) // 2**20
     assert base.num_blocks - with_state.num_blocks == 194 and with_state.state_bytes == 194 * 2**20
     seen = []
-    real = llm_engine.plan_kv_cache
-    monkeypatch.setattr(llm_engine, "plan_kv_cache", lambda *a, **kw: seen.append(kw["state_bytes"]) or real(*a, **kw))
+    real = worker.plan_kv_cache
+    monkeypatch.setattr(worker, "plan_kv_cache", lambda *a, **kw: seen.append(kw["state_bytes"]) or real(*a, **kw))
     for enabled in (True, False):
         eng = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, enable_penalties=enabled).engine
-        assert seen[-1] == eng.runner.logit_proc.nbytes
+        assert seen[-1] == eng.executor.worker.runner.logit_proc.nbytes
     assert seen[0] - seen[1] == 4 * preset_config("ouro-tiny").vocab_size * 5

@@ -94,7 +94,7 @@ def test_rounds_draft_only_what_their_rows_can():
     """A round's draft count is the most any of its rows drafts: rows that opted out make plain
     decode steps (no round counted), and a row near max_tokens makes a shorter round."""
     llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, speculative_config=spec(3, 1))
-    spec_runner, rounds = llm.engine.runner.spec, []
+    spec_runner, rounds = llm.engine.executor.worker.runner.spec, []
     run_round = spec_runner.run_round
 
     def recorded(requests, num_drafts, traces, k, *rest):
@@ -197,10 +197,10 @@ def test_padded_rows_are_inert(with_spec):
     prompts = [[5, 6, 7], [8, 9], list(range(20, 40))]
     plain = LLM("ouro-tiny", dtype="float32", max_num_seqs=8, **options)
     padded = LLM("ouro-tiny", dtype="float32", max_num_seqs=8, **options)
-    padded.engine.runner.graphs = PaddingOnly(8)
-    padded.engine.runner.prefill_graphs = PaddingOnly(padded.engine.max_num_batched_tokens)
+    padded.engine.executor.worker.runner.graphs = PaddingOnly(8)
+    padded.engine.executor.worker.runner.prefill_graphs = PaddingOnly(padded.engine.max_num_batched_tokens)
     if with_spec:
-        padded.engine.runner.spec.graphs = PaddingOnly(8)
+        padded.engine.executor.worker.runner.spec.graphs = PaddingOnly(8)
     a = plain.generate(prompts, params, use_tqdm=False)
     b = padded.generate(prompts, params, use_tqdm=False)
     assert [(o.outputs[0].token_ids, o.outputs[0].exit_depths, [lp.logprob for lp in o.outputs[0].logprobs]) for o in a] == \
@@ -233,7 +233,7 @@ def test_rounds_pass_only_in_range_ids_to_kernels_when_no_row_is_written():
     import torch
 
     llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=8, speculative_config=spec(3, 1))
-    runner = llm.engine.runner
+    runner = llm.engine.executor.worker.runner
     vocab = runner.cfg.vocab_size
     inp = runner.spec.inp
     runner.spec.graphs = CaptureWarmUp(8, runner.spec.round_program, [inp["num_rows"], inp["num_verify"], inp["counts"]])

@@ -25,6 +25,6 @@ def test_triton_kernels_match_torch_references_end_to_end(model, options, temper
     outs = []
     for backend in ("torch", "triton"):
         llm = LLM(model, dtype="float32", max_num_seqs=2, attention_backend=backend, **options)
-        assert llm.engine.ops.backend == backend
+        assert llm.engine.executor.worker.ops.backend == backend
         outs.append([(o.outputs[0].token_ids, o.outputs[0].exit_depths) for o in llm.generate(PROMPTS, params, use_tqdm=False)])
     assert outs[0] == outs[1]

@@ -1,4 +1,4 @@
-"""vLLM option names (`enforce_eager`, `tensor_parallel_size`, ...) in LLM(...) and the CLIs: each maps
+"""vLLM option names (`enforce_eager`, `swap_space`, ...) in LLM(...) and the CLIs: each maps
 to rlt's option or fails with a message naming the vLLM option, rlt's option and the allowed values."""
 
 from __future__ import annotations
@@ -23,12 +23,11 @@ def test_enforce_eager_maps_to_execution_mode():
         EngineConfig.from_kwargs(enforce_eager="yes")
 
 
-def test_tensor_parallel_size_one_only():
-    assert "tensor_parallel_size" not in vars(EngineConfig.from_kwargs(tensor_parallel_size=1))
-    for bad in (2, 8, 0, True, 1.0):
-        with pytest.raises(ConfigError, match=r"tensor_parallel_size \(vLLM option\) must be 1, got .*not supported "
-                                              r"yet.*device='cuda:N'"):
-            EngineConfig.from_kwargs(tensor_parallel_size=bad)
+def test_tensor_parallel_size_is_an_engine_option():
+    assert EngineConfig.from_kwargs(tensor_parallel_size=2).tensor_parallel_size == 2
+    for bad in (0, True, 1.0):
+        with pytest.raises(ConfigError, match=r"tensor_parallel_size must be an integer >= 1"):
+            EngineConfig.from_kwargs(tensor_parallel_size=bad).validate_static()
 
 
 def test_flags_accepted_without_effect_are_type_checked():
@@ -65,8 +64,8 @@ def test_llm_takes_the_vllm_names():
     assert llm.engine.execution_mode == "eager" and llm.engine.cfg.preemption_mode == "recompute"
     out = llm.generate(["hi"], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)[0]
     assert len(out.outputs[0].token_ids) == 2
-    with pytest.raises(ConfigError, match="tensor_parallel_size"):
-        LLM("ouro-tiny", tensor_parallel_size=2, **TINY)
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size=3 must divide the model's attention heads \(4\)"):
+        LLM("ouro-tiny", tensor_parallel_size=3, **TINY)
 
 
 def _save_tokenizer(path, vocab_size: int) -> None:
@@ -115,8 +114,8 @@ def test_cli_flags_reach_the_engine_options(parser):
 
 
 def test_cli_errors_name_the_options(capsys):
-    assert cli.main(["--model", "ouro-tiny", "--prompt", "x", "--device", "cpu", "--tensor-parallel-size", "2"]) == 2
-    assert "tensor_parallel_size (vLLM option) must be 1" in capsys.readouterr().err
+    assert cli.main(["--model", "ouro-tiny", "--prompt", "x", "--device", "cpu", "--tensor-parallel-size", "3"]) == 2
+    assert "tensor_parallel_size=3 must divide" in capsys.readouterr().err
     assert serve_cli.main(["--model", "ouro-tiny", "--kv-cache-dtype", "fp16"]) == 2  # before the port opens
     assert "kv_cache_dtype must be one of 'auto', 'fp8'" in capsys.readouterr().err
     assert bench_offline.throughput_main(["--model", "ouro-tiny", "--quantization", "gptq"]) == 2

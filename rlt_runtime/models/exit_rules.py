@@ -1,4 +1,4 @@
-"""Exit policies evaluated on the device after every loop (docs/design.md, "Exit policies").
+"""Exit rules evaluated on the device after every loop (docs/design.md, "Exit policies").
 
 All functions are plain torch on [B] tensors of the live rows, with no host synchronisation,
 so they run inside a captured CUDA graph. `ExitState` carries the per-row running quantities
@@ -8,7 +8,6 @@ recurrence's state or log-probs for Huginn's criteria).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -151,20 +150,3 @@ def lookahead_head(hidden: int, seed: int, device, dtype) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     w = torch.randn((1, hidden), generator=g, dtype=torch.float32) / math.sqrt(hidden)
     return w.to(device=device, dtype=dtype)
-
-
-def load_trace(trace) -> dict[str, list[int]]:
-    """An exit trace: {request_id: [prefill depth, decode depths...]} from a dict or a JSON file."""
-    if isinstance(trace, str):
-        try:
-            with open(trace, encoding="utf-8") as f:
-                trace = json.load(f)
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"exit_trace: cannot read {trace!r}: {exc}") from exc
-    if isinstance(trace, dict) and "depths_by_request" in trace:
-        trace = trace["depths_by_request"]
-    if not isinstance(trace, dict) or not all(
-        isinstance(v, list) and all(isinstance(d, int) and d >= 1 for d in v) for v in trace.values()
-    ):
-        raise ConfigError("exit_trace must map request ids to lists of positive integer depths")
-    return {str(k): list(v) for k, v in trace.items()}

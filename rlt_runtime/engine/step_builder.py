@@ -1,0 +1,77 @@
+"""Turn the scheduler's output (live Requests) into the plain `StepInput` an executor runs.
+
+The builder also owns the swap ids: a request swapped out gets an id under which its worker(s)
+keep the saved K/V; swapping it back in (or aborting it) names that id again.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from ..step import ChunkInput, SeqInput, StepInput
+from .request import Request
+from .scheduler import SchedulerOutput
+
+
+class StepBuilder:
+    def __init__(self, depth: int):
+        self.depth = depth
+        self._swap_ids = itertools.count()
+        self._swap_free: list[int] = []
+
+    def new_swap_id(self) -> int:
+        """A fresh swap id (a request arriving with K/V saved by another engine)."""
+        return next(self._swap_ids)
+
+    def forget_swap(self, req: Request) -> None:
+        """A swapped-out request ends (aborted): its saved K/V is freed with the next step."""
+        if req.swapped is not None and "id" in req.swapped:
+            self._swap_free.append(req.swapped.pop("id"))
+
+    def build(self, sched: SchedulerOutput) -> tuple[StepInput, list[Request]]:
+        """(the step as plain data, the live requests indexed by the step's keys)."""
+        live: list[Request] = []
+        keys: dict[int, int] = {}
+        admitted = {id(r) for r in sched.admitted}
+
+        def seq(r: Request) -> SeqInput:
+            k = keys.get(id(r))
+            if k is None:
+                keys[id(r)] = k = len(live)
+                live.append(r)
+            full_prompt = id(r) in admitted or r.needs_prompt_logprobs
+            return SeqInput(
+                key=k, slot=r.slot, row_key=r.row_key, params=r.params, generation=r.generation,
+                min_loops=r.min_loops, depth_limit=r.depth_limit, num_prompt_tokens=r.num_prompt_tokens,
+                prefill_target=r.prefill_target, prompt_token_ids=list(r.prompt_token_ids) if full_prompt else [],
+                output_token_ids=list(r.output_token_ids) if id(r) in admitted else r.output_token_ids[-1:],
+                min_token_stops=r.min_token_stops if id(r) in admitted else [],
+                bad_word_ids=r.bad_word_ids if id(r) in admitted else [],
+                processes_logits=r.processes_logits, wants_logprobs=r.wants_logprobs,
+                needs_prompt_logprobs=r.needs_prompt_logprobs,
+            )
+
+        step = StepInput(num_drafts=list(sched.num_drafts), round_k=sched.round_k,
+                         block_updates=list(sched.block_updates), guided_slots=list(sched.guided_slots),
+                         guided_masks=sched.guided_masks)
+        for i, r in enumerate(sched.decodes):
+            step.decodes.append(seq(r))
+            step.traces.append(self.trace(r, 1 + (sched.num_drafts[i] if sched.round_k > 0 else 0)))
+        step.prefills = [ChunkInput(seq(c.request), c.start, list(c.token_ids), list(c.depths), c.sample)
+                         for c in sched.prefills]
+        step.admitted = [seq(r) for r in sched.admitted]
+        for r, table in sched.swap_out:
+            r.swapped["id"] = sid = next(self._swap_ids)
+            step.swap_out.append((sid, [tuple(p) for p in table]))
+        for r, table in sched.swap_in:
+            step.swap_in.append((r.swapped["id"], [tuple(p) for p in table]))
+            r.swapped = None
+        step.swap_free, self._swap_free = self._swap_free, []
+        return step, live
+
+    def trace(self, r: Request, n: int) -> list[int]:
+        """Trace depths of a row's next n outputs (the model depth when not replaying a trace)."""
+        if not r.trace_depths:
+            return [self.depth] * n
+        first = len(r.output_token_ids) + r.inflight_outputs - 1
+        return [r.trace_depths[min(first + j, len(r.trace_depths) - 1)] for j in range(n)]

@@ -1,0 +1,221 @@
+"""MultiprocExecutor: a tensor-parallel group, one worker process per rank.
+
+Ranks are started with torch.multiprocessing (spawn) and join one torch.distributed group (NCCL
+on CUDA, rank r on cuda:r; gloo on CPU), through a TCP rendezvous on 127.0.0.1. Each builds a
+`Worker` holding its shard of the model (models/tensor_parallel.py) and its share of every KV
+plane. Every call — a step's plain `StepInput` included — is sent to every rank over its pipe
+(the broadcast), and every rank runs it: the same step programs, the same collectives, the same
+sampling (identical seeds and, after each sum, identical bits), so all ranks stay in lockstep.
+Rank 0 sends the step's results back; the other ranks answer with None (or their error).
+One reader thread per rank empties its pipe as replies arrive; replies are matched to calls in
+the order the calls were sent, so steps may overlap (async scheduling).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import queue
+import socket
+import threading
+import traceback
+from typing import Optional
+
+import torch
+
+from ..cache.memory import MemoryPlan
+from ..errors import ConfigError
+from ..step import StepInput, StepOutput
+from .executor import Executor
+from .worker import Worker, WorkerSpec
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, size: int, spec: WorkerSpec, init_method: str, conn) -> None:
+    """A rank's process: join the group, load the shard, then serve calls until None arrives."""
+    import torch.distributed as dist
+
+    from ..models.tensor_parallel import TensorParallel
+
+    try:
+        on_cuda = torch.device(spec.device).type == "cuda"
+        if on_cuda:
+            torch.cuda.set_device(rank)
+        else:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+        dist.init_process_group("nccl" if on_cuda else "gloo", init_method=init_method, rank=rank, world_size=size)
+        spec = dataclasses.replace(spec, device=f"cuda:{rank}" if on_cuda else "cpu", tp_rank=rank, tp_size=size)
+        worker = Worker(spec, TensorParallel(rank, size))
+        worker.load()
+    except BaseException as exc:  # noqa: BLE001 - reported to the engine, which raises it
+        conn.send(("error", _describe(exc)))
+        return
+    conn.send(("ok", None))
+    try:
+        while True:
+            msg = conn.recv()
+            if msg is None:
+                break
+            method, args = msg
+            try:
+                if method == "execute":
+                    handle = worker.execute(*args)
+                    out = None
+                    result = handle.result()
+                    if rank == 0:
+                        out = StepOutput(rows=handle.rows, prefills=handle.prefills, prompt_rows=handle.prompt_rows,
+                                         round_k=handle.round_k, result=result, device_ms=handle.device_ms())
+                else:
+                    out = getattr(worker, method)(*args)
+                conn.send(("ok", out))
+            except Exception as exc:  # noqa: BLE001
+                conn.send(("error", _describe(exc)))
+    finally:
+        dist.destroy_process_group()
+
+
+def _describe(exc: BaseException) -> tuple:
+    return (type(exc).__name__, str(exc), traceback.format_exc())
+
+
+class RemoteStep:
+    """The engine's handle on a step running on the group; fields filled by result()."""
+
+    def __init__(self, executor: "MultiprocExecutor", seq: int):
+        self._executor, self._seq = executor, seq
+        self._out: Optional[StepOutput] = None
+        self.rows, self.prefills, self.prompt_rows, self.round_k = [], [], [], 0
+        self.guided = False
+
+    def result(self):
+        if self._out is None:
+            self._out = self._executor._wait(self._seq)[0]
+            o = self._out
+            self.rows, self.prefills, self.prompt_rows, self.round_k = o.rows, o.prefills, o.prompt_rows, o.round_k
+        return self._out.result
+
+    def device_ms(self) -> Optional[float]:
+        return self._out.device_ms if self._out is not None else None
+
+
+class MultiprocExecutor(Executor):
+    def __init__(self, spec: WorkerSpec, size: int):
+        from ..models.tensor_parallel import check_tensor_parallel
+
+        check_tensor_parallel(spec.model_config, size)
+        device = torch.device(spec.device)
+        if device.type == "cuda":
+            if device.index not in (None, 0):
+                raise ConfigError(f"tensor_parallel_size={size} puts rank r on cuda:r; give device='cuda' or 'auto', "
+                                  f"not {spec.device!r}")
+            visible = torch.cuda.device_count()
+            if size > visible:
+                raise ConfigError(f"tensor_parallel_size={size} needs {size} GPUs but {visible} are visible "
+                                  "(CUDA_VISIBLE_DEVICES is honoured)")
+        self.size = size
+        self._sent = self._received = 0
+        self._replies: dict[int, list] = {}
+        ctx = torch.multiprocessing.get_context("spawn")
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        self._conns, self._procs = [], []
+        for rank in range(size):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_rank_main, args=(rank, size, spec, init_method, child), daemon=True,
+                               name=f"rlt-tp-rank{rank}")
+            proc.start()
+            child.close()
+            self._conns.append(parent)
+            self._procs.append(proc)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # (rank, reply) in arrival order
+        self._pending = [collections.deque() for _ in range(size)]  # replies read, per rank, in call order
+        for rank, (conn, proc) in enumerate(zip(self._conns, self._procs)):
+            threading.Thread(target=self._read, args=(rank, conn, proc), daemon=True, name=f"rlt-tp-read{rank}").start()
+        try:
+            self._collect("load")
+        except BaseException:
+            self.shutdown(wait=False)
+            raise
+
+    # ---- calls -----------------------------------------------------------------------------------
+    def _send(self, method: str, *args) -> int:
+        for conn in self._conns:
+            conn.send((method, args))
+        seq, self._sent = self._sent, self._sent + 1
+        return seq
+
+    def _read(self, rank: int, conn, proc) -> None:
+        """Reader thread of one rank's pipe: every reply goes to the inbox as it arrives, so a rank
+        never blocks on a full pipe while the engine is sending it the next step."""
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                proc.join(timeout=5)
+                msg = ("error", ("EOFError", f"the process exited (code {proc.exitcode})", ""))
+                self._inbox.put((rank, msg))
+                return
+            self._inbox.put((rank, msg))
+
+    def _collect(self, what: str) -> list:
+        """The next reply of every rank. The first error (or a rank that exits) is raised at once —
+        a ConfigError as itself — without waiting for ranks that may be stuck in a collective."""
+        while not all(self._pending):
+            rank, (status, value) = self._inbox.get()
+            if status == "error":
+                name, message, tb = value
+                if name == "ConfigError":
+                    raise ConfigError(message)
+                raise RuntimeError(f"tensor-parallel rank {rank} failed in {what}: {name}: {message}\n{tb}")
+            self._pending[rank].append(value)
+        return [replies.popleft() for replies in self._pending]
+
+    def _wait(self, seq: int) -> list:
+        while self._received <= seq:
+            self._replies[self._received] = self._collect("a call")
+            self._received += 1
+        return self._replies.pop(seq)
+
+    def _call(self, method: str, *args) -> list:
+        return self._wait(self._send(method, *args))
+
+    # ---- Executor ----------------------------------------------------------------------------------
+    def plan_memory(self, cfg, useful_blocks: int) -> MemoryPlan:
+        """Every rank's plan; the smallest pool (every rank allocates the same number of blocks)."""
+        return min(self._call("plan_memory", cfg, useful_blocks), key=lambda p: p.num_blocks)
+
+    def allocate_kv(self, num_blocks: int) -> None:
+        self._call("allocate_kv", num_blocks)
+
+    def enable_graphs(self, sizes: list[int], token_sizes: list[int]) -> None:
+        self._call("enable_graphs", sizes, token_sizes)
+
+    def init_speculation(self, num_speculative_tokens: int, draft_loops: int, synthetic_acceptance,
+                         graph_sizes: Optional[list[int]]) -> None:
+        self._call("init_speculation", num_speculative_tokens, draft_loops, synthetic_acceptance, graph_sizes)
+
+    def execute(self, step: StepInput) -> RemoteStep:
+        return RemoteStep(self, self._send("execute", step))
+
+    def graph_stats(self) -> dict:
+        return self._call("graph_stats")[0]
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the ranks: ask them to exit (wait=True: for up to 10 s), then terminate any left."""
+        for conn in self._conns:
+            try:
+                conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for proc in self._procs:
+            if wait:
+                proc.join(timeout=10)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=5)
+        self._conns, self._procs = [], []

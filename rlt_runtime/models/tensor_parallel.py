@@ -1,0 +1,138 @@
+"""Tensor parallelism for the models: each rank holds a slice of every attention and MLP block.
+
+Rank r of N keeps attention heads [r*H/N, (r+1)*H/N) and K/V heads [r*KVH/N, (r+1)*KVH/N): the
+rows of the fused q/k/v weight (and Huginn's q/k biases) for those heads, the matching columns of
+the output projection; and MLP columns [r*F/N, (r+1)*F/N): those rows of the gate and up halves,
+those columns of the down projection. Everything else (embeddings, norms, Huginn's adapter, Ouro's
+exit gate, the LM head) is replicated. Each output or down projection then yields an fp32 (fp64
+with dtype float64) partial sum; `TensorParallel.sum` gathers the N partials and adds them in
+rank order on every rank, so every rank holds the same bits (what the exit rules and the
+sampler read) and a row's sum does not depend on the number of rows (an all-reduce may split its
+tensor by size, which would change the order of additions with the batch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from ..errors import ConfigError
+from .fp8_weights import Fp8Weight
+
+
+class TensorParallel:
+    """This process's place in a tensor-parallel group of torch.distributed (gloo or NCCL)."""
+
+    def __init__(self, rank: int, size: int, group=None):
+        self.rank, self.size, self.group = rank, size, group
+
+    def sum(self, part: torch.Tensor) -> torch.Tensor:
+        """Sum of every rank's `part` ([M, K] fp32), added in rank order: ((p0 + p1) + p2) ..."""
+        import torch.distributed as dist
+
+        part = part.contiguous()
+        if part.device.type == "cuda":  # one collective into one buffer (capturable in a CUDA graph with NCCL)
+            gathered = torch.empty((self.size, *part.shape), dtype=part.dtype, device=part.device)
+            dist.all_gather_into_tensor(gathered, part, group=self.group)
+            parts = gathered.unbind(0)
+        else:
+            parts = [torch.empty_like(part) for _ in range(self.size)]
+            dist.all_gather(parts, part, group=self.group)
+        total = parts[0].clone()
+        for p in parts[1:]:
+            total += p
+        return total
+
+
+def row_parallel_linear(ops, x: torch.Tensor, weight, tp: Optional[TensorParallel], active) -> torch.Tensor:
+    """x @ weight.T where weight holds this rank's input columns: the ranks' partial products (fp32,
+    or x's dtype when wider) summed (see `TensorParallel.sum`), in x's dtype. Without a group,
+    plain `ops.linear`."""
+    if tp is None:
+        return ops.linear(x, weight, active_rows=active)
+    wide = x.dtype if x.dtype == torch.float64 else torch.float32
+    part = torch.empty((x.shape[0], weight.shape[0]), dtype=wide, device=x.device)
+    ops.linear(x, weight, out=part, active_rows=active)
+    return tp.sum(part).to(x.dtype)
+
+
+def check_tensor_parallel(config, size: int) -> None:
+    """ConfigError unless the model's heads, K/V heads and MLP width divide evenly over `size` ranks."""
+    fields = (("attention heads", config.num_heads), ("key/value heads", config.kv_heads),
+              ("MLP width (intermediate_size)", config.intermediate_size))
+    for what, value in fields:
+        if value % size:
+            raise ConfigError(f"tensor_parallel_size={size} must divide the model's {what} ({value}); "
+                              f"choose a tensor_parallel_size that divides {value}")
+
+
+def _rows(w, ranges):
+    """The rows of a weight (tensor or Fp8Weight) in the given [start, stop) ranges, concatenated."""
+    if isinstance(w, Fp8Weight):
+        return Fp8Weight(_rows(w.data, ranges), _rows(w.scale, ranges))
+    return torch.cat([w[a:b] for a, b in ranges]).contiguous()
+
+
+def _cols(w, a: int, b: int):
+    """Columns [a, b) of a weight (an Fp8Weight keeps its per-output-row scales)."""
+    if isinstance(w, Fp8Weight):
+        return Fp8Weight(w.data[:, a:b].contiguous(), w.scale)
+    return w[:, a:b].contiguous()
+
+
+def _shard_block(block, tp: TensorParallel, heads: int, kv_heads: int, head_dim: int, width: int, names) -> None:
+    """Slice one attention + MLP block in place. names: the block's (qkv, out, gate_up, down) fields."""
+    r, n = tp.rank, tp.size
+    h, kvh, f = heads // n, kv_heads // n, width // n
+    qkv, out, gate_up, down = names
+    q0, k0, v0 = 0, heads * head_dim, (heads + kv_heads) * head_dim
+    setattr(block, qkv, _rows(getattr(block, qkv), [
+        (q0 + r * h * head_dim, q0 + (r + 1) * h * head_dim),
+        (k0 + r * kvh * head_dim, k0 + (r + 1) * kvh * head_dim),
+        (v0 + r * kvh * head_dim, v0 + (r + 1) * kvh * head_dim),
+    ]))
+    setattr(block, out, _cols(getattr(block, out), r * h * head_dim, (r + 1) * h * head_dim))
+    setattr(block, gate_up, _rows(getattr(block, gate_up), [(r * f, (r + 1) * f), (width + r * f, width + (r + 1) * f)]))
+    setattr(block, down, _cols(getattr(block, down), r * f, (r + 1) * f))
+    if getattr(block, "q_bias", None) is not None:
+        block.q_bias = block.q_bias[r * h:(r + 1) * h].contiguous()
+    if getattr(block, "k_bias", None) is not None:
+        block.k_bias = block.k_bias[r * kvh:(r + 1) * kvh].contiguous()
+
+
+def shard_model(model, tp: TensorParallel) -> None:
+    """Keep only rank tp.rank's slice of a loaded Ouro or Huginn model (see module docstring)."""
+    cfg = model.config
+    check_tensor_parallel(cfg, tp.size)
+    if cfg.family == "ouro":
+        blocks, names = model.layers, ("wqkv", "wo", "w_gate_up", "w_down")
+    else:
+        blocks, names = model.prelude + model.core + model.coda_blocks, ("wqkv", "proj", "fc", "mlp_proj")
+    for block in blocks:
+        _shard_block(block, tp, cfg.num_heads, cfg.kv_heads, cfg.head_dim, cfg.intermediate_size, names)
+    model.heads, model.kv_heads, model.tp = cfg.num_heads // tp.size, cfg.kv_heads // tp.size, tp
+
+
+def move_model(model, device) -> None:
+    """Move a model's weights (tensors, `Fp8Weight`s, blocks, lists of blocks) to `device`: a rank
+    loads and slices on the CPU, so its GPU only ever holds its shard."""
+    device = torch.device(device)
+
+    def move(value):
+        if isinstance(value, torch.Tensor):
+            return value.to(device)
+        if isinstance(value, Fp8Weight):
+            return Fp8Weight(value.data.to(device), value.scale.to(device))
+        if isinstance(value, list):
+            return [move(v) for v in value]
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            for f in dataclasses.fields(value):
+                setattr(value, f.name, move(getattr(value, f.name)))
+        return value
+
+    for name, value in vars(model).items():
+        if name not in ("config", "layout", "tp"):
+            setattr(model, name, move(value))
+    model.device = device
