@@ -56,6 +56,8 @@ EXPECTED_REJECTIONS = [
      r"needs one plane per loop"),
     ("token budget below max_num_seqs", lambda c: c["max_num_batched_tokens"] < c["max_num_seqs"],
      r"must be >= max_num_seqs"),
+    ("guided decoding where xgrammar is not installed (perf/fetch_gpu_wheels.sh carries it)",
+     lambda c: "guided" in c.get("features", ()), r"needs the xgrammar package"),
 ]
 
 DEFAULTS = dict(

@@ -34,6 +34,7 @@ Equalities checked (the ones docs/design.md and README.md promise):
 from __future__ import annotations
 
 import gc
+import importlib.util
 import json
 import os
 import random
@@ -359,6 +360,9 @@ def run_case(case: dict) -> dict:
     device = case["device"]
     if device == "cpu":
         torch.set_num_threads(1)
+    if "guided" in case.get("features", ()) and importlib.util.find_spec("xgrammar") is None:
+        return {"status": "config-error", "detail": "guided decoding needs the xgrammar package (not installed here)",
+                "checks": [], "stats": {}}
     vocab = preset_config(case["model"]).vocab_size
     work = build_workload(case, vocab)
     opts = engine_options(case, device)

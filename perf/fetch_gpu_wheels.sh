@@ -10,4 +10,4 @@ python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --im
   pytest pluggy iniconfig packaging hypothesis sortedcontainers attrs pytest-benchmark py-cpuinfo \
   fastapi starlette uvicorn h11 click prometheus-client httpx httpcore anyio sniffio idna certifi \
   pydantic pydantic-core annotated-types typing-inspection typing-extensions annotated-doc \
-  opentelemetry-api importlib-metadata zipp pytest-xdist execnet nvidia-cudnn-frontend
+  opentelemetry-api importlib-metadata zipp pytest-xdist execnet nvidia-cudnn-frontend xgrammar apache-tvm-ffi
