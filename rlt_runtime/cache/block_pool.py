@@ -24,6 +24,7 @@ class BlockPool:
         self._cached: dict[int, tuple[int, ...]] = {}
         self._block_hash: dict[int, int] = {}
         self._idle: "OrderedDict[int, None]" = OrderedDict()  # cached hashes with no live reference (LRU)
+        self._idle_count = 0  # blocks held by the idle entries
         self.prefix_queries = 0
         self.prefix_hits = 0
 
@@ -31,7 +32,7 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks available without touching live data (free list + evictable cached blocks)."""
-        return len(self._free) + sum(len(self._cached[h]) for h in self._idle)
+        return len(self._free) + self._idle_count
 
     def check_invariant(self) -> None:
         """Raise AssertionError if the block accounting is inconsistent."""
@@ -45,6 +46,7 @@ class BlockPool:
             f"block leak: free {len(free)} + cached-idle {len(idle_blocks)} + used {len(used)} != {self.num_blocks}"
         )
         assert all(r >= 0 for r in self._refs), "negative reference count"
+        assert self._idle_count == len(idle_blocks), "idle block count out of step with the idle entries"
 
     # ---- allocation --------------------------------------------------------------------------
     def allocate(self, n: int) -> Optional[list[int]]:
@@ -60,6 +62,7 @@ class BlockPool:
 
     def _evict_one(self) -> None:
         h, _ = self._idle.popitem(last=False)
+        self._idle_count -= len(self._cached[h])
         for b in self._cached.pop(h):
             del self._block_hash[b]
             self._free.append(b)
@@ -74,8 +77,9 @@ class BlockPool:
                 h = self._block_hash.get(b)
                 if h is None:
                     self._free.append(b)
-                elif all(self._refs[x] == 0 for x in self._cached[h]):
+                elif h not in self._idle and all(self._refs[x] == 0 for x in self._cached[h]):
                     self._idle[h] = None
+                    self._idle_count += len(self._cached[h])
 
     # ---- prefix cache ------------------------------------------------------------------------
     def lookup(self, block_hash: int) -> Optional[tuple[int, ...]]:
@@ -85,7 +89,9 @@ class BlockPool:
         if planes is None:
             return None
         self.prefix_hits += 1
-        self._idle.pop(block_hash, None)
+        if block_hash in self._idle:
+            del self._idle[block_hash]
+            self._idle_count -= len(planes)
         for b in planes:
             self._refs[b] += 1
         return planes
