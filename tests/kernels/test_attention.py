@@ -371,7 +371,7 @@ def test_decode_verify_prefill_same_bits(device, context, verify_len, prefill_le
     assert_same_bits(single_seq(verify_len), prefill_out[pos - context])
 
 
-@settings(max_examples=6)
+@settings(max_examples=5)
 @given(
     context=st.integers(0, 150),
     prefill_len=st.integers(2, 90),
@@ -414,7 +414,7 @@ def test_generated_rows_same_bits_in_decode_and_recompute(device, context, prefi
 # Split-KV
 # ---------------------------------------------------------------------------------------------
 
-@settings(max_examples=5)
+@settings(max_examples=4)
 @given(
     seqs=st.lists(seq_strategy(max_prefill=70, max_context=200), min_size=0, max_size=2),
     spanning=st.tuples(st.integers(2, 70), st.integers(130, 200)),

@@ -40,7 +40,8 @@ def flash_llm(preset, version, **options):
     ("fa3", "ouro-tiny", {"exit_mode": "ouro"}, "ouro", 0.55, None),
     pytest.param("fa3", "ouro-tiny", {"exit_mode": "ouro", "kv_layout": "shared"}, "ouro", 0.55, "shared",
                  marks=pytest.mark.slow),  # ~30 s: a prefill step per prompt token
-    ("fa2", "huginn-tiny", {"exit_mode": "latent-diff", "exit_criterion_threshold": 1.2}, "latent-diff", 1.2, "full"),
+    pytest.param("fa2", "huginn-tiny", {"exit_mode": "latent-diff", "exit_criterion_threshold": 1.2}, "latent-diff", 1.2,
+                 "full", marks=pytest.mark.slow),  # ~30 s; Huginn's Triton path runs unmarked in test_triton_path
     pytest.param("fa3", "huginn-tiny", {"exit_mode": "fixed", "kv_layout": "compress-s2"}, "fixed", None,
                  "compress-s2", marks=pytest.mark.slow),  # ~50 s
 ], indirect=["standin"])
