@@ -101,6 +101,21 @@ class _Tracked:
     prompt_logprobs_sent: int = 0  # prompt log-probability entries sent as deltas
 
 
+
+def error_output(request_id: str, tracked, message: str) -> RequestOutput:
+    """The final output of a request a failure ended: the samples of its last output (unfinished
+    ones with finish_reason "error"), or n empty error samples. tracked: the front end's record
+    (prompt, prompt_token_ids, params, last output or None)."""
+    last = tracked.last
+    if last is not None and last.outputs:
+        samples = [dataclasses.replace(c, finish_reason=c.finish_reason or "error") for c in last.outputs]
+    else:
+        samples = [CompletionOutput(index=i, text="", token_ids=[], exit_depths=[], finish_reason="error")
+                   for i in range(tracked.params.n)]
+    return RequestOutput(request_id, tracked.prompt, list(tracked.prompt_token_ids), samples, True,
+                         metrics=None if last is None else last.metrics,
+                         prompt_logprobs=None if last is None else last.prompt_logprobs, error=message)
+
 class DataParallelEngine:
     """`data_parallel_size` LLMEngine replicas, one per device, behind one add/abort/step/stats surface.
 
@@ -267,15 +282,7 @@ class DataParallelEngine:
         for request_id, tracked in list(self._tracked.items()):
             if tracked.replica != replica.index:
                 continue
-            last = tracked.last
-            if last is not None and last.outputs:
-                samples = [dataclasses.replace(c, finish_reason=c.finish_reason or "error") for c in last.outputs]
-            else:
-                samples = [CompletionOutput(index=i, text="", token_ids=[], exit_depths=[], finish_reason="error")
-                           for i in range(tracked.params.n)]
-            out = RequestOutput(request_id, tracked.prompt, list(tracked.prompt_token_ids), samples, True,
-                                metrics=None if last is None else last.metrics,
-                                prompt_logprobs=None if last is None else last.prompt_logprobs, error=message)
+            out = error_output(request_id, tracked, message)
             self._settle(request_id, tracked, out)
             outs.append(self._delta(tracked, out) if deltas else out)
         return outs

@@ -29,11 +29,8 @@ import logging
 import multiprocessing.connection
 import os
 import queue
-import signal
 import socket
-import threading
 import time
-import traceback
 from typing import Optional, Union
 
 import torch
@@ -43,13 +40,15 @@ from ..config import EngineConfig
 from ..errors import ConfigError, ReplicaError, RequestError
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
-from .data_parallel import WAIT_S, DataParallelEngine, _config_and_tokenizer, _replica_options, _sum_speculative
+from .data_parallel import (
+    WAIT_S, DataParallelEngine, _config_and_tokenizer, _replica_options, _sum_speculative, error_output,
+)
 from .kv_transfer import (
     DECODE_RANK, PREFILL_RANK, Handoff, close_transfer_group, export_handoffs, import_handoff, init_transfer_group,
     recv_tensors, send_tensors,
 )
 from .llm_engine import tokenize_prompt
-from .process_replica import STATS_INTERVAL_S, ProcessReplica, _apply, _finish, _write
+from .process_replica import STATS_INTERVAL_S, ChildHooks, ProcessReplica
 from .replica import Replica
 from .wire import output_to_dict
 
@@ -257,15 +256,7 @@ class DisaggregatedEngine:
 
     def _fail(self, request_id: str, message: str, deltas: bool) -> RequestOutput:
         tracked = self._tracked[request_id]
-        last = tracked.last
-        if last is not None and last.outputs:
-            samples = [dataclasses.replace(c, finish_reason=c.finish_reason or "error") for c in last.outputs]
-        else:
-            samples = [CompletionOutput(index=i, text="", token_ids=[], exit_depths=[], finish_reason="error")
-                       for i in range(tracked.params.n)]
-        out = RequestOutput(request_id, tracked.prompt, list(tracked.prompt_token_ids), samples, True,
-                            metrics=None if last is None else last.metrics,
-                            prompt_logprobs=None if last is None else last.prompt_logprobs, error=message)
+        out = error_output(request_id, tracked, message)
         self._settle(request_id, tracked, out)
         return DataParallelEngine._delta(tracked, out) if deltas else out
 
@@ -348,18 +339,9 @@ class ProcessRole(ProcessReplica):
 
     def __init__(self, index: int, role: str, model: str, config: dict, device: str, num_threads: int, context,
                  init_method: str):
-        self.index, self.role = index, role
-        self.info = {"device": device, "role": role}
-        self._conn, child = context.Pipe(duplex=True)
-        self.process = context.Process(target=role_main, args=(child, role, model, config, device, num_threads,
-                                                               init_method),
-                                       name=f"rlt-{role}", daemon=True)
-        self.process.start()
-        child.close()
-        self._outputs: list[RequestOutput] = []
-        self._stats: dict = {}
-        self._seq = 0
-        self._final_only = False
+        super().__init__(index, model, config, device, num_threads, context, RoleHooks(role, device, init_method))
+        self.role = role
+        self.info["role"] = role
         self._handoffs: list[Handoff] = []
 
     def wait_ready(self) -> None:
@@ -429,81 +411,50 @@ def _start_roles(model: str, cfg: EngineConfig, devices: tuple[str, str], backen
 
 
 # ---- child processes ------------------------------------------------------------------------------------
-def role_main(conn, role: str, model: str, config: dict, device: str, num_threads: int, init_method: str) -> None:
-    """Entry point of an engine process: join the transfer group, build the engine, serve the pipe."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    outbox: queue.SimpleQueue = queue.SimpleQueue()
-    writer = threading.Thread(target=_write, args=(conn, outbox), name=f"rlt-{role}-writer", daemon=True)
-    writer.start()
-    try:
-        from .llm_engine import LLMEngine
+class RoleHooks(ChildHooks):
+    """A role's additions to a replica process (process_replica.py): join the K/V transfer group
+    before the engine is built; the prefill engine holds decodes, returns finished requests only
+    and, after each step, posts its handoffs' K/V sends and tells the front end; the decode engine
+    receives the K/V of each "import" and queues the request."""
 
-        torch.set_num_threads(num_threads)
-        init_transfer_group(PREFILL_RANK if role == PREFILL else DECODE_RANK, init_method, device)
-        engine = LLMEngine(model, EngineConfig.from_kwargs(**dict(config, device=device)))
-        engine.scheduler.hold_decodes = role == PREFILL
-    except Exception as exc:  # noqa: BLE001 - reported to the front end, which raises it
-        outbox.put(("failed", type(exc).__name__, str(exc) if isinstance(exc, errors.RltError) else repr(exc)))
-        _finish(outbox, writer)
-        return
-    outbox.put(("ready", {"model_name": engine.model_name, "max_model_len": engine.max_model_len,
-                          "depth": engine.depth, "device": str(engine.device), "pid": os.getpid(),
-                          "stats": engine.stats()}))
-    try:
-        _serve_role(conn, role, engine, device, outbox)
-    except Exception as exc:  # noqa: BLE001 - an engine or transfer failure: report it and end this engine
-        outbox.put(("failed", type(exc).__name__, f"{exc!r}\n{traceback.format_exc()}"))
-        _finish(outbox, writer)
-        os._exit(1)
-    _finish(outbox, writer)
-    close_transfer_group()
+    def __init__(self, role: str, device: str, init_method: str):
+        self.role, self.device, self.init_method = role, device, init_method
+        self.name = role
+        self._sending: list = []  # (work, tensor) of posted K/V sends, kept alive until they complete
 
+    def before_engine(self, device: str) -> None:
+        init_transfer_group(PREFILL_RANK if self.role == PREFILL else DECODE_RANK, self.init_method, device)
 
-def _serve_role(conn, role: str, engine, device: str, outbox: queue.SimpleQueue) -> None:
-    """process_replica._serve plus the role's part: the prefill engine exports its handoffs after
-    each step (posting the K/V sends, then telling the front end); the decode engine receives the
-    K/V of each "import" and queues the request."""
-    last_stats = 0.0
-    final_only = role == PREFILL
-    sending: list = []  # (work, tensor) of posted K/V sends, kept alive until they complete
-    while True:
-        sending = [(w, t) for w, t in sending if not w.is_completed()]
-        if not engine.has_unfinished_requests():
-            try:
-                conn.poll(None if not sending else STATS_INTERVAL_S)
-            except (EOFError, OSError):
-                return
-        while True:
-            try:
-                if not conn.poll(0):
-                    break
-                cmd = conn.recv()
-            except (EOFError, OSError):
-                return
-            if cmd[0] == "stop":
-                return
-            if cmd[0] == "final_only":
-                final_only = cmd[1] or role == PREFILL
-                continue
-            if cmd[0] == "import":
-                handoff = Handoff(cmd[1], recv_tensors([s for x in cmd[1]["samples"] for s in x["kv"] or ()], device))
-                try:
-                    import_handoff(engine, handoff)
-                except errors.RltError as exc:
-                    outbox.put(("outputs", [output_to_dict(_import_error(handoff, exc))], None))
-                continue
-            outbox.put(_apply(engine, cmd))
-        outs = []
-        if engine.has_unfinished_requests():
-            outs = engine.step(final_only=final_only)
-        if role == PREFILL:
-            for handoff in export_handoffs(engine):
-                sending += send_tensors(handoff.tensors, device)
-                outbox.put(("handoff", handoff.meta))
-        now = time.monotonic()
-        idle = not engine.has_unfinished_requests()
-        stats = None
-        if now - last_stats >= STATS_INTERVAL_S or idle:
-            stats, last_stats = engine.stats(), now
-        if outs or stats is not None:
-            outbox.put(("outputs", [output_to_dict(o) for o in outs], stats))
+    def engine_built(self, engine) -> None:
+        engine.scheduler.hold_decodes = self.role == PREFILL
+
+    def final_only(self, asked: bool) -> bool:
+        return asked or self.role == PREFILL
+
+    def _pending_sends(self) -> list:
+        self._sending = [(w, t) for w, t in self._sending if not w.is_completed()]
+        return self._sending
+
+    def idle_wait(self) -> Optional[float]:
+        return STATS_INTERVAL_S if self._pending_sends() else None
+
+    def command(self, engine, cmd: tuple, outbox: queue.SimpleQueue) -> bool:
+        if cmd[0] != "import":
+            return False
+        handoff = Handoff(cmd[1], recv_tensors([s for x in cmd[1]["samples"] for s in x["kv"] or ()], self.device))
+        try:
+            import_handoff(engine, handoff)
+        except errors.RltError as exc:
+            outbox.put(("outputs", [output_to_dict(_import_error(handoff, exc))], None))
+        return True
+
+    def after_step(self, engine, outbox: queue.SimpleQueue) -> None:
+        if self.role != PREFILL:
+            return
+        self._pending_sends()
+        for handoff in export_handoffs(engine):
+            self._sending += send_tensors(handoff.tensors, self.device)
+            outbox.put(("handoff", handoff.meta))
+
+    def close(self) -> None:
+        close_transfer_group()

@@ -40,12 +40,15 @@ STATS_INTERVAL_S = 0.05  # the child attaches a stats snapshot at most this ofte
 class ProcessReplica(Replica):
     """Front-end side of a replica process. Construct, then `wait_ready()`."""
 
-    def __init__(self, index: int, model: str, config: dict, device: str, num_threads: int, context):
+    def __init__(self, index: int, model: str, config: dict, device: str, num_threads: int, context,
+                 hooks: Optional["ChildHooks"] = None):
+        """hooks: what the child adds to a plain replica (picklable; default `ChildHooks()`)."""
+        hooks = hooks or ChildHooks()
         self.index = index
         self.info = {"device": device}
         self._conn, child = context.Pipe(duplex=True)
-        self.process = context.Process(target=replica_main, args=(child, model, config, device, num_threads),
-                                       name=f"rlt-replica-{index}", daemon=True)
+        self.process = context.Process(target=replica_main, args=(child, model, config, device, num_threads, hooks),
+                                       name=f"rlt-{hooks.name}-{index}", daemon=True)
         self.process.start()
         child.close()
         self._outputs: list[RequestOutput] = []
@@ -178,11 +181,43 @@ def _error(class_name: str, message: str) -> Exception:
 
 
 # ---- child process ------------------------------------------------------------------------------------
-def replica_main(conn, model: str, config: dict, device: str, num_threads: int) -> None:
+
+class ChildHooks:
+    """What a child process adds to a plain replica around its engine and its serve loop (nothing
+    here; disaggregated prefill's roles add a transfer group, handoffs and imports). Picklable:
+    the front end builds it and the child calls it."""
+
+    name = "replica"
+
+    def before_engine(self, device: str) -> None:
+        """Runs before the engine is built."""
+
+    def engine_built(self, engine) -> None:
+        """Runs once the engine is built."""
+
+    def final_only(self, asked: bool) -> bool:
+        """Whether the engine's steps return finished requests only, given what the front end asked."""
+        return asked
+
+    def idle_wait(self) -> Optional[float]:
+        """How long an idle child waits for a command before looking again (None: until one comes)."""
+        return None
+
+    def command(self, engine, cmd: tuple, outbox: queue.SimpleQueue) -> bool:
+        """Apply a command the plain protocol lacks; False when `cmd` is not one of them."""
+        return False
+
+    def after_step(self, engine, outbox: queue.SimpleQueue) -> None:
+        """Runs after each step (or each pass with no work)."""
+
+    def close(self) -> None:
+        """Runs when the child stops normally."""
+
+def replica_main(conn, model: str, config: dict, device: str, num_threads: int, hooks: ChildHooks) -> None:
     """Entry point of a replica process: build the engine on `device`, then serve the pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front end decides when replicas stop
     outbox: queue.SimpleQueue = queue.SimpleQueue()
-    writer = threading.Thread(target=_write, args=(conn, outbox), name="rlt-replica-writer", daemon=True)
+    writer = threading.Thread(target=_write, args=(conn, outbox), name=f"rlt-{hooks.name}-writer", daemon=True)
     writer.start()
     try:
         import torch
@@ -191,7 +226,9 @@ def replica_main(conn, model: str, config: dict, device: str, num_threads: int) 
         from .llm_engine import LLMEngine
 
         torch.set_num_threads(num_threads)
+        hooks.before_engine(device)
         engine = LLMEngine(model, EngineConfig.from_kwargs(**dict(config, device=device)))
+        hooks.engine_built(engine)
     except Exception as exc:  # noqa: BLE001 - reported to the front end, which raises it
         outbox.put(("failed", type(exc).__name__, str(exc) if isinstance(exc, errors.RltError) else repr(exc)))
         _finish(outbox, writer)
@@ -200,21 +237,22 @@ def replica_main(conn, model: str, config: dict, device: str, num_threads: int) 
                           "depth": engine.depth, "device": str(engine.device), "pid": os.getpid(),
                           "stats": engine.stats()}))
     try:
-        _serve(conn, engine, outbox)
-    except Exception as exc:  # noqa: BLE001 - an engine bug: report it and end this replica
+        _serve(conn, engine, outbox, hooks)
+    except Exception as exc:  # noqa: BLE001 - an engine (or hook) failure: report it and end this child
         outbox.put(("failed", type(exc).__name__, f"{exc!r}\n{traceback.format_exc()}"))
         _finish(outbox, writer)
         os._exit(1)
     _finish(outbox, writer)
+    hooks.close()
 
 
-def _serve(conn, engine, outbox: queue.SimpleQueue) -> None:
+def _serve(conn, engine, outbox: queue.SimpleQueue, hooks: ChildHooks) -> None:
     last_stats = 0.0
-    final_only = False
+    final_only = hooks.final_only(False)
     while True:
         if not engine.has_unfinished_requests():
             try:
-                conn.poll(None)  # idle: sleep until a command (or the front end's exit: EOF)
+                conn.poll(hooks.idle_wait())  # idle: sleep until a command (or the front end's exit: EOF)
             except (EOFError, OSError):
                 return
         while True:
@@ -227,12 +265,14 @@ def _serve(conn, engine, outbox: queue.SimpleQueue) -> None:
             if cmd[0] == "stop":
                 return
             if cmd[0] == "final_only":
-                final_only = cmd[1]
+                final_only = hooks.final_only(cmd[1])
                 continue
-            outbox.put(_apply(engine, cmd))
+            if not hooks.command(engine, cmd, outbox):
+                outbox.put(_apply(engine, cmd))
         outs = []
         if engine.has_unfinished_requests():
             outs = engine.step(final_only=final_only)
+        hooks.after_step(engine, outbox)
         now = time.monotonic()
         idle = not engine.has_unfinished_requests()
         stats = None

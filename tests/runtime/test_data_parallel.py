@@ -21,6 +21,7 @@ from rlt_runtime.engine.routing import Router
 from rlt_runtime.engine.wire import output_from_dict, output_to_dict, params_from_dict, params_to_dict
 from rlt_runtime.errors import ReplicaError
 from rlt_runtime.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
+from workload import fail_after_steps
 
 OPTIONS = dict(dtype="float32", device="cpu", max_num_seqs=4, num_blocks=256, max_model_len=128)
 
@@ -275,16 +276,7 @@ def test_abort_reaches_the_replica_that_runs_the_request():
 
 def test_a_failed_replica_errors_its_requests_and_the_others_keep_serving():
     engine = DataParallelEngine("ouro-tiny", data_parallel_size=2, backend="inprocess", **OPTIONS)
-    broken = engine.replicas[1].engine
-    calls = []
-
-    def failing_step(final_only=False):
-        calls.append(1)
-        if len(calls) > 2:
-            raise RuntimeError("device lost")
-        return LLMEngine.step(broken, final_only)
-
-    broken.step = failing_step
+    fail_after_steps(engine.replicas[1].engine, 2)
     for i, prompt in enumerate(SHORT_PROMPTS):
         engine.add_request(f"f{i}", prompt, LONG)
     done = _finish_all(engine)

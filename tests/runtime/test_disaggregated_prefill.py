@@ -18,6 +18,7 @@ from rlt_runtime.engine.disaggregated import DECODE, PREFILL, DisaggregatedEngin
 from rlt_runtime.engine.llm_engine import LLMEngine
 from rlt_runtime.errors import ReplicaError
 from rlt_runtime.outputs import OutputAccumulator
+from workload import fail_after_steps
 
 OPTIONS = dict(dtype="float32", device="cpu", max_num_seqs=4, num_blocks=256, max_model_len=128)
 LONG = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
@@ -235,16 +236,7 @@ def test_aborts_free_blocks_on_both_engines_wherever_the_request_is():
 def test_a_failed_decode_engine_errors_every_request_and_frees_the_prefill_blocks():
     engine = DisaggregatedEngine("ouro-tiny", backend="inprocess", **dict(OPTIONS, max_num_batched_tokens=16,
                                                                         prefill_chunk_size=8))
-    broken = engine.decode.engine
-    calls = []
-
-    def failing_step(final_only=False):
-        calls.append(1)
-        if len(calls) > 2:
-            raise RuntimeError("device lost")
-        return LLMEngine.step(broken, final_only)
-
-    broken.step = failing_step
+    fail_after_steps(engine.decode.engine, 2)
     engine.add_request("a", [1, 2, 3], LONG)
     engine.add_request("b", list(range(20, 80)), LONG)  # still prefilling when the decode engine fails
     done = _finish_all(engine)
@@ -267,10 +259,7 @@ def test_a_failed_prefill_engine_errors_only_the_requests_it_holds():
         engine.step()
     engine.add_request("stuck", list(range(20, 80)), LONG)
 
-    def failing_step(final_only=False):
-        raise RuntimeError("device lost")
-
-    engine.prefill.engine.step = failing_step
+    fail_after_steps(engine.prefill.engine, 0)
     done = _finish_all(engine)
     assert done["stuck"].outputs[0].finish_reason == "error" and "prefill engine" in done["stuck"].error
     assert done["handed"].error is None and len(done["handed"].outputs[0].token_ids) == 30

@@ -1,4 +1,4 @@
-"""Drive an engine through a staggered-arrival workload (shared by the engine test files)."""
+"""Drive an engine through a staggered-arrival workload, or break one (shared by the engine test files)."""
 
 from __future__ import annotations
 
@@ -23,3 +23,18 @@ def run_workload(llm, work, params: SamplingParams, prefix: str = "w") -> dict:
         step += 1
     assert eng.kv.pool.num_free == eng.kv.pool.num_blocks
     return done
+
+
+def fail_after_steps(engine, steps: int) -> None:
+    """Make an LLMEngine's step raise RuntimeError("device lost") after `steps` good steps."""
+    from rlt_runtime.engine.llm_engine import LLMEngine
+
+    calls = []
+
+    def failing_step(final_only=False):
+        calls.append(1)
+        if len(calls) > steps:
+            raise RuntimeError("device lost")
+        return LLMEngine.step(engine, final_only)
+
+    engine.step = failing_step
