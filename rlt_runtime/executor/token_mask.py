@@ -66,8 +66,9 @@ class TokenMask:
         grammar's mask over ``raw`` (the unprocessed logits [B, V]), so a grammar that can only end
         ends, rather than the sampler choosing among -inf everywhere."""
         words = self.mask.index_select(0, idx)
-        masked = apply_token_bitmask(logits, words)
         if raw is None:
-            return masked
+            return apply_token_bitmask(logits, words)
+        banned = ~unpack_bitmask(words, logits.shape[1])
+        masked = logits.masked_fill(banned, -math.inf)
         stuck = masked.amax(dim=1) == -math.inf
-        return torch.where(stuck[:, None], apply_token_bitmask(raw.to(masked.dtype), words), masked)
+        return torch.where(stuck[:, None], raw.to(masked.dtype).masked_fill(banned, -math.inf), masked)
