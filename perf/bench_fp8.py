@@ -3,6 +3,7 @@
     python -m perf.bench_fp8 --out out/fp8 [--parts speed fidelity]
     python -m perf.bench_fp8 --out /tmp/fp8 --model ouro-tiny --batches 1 2 --output-len 8 --prompts 2  # CPU smoke
     python -m perf.bench_fp8 --out out/fp8-fidelity --parts fidelity  # fidelity alone (a few minutes on the H200)
+    python -m perf.bench_fp8 --out out/fp8-sensitivity --parts sensitivity  # the fp32 reference alone (CPU: ~10 min)
 
 Three engines on the `ouro-1.4b` preset (random-init replica, bf16 activations): bf16 weights and
 K/V, FP8 weights (quantization="fp8"), FP8 weights and K/V (+ kv_cache_dtype="fp8").
@@ -20,6 +21,13 @@ K/V, FP8 weights (quantization="fp8"), FP8 weights and K/V (+ kv_cache_dtype="fp
   observed from Python) one sequence at a time. A control row, "bf16 (second engine)", measures a
   fresh bf16 engine the same way: batch-invariant kernels make it exactly 0 KL and 100% agreement,
   so any other figure there means the measurement itself is noisy.
+* Sensitivity of the model itself (part "sensitivity", any device): the fp32 dense reference
+  (`models.dense_reference`), teacher-forced over the first prompts, with its weights rounded to
+  bf16 and with the FP8-quantized layer weights widened back, each against the unrounded fp32
+  weights. It separates what the format costs on this model from what the engine adds: a
+  random-init replica has nearly flat next-token distributions, so bf16 rounding alone already
+  moves its argmax, and the FP8 figures above are expected to be about as far from bf16 as the
+  reference's FP8 row is from fp32.
 """
 
 from __future__ import annotations
@@ -44,7 +52,8 @@ CONFIGS = {
 BATCHES = [1, 64, 256]
 EXIT_THRESHOLD = 0.5
 CONTROL = "bf16 (second engine)"  # a fresh bf16 engine against the reference: the measurement's noise
-PARTS = ("speed", "fidelity")
+PARTS = ("speed", "fidelity", "sensitivity")
+SENSITIVITY_PROMPTS = 2  # the reference runs token by token
 
 
 def _free():
@@ -160,6 +169,48 @@ def fidelity(model, options, prompts, output_len, dtype, reference=None) -> dict
             "mean_kl": float(kl.mean()), "max_kl": float(kl.max()), "positions": rows}
 
 
+def _model_weights(model: str):
+    """(config, {hf name: fp32 tensor on the CPU}) of a preset or checkpoint directory."""
+    from rlt_runtime.models.checkpoint import iter_checkpoint, load_config, resolve_model
+    from rlt_runtime.models.presets import preset_config, preset_weights
+
+    kind, where = resolve_model(model)
+    if kind == "preset":
+        cfg = preset_config(where)
+        return cfg, dict(preset_weights(cfg))
+    cfg = load_config(where)
+    return cfg, dict(iter_checkpoint(where, cfg, dtype=torch.float32))
+
+
+def sensitivity(model, prompts, device) -> dict:
+    """Teacher-forced fp32 dense reference with bf16-rounded and with FP8 (quantized, widened) layer
+    weights, each against the fp32 weights: mean/max KL and argmax agreement over every prompt position."""
+    from rlt_kernels.fp8 import dequantize_weight_fp8, quantize_weight_fp8
+    from rlt_runtime.models.dense_reference import reference_generate
+
+    cfg, weights = _model_weights(model)
+
+    def logprobs(ws):
+        ws = {n: t.to(device) for n, t in ws.items()}
+        rows = [reference_generate(cfg, ws, p, 1, dtype=torch.float32).prompt_logits for p in prompts]
+        return torch.log_softmax(torch.stack([r for rs in rows for r in rs]).float(), dim=-1).cpu()
+
+    def fp8(name, t):
+        return dequantize_weight_fp8(*quantize_weight_fp8(t)) if _quantized(cfg, name, t.shape) else t
+
+    variants = {"bf16 weights": {n: t.to(torch.bfloat16).float() for n, t in weights.items()},
+                "fp8 weights": {n: fp8(n, t) for n, t in weights.items()}}
+    ref = logprobs(weights)
+    out = {}
+    for name, ws in variants.items():
+        lp = logprobs(ws)
+        kl = (ref.exp() * (ref - lp)).sum(-1)
+        out[name] = {"mean_kl": float(kl.mean()), "max_kl": float(kl.max()), "positions": ref.shape[0],
+                     "argmax_agreement": float((ref.argmax(-1) == lp.argmax(-1)).float().mean())}
+        print("sensitivity", name, out[name], flush=True)
+    return out
+
+
 def run(args) -> dict:
     on_cuda = torch.cuda.is_available()
     dtype = "bfloat16"
@@ -170,7 +221,7 @@ def run(args) -> dict:
         roof = measure()
         print("roofline", roof, flush=True)
     res = {"model": args.model, "date": time.strftime("%Y-%m-%d"), "roofline": roof, "dtype": dtype,
-           "input_len": args.input_len, "output_len": args.output_len, "speed": {}, "fidelity": {}}
+           "input_len": args.input_len, "output_len": args.output_len, "speed": {}, "fidelity": {}, "sensitivity": {}}
     if "speed" in args.parts:
         for name, options in CONFIGS.items():
             res["speed"][name] = speed(args.model, options, args.batches, args.input_len, args.output_len, roof, dtype)
@@ -180,6 +231,9 @@ def run(args) -> dict:
         for name, options in [(CONTROL, CONFIGS["bf16"]), *list(CONFIGS.items())[1:]]:
             res["fidelity"][name] = fidelity(args.model, options, prompts, args.fidelity_output_len, dtype, reference)
             print("fidelity", name, {k: v for k, v in res["fidelity"][name].items() if k != "logprobs"}, flush=True)
+    if "sensitivity" in args.parts:
+        prompts = random_prompts(SENSITIVITY_PROMPTS, args.fidelity_prompt_len, vocab_size(args.model), seed=11)
+        res["sensitivity"] = sensitivity(args.model, prompts, "cuda" if on_cuda else "cpu")
     return res
 
 
@@ -211,16 +265,27 @@ def markdown(res: dict) -> str:
             frac = f"{r['frac_floor']:.0%}" if "frac_floor" in r else "-"
             lines.append(f"| {name} | {b} | {r['tok_per_s']:.0f} | {r['ms_per_step']:.2f} | {floor} | {frac} | "
                          f"{r['tok_per_s'] / base[b]['tok_per_s']:.2f}x |")
-    if not res["fidelity"]:
-        return "\n".join(lines) + "\n"
-    lines += ["", f"Fidelity against bf16 over {next(iter(res['fidelity'].values()))['positions']} "
+    if res["fidelity"]:
+        lines += _fidelity_lines(res)
+    if res.get("sensitivity"):
+        sens = res["sensitivity"]
+        lines += ["", f"Sensitivity of the model: fp32 dense reference, teacher-forced over "
+                  f"{next(iter(sens.values()))['positions']} positions, against its fp32 weights.", "",
+                  "| weights | mean KL | max KL | argmax agreement |", "|---|---|---|---|"]
+        for name, f in sens.items():
+            lines.append(f"| {name} | {f['mean_kl']:.2e} | {f['max_kl']:.2e} | {f['argmax_agreement']:.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+def _fidelity_lines(res: dict) -> list[str]:
+    lines = ["", f"Fidelity against bf16 over {next(iter(res['fidelity'].values()))['positions']} "
               f"teacher-forced positions (exit_threshold {EXIT_THRESHOLD} for the free-running figures).", "",
               "| engine | mean KL | max KL | argmax agreement (teacher-forced) | greedy agreement | exit-depth agreement |",
               "|---|---|---|---|---|---|"]
     for name, f in res["fidelity"].items():
         lines.append(f"| {name} | {f['mean_kl']:.2e} | {f['max_kl']:.2e} | {f['teacher_forced_argmax_agreement']:.1%} | "
                      f"{f['greedy_agreement']:.1%} | {f['exit_depth_agreement']:.1%} |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv=None) -> None:
@@ -233,7 +298,7 @@ def main(argv=None) -> None:
     ap.add_argument("--prompts", type=int, default=16, help="fidelity prompts")
     ap.add_argument("--fidelity-prompt-len", type=int, default=32)
     ap.add_argument("--fidelity-output-len", type=int, default=32)
-    ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure")
+    ap.add_argument("--parts", nargs="+", choices=PARTS, default=["speed", "fidelity"], help="what to measure")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     res = run(args)

@@ -4,7 +4,7 @@
 #   (default: all but the sweeps; `tests` runs the GPU pytest suite and the conformance matrix side by
 #   side on the device, each with its own time limit, PART_TIMEOUT and CONF_TIMEOUT (default 480 s), so
 #   both fit one device call). Narrowing a part: TESTS_K (pytest -k for the GPU tests),
-#   CONF_CASES, CONF_SEED, CONF_WORKERS, CONF_BUDGET, CONF_ONLY (the conformance matrix: perf/conformance.py),
+#   CONF_CASES, CONF_SEED, CONF_WORKERS, CONF_BUDGET, CONF_ONLY, CONF_FIRST (the conformance matrix: perf/conformance.py),
 #   RLT_SWEEP_K (weights of gemm-sweep), RLT_SPEC_CONFIGS (fixed2,fixed4,adaptive), RLT_SPEC_BATCHES,
 #   RLT_SPEC_ACCEPTANCE (measured,0.7,0.9),
 #   RLT_SERVING_MODES (native,speculative), RLT_SERVING_RATES (request rates, e.g. 16,32,inf),
@@ -23,7 +23,7 @@ pack() { tar czf "$OUT/results.tgz" -C "$WORK" . ; }
 conformance() {  # Random engine configurations, each case in its own process, bitwise against its requests
                  # run alone (docs/gpu_validation.md); the runner keeps to CONF_BUDGET, timeout is the backstop.
   timeout "$CONF_TIMEOUT" python3 -m perf.conformance --out "$WORK/conformance" --cases "${CONF_CASES:-40}" \
-    --seed "${CONF_SEED:-0}" --workers "${CONF_WORKERS:-6}" --budget-s "${CONF_BUDGET:-420}" ${CONF_ONLY:+--only "$CONF_ONLY"} \
+    --seed "${CONF_SEED:-0}" --workers "${CONF_WORKERS:-6}" --budget-s "${CONF_BUDGET:-420}" ${CONF_ONLY:+--only "$CONF_ONLY"} ${CONF_FIRST:+--first "$CONF_FIRST"} \
     > "$WORK/conformance.log" 2>&1
   echo "conformance exit code $?" | tee -a "$WORK/conformance.log"
   grep -E -A1 "^ *(fail|crash|timeout) " "$WORK/conformance.log"; grep "^conformance:" "$WORK/conformance.log"

@@ -68,13 +68,14 @@ def linear_reports() -> dict:
         for name, n, k, act in OURO_WEIGHTS:
             if weight == "fp8" and name == "lm_head":
                 continue  # the LM head stays bf16
-            for rows in (1, 256, 2048):  # the decode, middle and prefill row classes
+            for rows in (1, 64, 256, 2048):  # the skinny and full decode, middle and prefill row classes
                 cfg = gemm.linear_config(n, k, torch.bfloat16, act, rows)
                 const = dict(HAS_ACTIVE=True, SWIGLU=act == "swiglu", HAS_SCALE=weight == "fp8", EXACT_DOT=False,
                              PRECISION="tf32", EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                             BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k, PDL=True)
+                             BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k, SWAP_AB=cfg.swap_ab,
+                             PDL=True)
                 out[f"linear {weight} {name} M={rows} {cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.num_stages} "
-                    f"split {cfg.split_k}"] = compile_sm90(gemm._linear_kernel, ptrs, const, num_warps=cfg.num_warps,
+                    f"split {cfg.split_k}{' transposed' if cfg.swap_ab else ''}"] = compile_sm90(gemm._linear_kernel, ptrs, const, num_warps=cfg.num_warps,
                                                            num_stages=cfg.num_stages)
         const = dict(HAS_ACTIVE=True, SWIGLU=True, HAS_SCALE=weight == "fp8", SPLIT_K=2, BLOCK_M=gemm.REDUCE_BLOCK_M,
                      BLOCK_N=gemm.REDUCE_BLOCK_N, PDL=True)

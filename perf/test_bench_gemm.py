@@ -99,7 +99,7 @@ def test_bench_linear(benchmark, roofline, name, n, k, activation, m):
         baseline_ms=layer_ms, matmul_ms=matmul_ms, vs_matmul=matmul_ms / ms,
         weight_gbps=weight_gbps, frac_bandwidth_weights=weight_gbps / roofline["copy_gbps"],
         m=m, n=n, k=k, activation=activation, regime="decode (bandwidth)" if m <= 16 else "compute",
-        config=dataclasses.asdict(gemm.linear_config(n, k, DTYPE, activation)),
+        config=dataclasses.asdict(gemm.linear_config(n, k, DTYPE, activation, m)),
     )
     benchmark.pedantic(_sync(kernel), rounds=10, warmup_rounds=1)
 

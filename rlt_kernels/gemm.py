@@ -19,6 +19,10 @@ Contract shared by the Triton kernel and the torch reference:
   weight and multiplies the accumulator by the channel's scale in the epilogue (before SwiGLU;
   gate and up rows have their own scales). The K reduction, its order and the tiles are those
   of an x.dtype weight of the same shape, so FP8 keeps the batch invariance above.
+* Skinny decode: at M <= SKINNY_ROWS (and up to DECODE_ROWS for weights whose decode tile is
+  already SKINNY_BLOCK_N columns wide) the GPU computes each tile transposed, out^T = W x^T, so
+  the weight tile is the tensor-core product's 64-row side and the batch rows its narrow side.
+  Products and their order over K are those of the untransposed tile (same bits, GPU-tested).
 * ``active_rows`` (int32 [1] on the device): rows at or past the count are not written and
   their tiles are skipped inside the kernel, so a CUDA graph captured at a large bucket only
   pays for the live rows.
@@ -90,6 +94,17 @@ PREFILL_ROWS = 512
 # against 7.8 with 32; gate_up takes 64, 88 CTAs: 15.9 us against 18.5 with 32 and 176 CTAs.)
 COLUMN_TILE_WIDTHS = (16, 32, 64, 128)
 WAVE_CTAS = 132
+# Skinny decode tiles (16-bit activations): out^T = W x^T with SKINNY_BLOCK_N weight rows against
+# 16 batch rows (SKINNY_ROWS; 64 when M > 16), 256-byte K steps, 3 stages (4-5 for SwiGLU at 16
+# rows). H200, Ouro-1.4B, us per call at M = 1 / M = 64, bf16 (FP8 weights), same bits throughout:
+# qkv 8.0 -> 6.1 / 7.5 -> 7.7 (16.6 -> 10.7 / 16.8 -> 12.6), o 6.0 -> 5.9 (10.0 -> 10.4),
+# gate_up 14.9 -> 10.0 / 16.4 -> 13.5 (31.3 -> 20.4 / 31.5 -> 22.6), down 8.0 -> 6.2 / 9.5 -> 8.8
+# (14.5 -> 9.5 / 15.4 -> 14.8). At M = 64 only weights whose decode tile is already 64 columns wide
+# take it (o keeps its 16-column tile there: 32 transposed CTAs are too few, 6.1 -> 7.5 us).
+SKINNY_ROWS = 16
+SKINNY_BLOCK_N = 64
+SKINNY_K_STEP_BYTES = 256
+SKINNY_STAGES = 3
 # Column tile of the middle row class.
 MID_BLOCK_N = 64
 # Split-K weights in the middle class take 128 x 64 tiles with 64-element K steps, 8 warps, 4 stages
@@ -134,6 +149,7 @@ class LinearConfig:
     num_stages: int
     group_m: int = GROUP_M
     split_k: int = 1
+    swap_ab: bool = False  # tiles computed transposed (skinny decode): block_m batch rows x block_n weight rows
 
     def k_range(self, k: int) -> int:
         """Keys of K per split: whole BLOCK_K steps, the last range possibly shorter."""
@@ -168,7 +184,11 @@ def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = N
                    COLUMN_TILE_WIDTHS[-1])
     stages = max(2, min(MAX_STAGES, SMEM_BUDGET_BYTES // stage_bytes(BLOCK_M, block_n)))
     decode = LinearConfig(BLOCK_M, block_n, block_k, warps(block_n), stages, split_k=split_k)
-    if rows is None or rows <= DECODE_ROWS or dtype == torch.float32:
+    if rows is None or dtype == torch.float32:
+        return decode
+    if rows <= SKINNY_ROWS or (rows <= DECODE_ROWS and block_n >= SKINNY_BLOCK_N):
+        return _skinny_config(decode, k, elem, accumulators, SKINNY_ROWS if rows <= SKINNY_ROWS else BLOCK_M)
+    if rows <= DECODE_ROWS:
         return decode
     if split_k > 1 and rows <= PREFILL_ROWS:  # same K ranges, 128-row tiles: one weight pass per 128 rows
         split_tile = LinearConfig(BLOCK_M_PREFILL, MID_BLOCK_N, MID_SPLIT_BLOCK_K, 8, 4, split_k=split_k)
@@ -180,6 +200,18 @@ def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = N
         return LinearConfig(BLOCK_M_PREFILL, block_n, block_k, 8, PREFILL_STAGES, split_k=split_k)
     stages = max(3, min(4, MID_STAGE_BYTES // stage_bytes(BLOCK_M, MID_BLOCK_N)))
     return LinearConfig(BLOCK_M, MID_BLOCK_N, block_k, warps(MID_BLOCK_N), stages, split_k=split_k)
+
+
+def _skinny_config(decode: LinearConfig, k: int, elem: int, accumulators: int, block_m: int) -> LinearConfig:
+    """The transposed decode tile: wide K steps unless they would move the weight's split ranges."""
+    block_k = max(decode.block_k, min(SKINNY_K_STEP_BYTES // elem, triton.next_power_of_2(max(k, 1))))
+    if -(-k // block_k) < decode.split_k or LinearConfig(block_m, SKINNY_BLOCK_N, block_k, 4, 1,
+                                                         split_k=decode.split_k).k_range(k) != decode.k_range(k):
+        block_k = decode.block_k
+    stages = SKINNY_STAGES
+    if accumulators == 2 and block_m == SKINNY_ROWS:
+        stages = min(MAX_STAGES, SMEM_BUDGET_BYTES // ((block_m + 2 * SKINNY_BLOCK_N) * block_k * elem))
+    return LinearConfig(block_m, SKINNY_BLOCK_N, block_k, 4, stages, split_k=decode.split_k, swap_ab=True)
 
 
 def _check_activation(activation) -> None:
@@ -223,12 +255,23 @@ def _store_result(out_ptr, scale_ptr, rows, cols, n_out, stride_out, acc_g, acc_
     tl.store(out_ptrs, result.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
+@triton.jit
+def _tile_product(a, w, acc, SWAP_AB: tl.constexpr, PRECISION: tl.constexpr, EXACT: tl.constexpr):
+    """acc + a @ w (a [BLOCK_M, BLOCK_K], w [BLOCK_K, BLOCK_N]), or with SWAP_AB the transposed
+    acc + w @ a (w [BLOCK_N, BLOCK_K], a [BLOCK_K, BLOCK_M])."""
+    if SWAP_AB:
+        acc = mma(w, a, acc, PRECISION, EXACT)
+    else:
+        acc = mma(a, w, acc, PRECISION, EXACT)
+    return acc
+
+
 @triton.jit(do_not_specialize=["m"])
 def _linear_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr, ws_ptr, active_ptr, m, n_out, k, k_range, stride_x, stride_w, stride_out,
     HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr, EXACT_DOT: tl.constexpr, PRECISION: tl.constexpr,
     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, PDL: tl.constexpr,
 ):
     # Grouped launch order: GROUP_M row tiles walk the column tiles together.
     pid = tl.program_id(0)
@@ -258,34 +301,47 @@ def _linear_kernel(
     ks = tl.arange(0, BLOCK_K)
     row_ok = rows < live
     col_ok = cols < n_out
-    x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_x + (k_lo + ks)[None, :]
-    # Weight tiles are loaded as [BLOCK_K, BLOCK_N] views of the row-major [N, K] weight.
-    g_ptrs = w_ptr + cols.to(tl.int64)[None, :] * stride_w + (k_lo + ks)[:, None]
-    u_ptrs = w_ptr + (cols + n_out).to(tl.int64)[None, :] * stride_w + (k_lo + ks)[:, None]
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:  # transposed tiles: acc [BLOCK_N, BLOCK_M] = weight tile [BLOCK_N, BLOCK_K] @ x^T [BLOCK_K, BLOCK_M]
+        x_ptrs = x_ptr + rows.to(tl.int64)[None, :] * stride_x + (k_lo + ks)[:, None]
+        g_ptrs = w_ptr + cols.to(tl.int64)[:, None] * stride_w + (k_lo + ks)[None, :]
+        u_ptrs = w_ptr + (cols + n_out).to(tl.int64)[:, None] * stride_w + (k_lo + ks)[None, :]
+        acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:  # weight tiles loaded as [BLOCK_K, BLOCK_N] views of the row-major [N, K] weight
+        x_ptrs = x_ptr + rows.to(tl.int64)[:, None] * stride_x + (k_lo + ks)[None, :]
+        g_ptrs = w_ptr + cols.to(tl.int64)[None, :] * stride_w + (k_lo + ks)[:, None]
+        u_ptrs = w_ptr + (cols + n_out).to(tl.int64)[None, :] * stride_w + (k_lo + ks)[:, None]
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(x_ptrs, mask=row_ok[:, None], other=0.0)
-            g = tl.load(g_ptrs, mask=col_ok[None, :], other=0.0)
+        if SWAP_AB:
+            x_mask = row_ok[None, :]
+            w_mask = col_ok[:, None]
+            if not EVEN_K:
+                x_mask = x_mask & ((k0 + ks) < k_hi)[:, None]
+                w_mask = w_mask & ((k0 + ks) < k_hi)[None, :]
         else:
-            k_ok = (k0 + ks) < k_hi
-            a = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            g = tl.load(g_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            x_mask = row_ok[:, None]
+            w_mask = col_ok[None, :]
+            if not EVEN_K:
+                x_mask = x_mask & ((k0 + ks) < k_hi)[None, :]
+                w_mask = w_mask & ((k0 + ks) < k_hi)[:, None]
+        a = tl.load(x_ptrs, mask=x_mask, other=0.0)
+        g = tl.load(g_ptrs, mask=w_mask, other=0.0)
         if HAS_SCALE:
             g = g.to(a.dtype)  # FP8 tile widened exactly; its scale is applied in the epilogue
-        acc_g = mma(a, g, acc_g, PRECISION, EXACT_DOT)
+        acc_g = _tile_product(a, g, acc_g, SWAP_AB, PRECISION, EXACT_DOT)
         if SWIGLU:
-            if EVEN_K:
-                u = tl.load(u_ptrs, mask=col_ok[None, :], other=0.0)
-            else:
-                u = tl.load(u_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            u = tl.load(u_ptrs, mask=w_mask, other=0.0)
             if HAS_SCALE:
                 u = u.to(a.dtype)
-            acc_u = mma(a, u, acc_u, PRECISION, EXACT_DOT)
+            acc_u = _tile_product(a, u, acc_u, SWAP_AB, PRECISION, EXACT_DOT)
             u_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
+    if SWAP_AB:
+        acc_g = tl.trans(acc_g)
+        acc_u = tl.trans(acc_u)
     io_mask = row_ok[:, None] & col_ok[None, :]
     if SPLIT_K == 1:
         _store_result(out_ptr, scale_ptr, rows, cols, n_out, stride_out, acc_g, acc_u, io_mask, SWIGLU, HAS_SCALE)
@@ -390,7 +446,8 @@ def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_s
         HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu, HAS_SCALE=has_scale, EXACT_DOT=exact_dots(),
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, SPLIT_K=split, PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GROUP_M=cfg.group_m, SPLIT_K=split, SWAP_AB=cfg.swap_ab, PDL=pdl, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
         launch_pdl=pdl,
     )
     if split > 1:

@@ -193,6 +193,13 @@ MUTANTS = (
         ("tests/runtime/test_logit_processing.py::test_kv_planner_sets_the_penalty_state_aside",),
         "the KV pool is sized as if the per-slot penalty state took no memory",
     ),
+    Mutant(
+        "skinny-swiglu-up-rows", "rlt_kernels/gemm.py",
+        "u_ptrs = w_ptr + (cols + n_out).to(tl.int64)[:, None] * stride_w + (k_lo + ks)[None, :]",
+        "u_ptrs = w_ptr + (cols + 1).to(tl.int64)[:, None] * stride_w + (k_lo + ks)[None, :]",
+        ("tests/kernels/test_gemm.py::test_linear_transposed_skinny_tiles_keep_the_bits",),
+        "the transposed skinny decode tile reads SwiGLU's up rows from the wrong place",
+    ),
 )
 
 

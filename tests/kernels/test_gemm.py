@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlt_kernels import gemm, norms
+from rlt_kernels.fp8 import FP8_DTYPE, quantize_weight_fp8
 
 from checks import randn, seeded
 
@@ -186,13 +187,18 @@ def test_linear_config_fits_and_spreads(n, k, activation, dtype):
     elem = dtype.itemsize
     accumulators = 2 if activation else 1
     n_out = n // accumulators
-    for rows in (None, 1, gemm.DECODE_ROWS, gemm.DECODE_ROWS + 1, gemm.PREFILL_ROWS, 4096):
+    for rows in (None, 1, gemm.SKINNY_ROWS, gemm.SKINNY_ROWS + 1, gemm.DECODE_ROWS, gemm.DECODE_ROWS + 1,
+                 gemm.PREFILL_ROWS, 4096):
         cfg = gemm.linear_config(n, k, dtype, activation, rows)
         assert cfg.num_stages * (cfg.block_m + accumulators * cfg.block_n) * cfg.block_k * elem <= gemm.SMEM_BUDGET_BYTES
-        assert cfg.block_m in (gemm.BLOCK_M, gemm.BLOCK_M_PREFILL) and 2 <= cfg.num_stages <= gemm.MAX_STAGES
+        assert cfg.block_m in (gemm.SKINNY_ROWS, gemm.BLOCK_M, gemm.BLOCK_M_PREFILL) and 2 <= cfg.num_stages <= gemm.MAX_STAGES
         assert (cfg.k_range(k), cfg.split_k) == (decode.k_range(k), decode.split_k)
-        if rows is None or rows <= gemm.DECODE_ROWS or dtype == torch.float32:
+        if rows is None or dtype == torch.float32:
             assert cfg == decode
+        elif rows <= gemm.DECODE_ROWS:  # transposed skinny tiles, or the decode tile itself
+            assert cfg == decode or (cfg.swap_ab and cfg.block_m >= min(rows, gemm.SKINNY_ROWS))
+        assert cfg.swap_ab == (rows is not None and dtype != torch.float32 and (
+            rows <= gemm.SKINNY_ROWS or (rows <= gemm.DECODE_ROWS and decode.block_n >= gemm.SKINNY_BLOCK_N)))
     ctas = lambda width: -(-n_out // width) * decode.split_k  # noqa: E731
     widths = gemm.COLUMN_TILE_WIDTHS
     assert ctas(decode.block_n) <= gemm.WAVE_CTAS or decode.block_n == widths[-1]
@@ -211,6 +217,41 @@ def test_linear_row_class_tiles(device, rows, activation, n, k):
     w = randn((n, k), torch.bfloat16, device, gen, scale=k**-0.5)
     out = torch.empty((5, n // 2 if activation else n), dtype=torch.bfloat16, device=device)
     _assert_close_to(gemm._launch(x, w, out, None, activation, cfg), _exact(x, w, activation), x, w, activation)
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, FP8_DTYPE])
+@pytest.mark.parametrize("activation,n,k", [(None, 96, 80), ("swiglu", 2 * 80, 136), (None, 24, gemm.SPLIT_MIN_K)])
+def test_linear_transposed_skinny_tiles_keep_the_bits(device, weight_dtype, activation, n, k):
+    """The skinny decode tile computes out^T = W x^T: the same bits as the untransposed decode tile
+    (one and several row tiles, ragged K, a split weight, FP8 scales, rows past the active count
+    untouched) and close to the exact product. Under the interpreter the dots are exact; on the
+    H200 the same holds for wgmma (test_gpu_model_shapes_bf16, test_gpu_fp8_row_classes_keep_the_bits)."""
+    skinny = gemm.linear_config(n, k, torch.bfloat16, activation, 1)
+    decode = gemm.linear_config(n, k, torch.bfloat16, activation)
+    assert skinny.swap_ab and not decode.swap_ab and skinny.k_range(k) == decode.k_range(k)
+    gen = seeded(n + k, device)
+    w = randn((n, k), torch.float32, device, gen, scale=k**-0.5)
+    scale = None
+    if weight_dtype == FP8_DTYPE:
+        w, scale = quantize_weight_fp8(w)
+    else:
+        w = w.to(weight_dtype)
+    x = randn((21, k), torch.bfloat16, device, gen)
+    n_out = n // 2 if activation else n
+
+    def run(cfg, rows, live=None):
+        out = _poison((rows.shape[0], n_out), torch.bfloat16, device)
+        active = None if live is None else torch.tensor([live], dtype=torch.int32, device=device)
+        return gemm._launch(rows, w, out, active, activation, cfg, scale)
+
+    full = run(decode, x)
+    for rows in (x[:1], x[:5], x):  # one row tile of 16, then two
+        assert torch.equal(run(skinny, rows), full[:rows.shape[0]])
+    partial = run(skinny, x, live=3)
+    _assert_rows_written(partial, 3)
+    assert torch.equal(partial[:3], full[:3])
+    wide = w.float() if scale is None else w.float() * scale[:, None]
+    _assert_close_to(full, _exact(x, wide, activation), x, wide, activation)
 
 
 @pytest.mark.parametrize("split_k", [2, 3, 8])
