@@ -74,7 +74,7 @@ class EngineConfig:
     download_dir: Optional[str] = None  # the Hugging Face cache to read and download into (default: HF_HUB_CACHE)
     device: str = "auto"
     seed: int = 0
-    data_parallel_size: int = 1  # engine replicas, one process each (one GPU each on CUDA)
+    data_parallel_size: int = 1  # engine replicas, one process each (tensor_parallel_size GPUs each on CUDA)
     distributed_executor: str = "mp"  # where replicas run: "mp" (local processes) or "ray" (Ray actors)
     disaggregated_prefill: bool = False  # a prefill engine process and a decode engine process (docs/distributed.md)
     tensor_parallel_size: int = 1  # ranks one model is split over, one worker process each (one GPU each on CUDA)
@@ -170,13 +170,14 @@ class EngineConfig:
             raise ConfigError(f"disaggregated_prefill=True starts its two engine processes on this host; it cannot be "
                               f"combined with distributed_executor={self.distributed_executor!r} (use 'mp')")
         _int(self.tensor_parallel_size, "tensor_parallel_size", 1)
-        if self.tensor_parallel_size > 1 and (self.disaggregated_prefill or self.distributed_executor != "mp"):
+        if self.tensor_parallel_size > 1 and self.distributed_executor != "mp":
             raise ConfigError(f"tensor_parallel_size={self.tensor_parallel_size} runs its ranks as processes of this host; "
-                              "it cannot be combined with disaggregated_prefill=True or distributed_executor='ray' yet")
-        if self.data_parallel_size > 1 and self.tensor_parallel_size > 1:
-            raise ConfigError(f"data_parallel_size ({self.data_parallel_size}) and tensor_parallel_size "
-                              f"({self.tensor_parallel_size}) cannot both exceed 1: replicas of a tensor-parallel "
-                              "group are not supported; set one of them to 1")
+                              f"it cannot be combined with distributed_executor={self.distributed_executor!r} yet "
+                              "(use 'mp', or tensor_parallel_size=1)")
+        if self.tensor_parallel_size > 1 and self.disaggregated_prefill:
+            raise ConfigError(f"tensor_parallel_size={self.tensor_parallel_size} cannot be combined with "
+                              "disaggregated_prefill=True yet (its K/V handoff moves whole planes between two engines); "
+                              "set tensor_parallel_size=1 or disaggregated_prefill=False")
         _int(self.num_loops, "num_loops", 1, 128, allow_none=True)
         _int(self.max_model_len, "max_model_len", 1, allow_none=True)
         _int(self.max_num_seqs, "max_num_seqs", 1, 4096, allow_none=True)

@@ -200,6 +200,13 @@ MUTANTS = (
         ("tests/kernels/test_gemm.py::test_linear_transposed_skinny_tiles_keep_the_bits",),
         "the transposed skinny decode tile reads SwiGLU's up rows from the wrong place",
     ),
+    Mutant(
+        "data-parallel-ignores-tensor-parallel-gpus", "rlt_runtime/engine/data_parallel.py",
+        'return [f"cuda:{i * tp}" for i in range(n)]',
+        'return [f"cuda:{i}" for i in range(n)]',
+        ("tests/runtime/test_data_tensor_parallel.py::test_each_replica_takes_its_own_tensor_parallel_size_gpus",),
+        "replicas of a tensor-parallel engine start one GPU apart, so replica r's rank 1 shares a GPU with replica r+1's rank 0",
+    ),
 )
 
 

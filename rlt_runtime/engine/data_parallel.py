@@ -39,9 +39,10 @@ WAIT_S = 0.02  # longest a step waits for replica outputs before returning (the 
 
 
 def replica_devices(cfg: EngineConfig) -> list[str]:
-    """One device per replica: cuda:0..N-1 when CUDA is in use, else the CPU for all (ConfigError
-    when CUDA is asked for, or available under device='auto', with fewer than N devices)."""
-    n, device = cfg.data_parallel_size, cfg.device
+    """Each replica's device: cuda:(r*T) for replica r when CUDA is in use (its T =
+    tensor_parallel_size ranks take cuda:(r*T)..cuda:(r*T+T-1)), else the CPU for all (ConfigError
+    when CUDA is asked for, or available under device='auto', with fewer than N*T devices)."""
+    n, tp, device = cfg.data_parallel_size, cfg.tensor_parallel_size, cfg.device
     if device == "cpu":
         return ["cpu"] * n
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -52,10 +53,11 @@ def replica_devices(cfg: EngineConfig) -> list[str]:
         return [device]
     if device == "auto" and count == 0:
         return ["cpu"] * n
-    if count < n:
-        raise ConfigError(f"data_parallel_size must be at most the number of CUDA devices ({count}) with "
-                          f"device={device!r}, got {n}; lower data_parallel_size or set device='cpu'")
-    return [f"cuda:{i}" for i in range(n)]
+    if count < n * tp:
+        raise ConfigError(f"data_parallel_size ({n}) x tensor_parallel_size ({tp}) must be at most the number of CUDA "
+                          f"devices ({count}) with device={device!r}: each replica takes tensor_parallel_size GPUs, "
+                          f"{n * tp} in all; lower data_parallel_size or tensor_parallel_size, or set device='cpu'")
+    return [f"cuda:{i * tp}" for i in range(n)]
 
 
 def build_engine(model: str, cfg: Optional[EngineConfig] = None, **kwargs):

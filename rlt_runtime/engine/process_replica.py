@@ -19,6 +19,7 @@ dies (killed, crashed) closes its pipe: the front end reads EOF and marks the re
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import queue
 import signal
@@ -226,6 +227,9 @@ def replica_main(conn, model: str, config: dict, device: str, num_threads: int, 
         from .llm_engine import LLMEngine
 
         torch.set_num_threads(num_threads)
+        # The front end still stops this process at its exit, but its engine may start processes of
+        # its own (tensor-parallel ranks, daemons of this one), which a daemonic process may not.
+        multiprocessing.current_process().daemon = False
         hooks.before_engine(device)
         engine = LLMEngine(model, EngineConfig.from_kwargs(**dict(config, device=device)))
         hooks.engine_built(engine)
@@ -235,13 +239,15 @@ def replica_main(conn, model: str, config: dict, device: str, num_threads: int, 
         return
     outbox.put(("ready", {"model_name": engine.model_name, "max_model_len": engine.max_model_len,
                           "depth": engine.depth, "device": str(engine.device), "pid": os.getpid(),
-                          "stats": engine.stats()}))
+                          "workers": engine.executor.worker_processes(), "stats": engine.stats()}))
     try:
         _serve(conn, engine, outbox, hooks)
     except Exception as exc:  # noqa: BLE001 - an engine (or hook) failure: report it and end this child
         outbox.put(("failed", type(exc).__name__, f"{exc!r}\n{traceback.format_exc()}"))
+        engine.executor.shutdown(wait=False)  # ranks still alive (os._exit skips their cleanup)
         _finish(outbox, writer)
         os._exit(1)
+    engine.shutdown()
     _finish(outbox, writer)
     hooks.close()
 

@@ -24,7 +24,8 @@ from ..sampling_params import SamplingParams
 class Replica(abc.ABC):
     """The front end's handle on one engine replica.
 
-    `info` (set once the replica is ready): {"model_name", "max_model_len", "depth", "device"}.
+    `info` (set once the replica is ready): {"model_name", "max_model_len", "depth", "device",
+    "workers"} (workers: its engine's worker processes, `Executor.worker_processes()`).
     """
 
     index: int
@@ -64,7 +65,8 @@ class Replica(abc.ABC):
 
     def describe(self) -> dict:
         """Identity and health for the front end's stats."""
-        return {"index": self.index, "device": self.info.get("device"), "alive": self.alive, "failure": self.failure}
+        return {"index": self.index, "device": self.info.get("device"), "workers": self.info.get("workers", []),
+                "alive": self.alive, "failure": self.failure}
 
 
 class InProcessReplica(Replica):
@@ -74,7 +76,7 @@ class InProcessReplica(Replica):
         self.index = index
         self.engine = engine
         self.info = {"model_name": engine.model_name, "max_model_len": engine.max_model_len, "depth": engine.depth,
-                     "device": str(engine.device)}
+                     "device": str(engine.device), "workers": engine.executor.worker_processes()}
 
     def add_request(self, request_id, prompt, params, *, arrival_time, arrival_index):
         self.engine.add_request(request_id, prompt, params, arrival_time=arrival_time, arrival_index=arrival_index)
@@ -95,4 +97,4 @@ class InProcessReplica(Replica):
         return self.engine.stats()
 
     def shutdown(self):
-        pass
+        self.engine.shutdown()

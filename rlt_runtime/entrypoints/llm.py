@@ -21,8 +21,9 @@ class LLM:
     (`ByteDance/Ouro-1.4B`; options `revision`, `download_dir`) or a preset name (`ouro-tiny`,
     `huginn-tiny`, `ouro-1.4b`, `ouro-2.6b`, `huginn-0125`). Engine options are keyword
     arguments (see docs/options.md), e.g. `LLM("ouro-1.4b", max_num_seqs=64, kv_layout="shared")`.
-    `data_parallel_size=N` runs N engine replicas, one process per GPU, or with
-    `distributed_executor="ray"` one Ray actor per GPU of a Ray cluster (docs/distributed.md).
+    `data_parallel_size=N` runs N engine replicas, one process per GPU (per `tensor_parallel_size`
+    GPUs, with the replica's ranks as its own processes), or with `distributed_executor="ray"` one
+    Ray actor per GPU of a Ray cluster (docs/distributed.md).
     """
 
     def __init__(self, model: str, *, dtype: str = "auto", device: str = "auto", seed: int = 0, **engine_options):

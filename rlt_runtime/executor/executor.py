@@ -38,6 +38,10 @@ class Executor:
     def graph_stats(self) -> dict:
         raise NotImplementedError
 
+    def worker_processes(self) -> list[dict]:
+        """The worker processes: [{"rank", "pid", "device"}], empty when the worker runs in the engine's process."""
+        return []
+
     def export_swapped(self, step: StepInput) -> list:
         """Swap out step.swap_out's sequences and return their K/V host copies (one worker only)."""
         raise NotImplementedError
@@ -46,8 +50,8 @@ class Executor:
         """Hold K/V host copies from another engine for a later swap-in (one worker only)."""
         raise NotImplementedError
 
-    def shutdown(self) -> None:
-        """Stop the workers (no-op in process)."""
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the workers (wait: give each its time to exit before it is terminated; no-op in process)."""
 
 
 class UniprocExecutor(Executor):

@@ -1,7 +1,10 @@
 """MultiprocExecutor: a tensor-parallel group, one worker process per rank.
 
 Ranks are started with torch.multiprocessing (spawn) and join one torch.distributed group (NCCL
-on CUDA, rank r on cuda:r; gloo on CPU), through a TCP rendezvous on 127.0.0.1. Each builds a
+on CUDA, rank r on cuda:(k+r) for an engine on cuda:k; gloo on CPU). They meet at a rendezvous
+store the executor itself hosts on 127.0.0.1, on a port the OS hands it and it keeps until
+shutdown, so groups started side by side (data-parallel replicas of a tensor-parallel engine)
+never share one. Each builds a
 `Worker` holding its shard of the model (models/tensor_parallel.py) and its share of every KV
 plane. Every call — a step's plain `StepInput` included — is sent to every rank over its pipe
 (the broadcast), and every rank runs it: the same step programs, the same collectives, the same
@@ -15,14 +18,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import os
+import datetime
 import queue
-import socket
 import threading
 import traceback
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 from ..cache.memory import MemoryPlan
 from ..errors import ConfigError
@@ -31,26 +34,29 @@ from .executor import Executor
 from .worker import Worker, WorkerSpec
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+RENDEZVOUS_TIMEOUT = datetime.timedelta(minutes=5)
 
 
-def _rank_main(rank: int, size: int, spec: WorkerSpec, init_method: str, conn) -> None:
+def rank_device(device: str, rank: int) -> str:
+    """The device of `rank` in a group whose engine runs on `device`: cuda:(k+rank) for cuda:k
+    (cuda:0 for plain 'cuda'), else the CPU."""
+    dev = torch.device(device)
+    return f"cuda:{(dev.index or 0) + rank}" if dev.type == "cuda" else "cpu"
+
+
+def _rank_main(rank: int, size: int, spec: WorkerSpec, store_port: int, num_threads: int, conn) -> None:
     """A rank's process: join the group, load the shard, then serve calls until None arrives."""
-    import torch.distributed as dist
-
     from ..models.tensor_parallel import TensorParallel
 
     try:
-        on_cuda = torch.device(spec.device).type == "cuda"
+        device = rank_device(spec.device, rank)
+        on_cuda = device != "cpu"
         if on_cuda:
-            torch.cuda.set_device(rank)
-        else:
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
-        dist.init_process_group("nccl" if on_cuda else "gloo", init_method=init_method, rank=rank, world_size=size)
-        spec = dataclasses.replace(spec, device=f"cuda:{rank}" if on_cuda else "cpu", tp_rank=rank, tp_size=size)
+            torch.cuda.set_device(device)
+        torch.set_num_threads(num_threads)
+        store = dist.TCPStore("127.0.0.1", store_port, is_master=False, timeout=RENDEZVOUS_TIMEOUT)
+        dist.init_process_group("nccl" if on_cuda else "gloo", store=store, rank=rank, world_size=size)
+        spec = dataclasses.replace(spec, device=device, tp_rank=rank, tp_size=size)
         worker = Worker(spec, TensorParallel(rank, size))
         worker.load()
     except BaseException as exc:  # noqa: BLE001 - reported to the engine, which raises it
@@ -84,6 +90,14 @@ def _describe(exc: BaseException) -> tuple:
     return (type(exc).__name__, str(exc), traceback.format_exc())
 
 
+def _gone(proc) -> str:
+    """How a rank's process ended, as a sentence tail."""
+    proc.join(timeout=5)
+    code = proc.exitcode
+    return ("is still running but its pipe broke" if code is None else
+            f"was killed by signal {-code}" if code < 0 else f"exited with status {code}")
+
+
 class RemoteStep:
     """The engine's handle on a step running on the group; fields filled by result()."""
 
@@ -109,25 +123,24 @@ class MultiprocExecutor(Executor):
         from ..models.tensor_parallel import check_tensor_parallel
 
         check_tensor_parallel(spec.model_config, size)
-        device = torch.device(spec.device)
-        if device.type == "cuda":
-            if device.index not in (None, 0):
-                raise ConfigError(f"tensor_parallel_size={size} puts rank r on cuda:r; give device='cuda' or 'auto', "
-                                  f"not {spec.device!r}")
+        self.devices = [rank_device(spec.device, rank) for rank in range(size)]
+        if self.devices[0] != "cpu":
             visible = torch.cuda.device_count()
-            if size > visible:
-                raise ConfigError(f"tensor_parallel_size={size} needs {size} GPUs but {visible} are visible "
-                                  "(CUDA_VISIBLE_DEVICES is honoured)")
+            if int(self.devices[-1].split(":")[1]) >= visible:
+                raise ConfigError(f"tensor_parallel_size={size} on {spec.device} needs {self.devices[0]}.."
+                                  f"{self.devices[-1]} but {visible} GPUs are visible (CUDA_VISIBLE_DEVICES is honoured)")
         self.size = size
         self._sent = self._received = 0
         self._replies: dict[int, list] = {}
         ctx = torch.multiprocessing.get_context("spawn")
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        # The group's rendezvous: held here (port 0: the OS picks a free one) until shutdown.
+        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=RENDEZVOUS_TIMEOUT)
+        threads = max(1, torch.get_num_threads() // size)  # this process's share, split over its ranks
         self._conns, self._procs = [], []
         for rank in range(size):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_rank_main, args=(rank, size, spec, init_method, child), daemon=True,
-                               name=f"rlt-tp-rank{rank}")
+            proc = ctx.Process(target=_rank_main, args=(rank, size, spec, self._store.port, threads, child),
+                               daemon=True, name=f"rlt-tp-rank{rank}")
             proc.start()
             child.close()
             self._conns.append(parent)
@@ -144,8 +157,11 @@ class MultiprocExecutor(Executor):
 
     # ---- calls -----------------------------------------------------------------------------------
     def _send(self, method: str, *args) -> int:
-        for conn in self._conns:
-            conn.send((method, args))
+        for rank, (conn, proc) in enumerate(zip(self._conns, self._procs)):
+            try:
+                conn.send((method, args))
+            except OSError as exc:
+                raise RuntimeError(f"tensor-parallel rank {rank} (pid {proc.pid}) {_gone(proc)}") from exc
         seq, self._sent = self._sent, self._sent + 1
         return seq
 
@@ -156,8 +172,7 @@ class MultiprocExecutor(Executor):
             try:
                 msg = conn.recv()
             except (EOFError, OSError):
-                proc.join(timeout=5)
-                msg = ("error", ("EOFError", f"the process exited (code {proc.exitcode})", ""))
+                msg = ("error", ("EOFError", f"its process (pid {proc.pid}) {_gone(proc)}", ""))
                 self._inbox.put((rank, msg))
                 return
             self._inbox.put((rank, msg))
@@ -205,6 +220,10 @@ class MultiprocExecutor(Executor):
     def graph_stats(self) -> dict:
         return self._call("graph_stats")[0]
 
+    def worker_processes(self) -> list[dict]:
+        return [{"rank": rank, "pid": proc.pid, "device": device}
+                for rank, (proc, device) in enumerate(zip(self._procs, self.devices))]
+
     def shutdown(self, wait: bool = True) -> None:
         """Stop the ranks: ask them to exit (wait=True: for up to 10 s), then terminate any left."""
         for conn in self._conns:
@@ -219,3 +238,4 @@ class MultiprocExecutor(Executor):
                 proc.terminate()
                 proc.join(timeout=5)
         self._conns, self._procs = [], []
+        self._store = None

@@ -104,12 +104,13 @@ def test_replica_devices(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert replica_devices(EngineConfig(device="auto", data_parallel_size=2)) == ["cpu", "cpu"]
-    with pytest.raises(ConfigError, match=r"data_parallel_size must be at most the number of CUDA devices \(0\)"):
+    with pytest.raises(ConfigError, match=r"data_parallel_size \(2\) x tensor_parallel_size \(1\) must be at most "
+                                          r"the number of CUDA devices \(0\)"):
         replica_devices(EngineConfig(device="cuda", data_parallel_size=2))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert replica_devices(EngineConfig(device="auto", data_parallel_size=2)) == ["cuda:0", "cuda:1"]
-    with pytest.raises(ConfigError, match=r"at most the number of CUDA devices \(2\).*got 3"):
+    with pytest.raises(ConfigError, match=r"data_parallel_size \(3\) x .* at most the number of CUDA devices \(2\)"):
         replica_devices(EngineConfig(device="auto", data_parallel_size=3))
 
 
