@@ -200,6 +200,13 @@ MUTANTS = (
         ("tests/kernels/test_gemm.py::test_linear_transposed_skinny_tiles_keep_the_bits",),
         "the transposed skinny decode tile reads SwiGLU's up rows from the wrong place",
     ),
+    Mutant(
+        "fused-norm-drops-a-split", "rlt_kernels/norms.py",
+        "for s in tl.static_range(SPLITS):",
+        "for s in tl.static_range(SPLITS - 1):",
+        ("tests/kernels/test_linear_norm.py::test_fused_equals_linear_then_residual_norm",),
+        "the residual norm adds all but the last of a split-K linear's partials",
+    ),
 )
 
 
