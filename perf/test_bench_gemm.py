@@ -212,3 +212,31 @@ def _sweep(benchmark, roofline, name, n, k, activation, candidates, sweep_rows, 
            best_small=best_small, best_large=best_large, chosen=chosen, matmul_ms_M256=cuda_time_ms(matmul))
     x = torch.randn(1, k, dtype=DTYPE, device="cuda")
     benchmark.pedantic(_sync(lambda: gemm.linear(x, weights[0], activation=activation)), rounds=5, warmup_rounds=1)
+
+
+@pytest.mark.parametrize("m", [1, 16, 64, 256])
+def test_bench_linear_residual_norm(benchmark, roofline, m):
+    """Ouro's down projection (split 4) into its residual norm: `linear_residual_norm` (the norm adds
+    the partials) against `linear` + `residual_norm` (a reduction kernel between them) and the
+    plain-torch layer (matmul + RMSNorm + add)."""
+    from rlt_kernels import linear_residual_norm, norms
+
+    n, k = 2048, 5632
+    weights = _weights(n, k)
+    x = torch.randn(m, k, dtype=DTYPE, device="cuda")
+    res = torch.randn(m, n, dtype=DTYPE, device="cuda")
+    w1, w2 = torch.ones(n, dtype=DTYPE, device="cuda"), torch.ones(n, dtype=DTYPE, device="cuda")
+    fused = _cycling([functools.partial(linear_residual_norm, x, w, res, w1, w2, 1e-6) for w in weights])
+    two = _cycling([lambda w=w: norms.residual_norm(gemm.linear(x, w), res, w1, w2, 1e-6) for w in weights])
+
+    def torch_layer(w):
+        y = torch.matmul(x, w.T)
+        r = res + torch.nn.functional.rms_norm(y, (n,), w1, 1e-6)
+        return r, torch.nn.functional.rms_norm(r, (n,), w2, 1e-6)
+
+    layer = _cycling([functools.partial(torch_layer, w) for w in weights])
+    ms, two_ms, layer_ms = cuda_time_ms(fused), cuda_time_ms(two), cuda_time_ms(layer)
+    record(benchmark, roofline, name=f"linear_residual_norm ouro.down M={m}", ms=ms,
+           bytes_moved=n * k * DTYPE.itemsize + (m * k + 3 * m * n) * DTYPE.itemsize, flops=2 * m * n * k,
+           baseline_ms=layer_ms, unfused_ms=two_ms, vs_unfused=two_ms / ms, m=m)
+    benchmark.pedantic(_sync(fused), rounds=10, warmup_rounds=1)

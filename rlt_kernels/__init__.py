@@ -7,6 +7,7 @@ Public kernels (see docs/kernels.md):
     kv_scatter, rope_kv_scatter          masked K/V writes into paged caches (+ fused RoPE)
     gather_rows, scatter_rows, finalize_last_exited   routing between slot pools and batches
     linear                 batch-invariant GEMM (+ fused SwiGLU), device-side active-row count
+    linear_residual_norm   a linear feeding residual_norm (split-K partials summed by the norm)
     rms_norm, residual_norm, swiglu, apply_rope       fused norms and activations
     sample, filtered_probs, compute_logprobs          counter-based sampling
     accept_draft           fused speculative acceptance
@@ -27,6 +28,8 @@ _EXPORTS = {
     "scatter_rows": "routing",
     "finalize_last_exited": "routing",
     "linear": "gemm",
+    "linear_partials": "gemm",
+    "linear_residual_norm": "linear_norm",
     "rms_norm": "norms",
     "residual_norm": "norms",
     "swiglu": "norms",

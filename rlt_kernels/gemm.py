@@ -45,6 +45,7 @@ from ._pdl import pdl_launch, wait_for_inputs
 from ._triton import check_launchable, interpreter_active, tl, triton
 from .fp8 import FP8_DTYPE
 from .norms import silu_mul
+from .split_partials import SplitPartials
 
 
 def _matmul_rows(x, weight, activation, weight_scale):
@@ -396,6 +397,24 @@ def linear(x, weight, *, out=None, active_rows=None, activation=None, weight_sca
     decode tile); row tiles starting at or past the active count
     exit at once and rows past it are not written.
     """
+    out, cfg = _checked(x, weight, out, active_rows, activation, weight_scale)
+    if x.shape[0] == 0 or out.shape[1] == 0:
+        return out
+    return _launch(x, weight, out, active_rows, activation, cfg, weight_scale)
+
+
+def linear_partials(x, weight, *, active_rows=None, weight_scale=None):
+    """`linear` (no activation, output in x.dtype) without its split-K reduction: a `SplitPartials`
+    of the fp32 range sums when the weight's plan splits K, else the finished output [M, N].
+    `norms.residual_norm` takes either as its ``sub`` and gives the same bits as from `linear`."""
+    out, cfg = _checked(x, weight, None, active_rows, None, weight_scale)
+    if x.shape[0] == 0 or out.shape[1] == 0:
+        return out
+    return _launch(x, weight, out, active_rows, None, cfg, weight_scale, reduce=False)
+
+
+def _checked(x, weight, out, active_rows, activation, weight_scale) -> tuple[torch.Tensor, LinearConfig]:
+    """Validate `linear`'s arguments; returns (out, allocated when None, and the launch config)."""
     _check_activation(activation)
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x [M, K] and weight [N, K] expected, got {tuple(x.shape)} and {tuple(weight.shape)}")
@@ -418,16 +437,14 @@ def linear(x, weight, *, out=None, active_rows=None, activation=None, weight_sca
     if active_rows is not None and (active_rows.numel() < 1 or active_rows.dtype not in (torch.int32, torch.int64)):
         raise ValueError("active_rows must be an int32 tensor of shape [1]")
     check_launchable(x, weight, out, active_rows, weight_scale)
-    if m == 0 or n_out == 0:
-        return out
     rows = m if x.is_cuda and not interpreter_active() else None
-    return _launch(x, weight, out, active_rows, activation, linear_config(n, k, x.dtype, activation, rows),
-                   weight_scale)
+    return out, linear_config(n, k, x.dtype, activation, rows)
 
 
-def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_scale=None):
+def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_scale=None, reduce=True):
     """Launch the kernel on validated arguments with an explicit configuration (`linear` passes
-    `linear_config`'s; the perf sweep passes candidates)."""
+    `linear_config`'s; the perf sweep passes candidates). reduce=False: a split launch returns its
+    `SplitPartials` instead of adding them into ``out``."""
     m, k = x.shape
     n_out = out.shape[1]
     swiglu = activation == "swiglu"
@@ -450,6 +467,8 @@ def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_s
         num_stages=cfg.num_stages,
         launch_pdl=pdl,
     )
+    if split > 1 and not reduce:
+        return SplitPartials(ws, weight_scale, out.dtype)
     if split > 1:
         reduce_grid = (triton.cdiv(m, REDUCE_BLOCK_M), triton.cdiv(n_out, REDUCE_BLOCK_N))
         reduce_pdl = pdl_launch(out, reduce_grid[0] * reduce_grid[1])

@@ -22,6 +22,7 @@ import torch
 from ._rows import active_count, by_row_chunks, compute_dtype
 from ._pdl import pdl_launch, wait_for_inputs
 from ._triton import check_launchable, tl, triton
+from .split_partials import SplitPartials
 
 MAX_NORM_WIDTH = 32768
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -187,9 +188,10 @@ def _rms_norm_kernel(
 
 @triton.jit
 def _residual_norm_kernel(
-    sub_ptr, res_ptr, post_w_ptr, next_w_ptr, res_out_ptr, normed_ptr, active_ptr, width,
+    sub_ptr, res_ptr, post_w_ptr, next_w_ptr, res_out_ptr, normed_ptr, active_ptr, parts_ptr, scale_ptr, m, width,
     stride_sub, stride_res, stride_res_out, stride_normed, eps,
-    HUGINN: tl.constexpr, HAS_NEXT: tl.constexpr, HAS_ACTIVE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    HUGINN: tl.constexpr, HAS_NEXT: tl.constexpr, HAS_ACTIVE: tl.constexpr, SPLITS: tl.constexpr,
+    HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     wait_for_inputs(PDL)
     row = tl.program_id(0)
@@ -197,8 +199,16 @@ def _residual_norm_kernel(
         row64 = row.to(tl.int64)
         cols = tl.arange(0, BLOCK)
         ok = cols < width
-        sub = tl.load(sub_ptr + row64 * stride_sub + cols, mask=ok, other=0.0)
         res = tl.load(res_ptr + row64 * stride_res + cols, mask=ok, other=0.0)
+        if SPLITS == 0:
+            sub = tl.load(sub_ptr + row64 * stride_sub + cols, mask=ok, other=0.0)
+        else:  # a split-K linear's fp32 partials: gemm's reduction (range order, then the scale), rounded
+            acc = tl.zeros((BLOCK,), dtype=tl.float32)
+            for s in tl.static_range(SPLITS):
+                acc += tl.load(parts_ptr + (s * m + row64) * width + cols, mask=ok, other=0.0)
+            if HAS_SCALE:
+                acc = acc * tl.load(scale_ptr + cols, mask=ok, other=1.0)
+            sub = acc.to(res.dtype)
         post_w = tl.load(post_w_ptr + cols, mask=ok, other=0.0)
         if HUGINN:
             summed = (res.to(tl.float32) + sub.to(tl.float32)).to(sub.dtype)
@@ -338,10 +348,15 @@ def residual_norm(
     free); mode "ouro": r = residual + rms(sub; post_weight); mode "huginn":
     r = rms(residual + sub; post_weight); n = rms(r; next_weight) when next_weight is given, in
     the same kernel. Returns (r, n), n None without next_weight. residual_out may alias
-    residual (in-place update).
+    residual (in-place update). ``sub`` may also be the `SplitPartials` of a split-K
+    `gemm.linear_partials`: the kernel then adds them as `gemm.linear` would (same bits).
     """
     if mode not in ("ouro", "huginn"):
         raise ValueError(f"mode must be 'ouro' or 'huginn', got {mode!r}")
+    parts = sub if isinstance(sub, SplitPartials) else None
+    if parts is not None:
+        _check_partials(parts, residual)
+        sub = residual  # stands in for the sub pointer the kernel does not read
     _check_kernel_dtype(sub, "sub")
     m, width = sub.shape
     _check_rows(sub, "sub", (m, width), sub.dtype)
@@ -351,7 +366,7 @@ def residual_norm(
     _check_rows(residual_out, "residual_out", (m, width), sub.dtype)
     if next_weight is not None:
         _check_vector(next_weight, "next_weight", width)
-        normed_out = torch.empty_like(sub) if normed_out is None else normed_out
+        normed_out = torch.empty_like(residual) if normed_out is None else normed_out
         _check_rows(normed_out, "normed_out", (m, width), sub.dtype)
     check_launchable(sub, residual, post_weight, next_weight, residual_out, normed_out, active_rows)
     normed = normed_out if next_weight is not None else None
@@ -359,15 +374,32 @@ def residual_norm(
         return residual_out, normed
     block, warps = _row_block(width)
     active, has_active = _active_args(active_rows, sub)
+    workspace = parts.workspace if parts is not None else sub
+    scale = parts.scale if parts is not None and parts.scale is not None else workspace
     _residual_norm_kernel[(m,)](
         sub, residual, post_weight, post_weight if next_weight is None else next_weight, residual_out,
-        residual_out if normed is None else normed, active, width,
+        residual_out if normed is None else normed, active, workspace, scale, m, width,
         sub.stride(0), residual.stride(0), residual_out.stride(0), (residual_out if normed is None else normed).stride(0),
         float(eps), HUGINN=mode == "huginn", HAS_NEXT=normed is not None, HAS_ACTIVE=has_active,
+        SPLITS=parts.splits if parts is not None else 0, HAS_SCALE=parts is not None and parts.scale is not None,
         BLOCK=block, PDL=pdl_launch(sub, m), num_warps=warps, enable_fp_fusion=False,  # rounding exactly as the reference
         launch_pdl=pdl_launch(sub, m),
     )
     return residual_out, normed
+
+
+def _check_partials(parts: SplitPartials, residual: torch.Tensor) -> None:
+    """Partials must match the residual's rows, width and dtype and be contiguous fp32."""
+    ws = parts.workspace
+    if ws.dtype != torch.float32 or ws.dim() != 3 or not ws.is_contiguous():
+        raise ValueError(f"split partials must be a contiguous fp32 [splits, M, N] workspace, got {ws.dtype} "
+                         f"{tuple(ws.shape)}")
+    if parts.shape != tuple(residual.shape) or parts.dtype != residual.dtype:
+        raise ValueError(f"split partials of shape {parts.shape} rounding to {parts.dtype} do not match the residual "
+                         f"{tuple(residual.shape)} {residual.dtype}")
+    if parts.scale is not None and (parts.scale.dtype != torch.float32 or tuple(parts.scale.shape) != (ws.shape[2],)):
+        raise ValueError(f"split partials' scale must be fp32 [{ws.shape[2]}], got {parts.scale.dtype} "
+                         f"{tuple(parts.scale.shape)}")
 
 
 _SWIGLU_BLOCK = 1024

@@ -207,6 +207,13 @@ MUTANTS = (
         ("tests/runtime/test_data_tensor_parallel.py::test_each_replica_takes_its_own_tensor_parallel_size_gpus",),
         "replicas of a tensor-parallel engine start one GPU apart, so replica r's rank 1 shares a GPU with replica r+1's rank 0",
     ),
+    Mutant(
+        "fused-norm-drops-a-split", "rlt_kernels/norms.py",
+        "for s in tl.static_range(SPLITS):",
+        "for s in tl.static_range(SPLITS - 1):",
+        ("tests/kernels/test_linear_norm.py::test_fused_equals_linear_then_residual_norm",),
+        "the residual norm adds all but the last of a split-K linear's partials",
+    ),
 )
 
 

@@ -51,6 +51,15 @@ def _linear(impl: int, x: Tensor, weight: Tensor, out: Tensor, active_rows: Opti
         _IMPLS[impl](x, weight, out=out, active_rows=active_rows, activation=activation, weight_scale=weight_scale)
 
 
+@_op("linear_residual_norm", ("residual_out", "normed_out"))
+def _linear_residual_norm(impl: int, x: Tensor, weight: Tensor, residual: Tensor, post_weight: Tensor,
+                          next_weight: Optional[Tensor], eps: float, norm_mode: str, residual_out: Tensor,
+                          normed_out: Optional[Tensor], active_rows: Optional[Tensor],
+                          weight_scale: Optional[Tensor]) -> None:
+    _IMPLS[impl](x, weight, residual, post_weight, next_weight, eps, mode=norm_mode, residual_out=residual_out,
+                 normed_out=normed_out, active_rows=active_rows, weight_scale=weight_scale)
+
+
 @_op("rms_norm", ("out",))
 def _rms_norm(impl: int, x: Tensor, weight: Tensor, eps: float, out: Tensor, active_rows: Optional[Tensor]) -> None:
     _IMPLS[impl](x, weight, eps, out=out, active_rows=active_rows)
@@ -130,8 +139,8 @@ def _finalize_last_exited(impl: int, k_cache: Tensor, v_cache: Tensor, block_tab
 def opaque(ops: SimpleNamespace) -> SimpleNamespace:
     """The same namespace with every kernel called through its custom op (signatures unchanged)."""
     i = {name: _register(getattr(ops, name)) for name in (
-        "linear", "rms_norm", "residual_norm", "rope_kv_scatter", "paged_attention", "scatter_rows", "sample",
-        "filtered_probs", "compute_logprobs", "accept_draft", "finalize_last_exited")}
+        "linear", "linear_residual_norm", "rms_norm", "residual_norm", "rope_kv_scatter", "paged_attention",
+        "scatter_rows", "sample", "filtered_probs", "compute_logprobs", "accept_draft", "finalize_last_exited")}
 
     def linear(x, weight, *, out=None, active_rows=None, activation=None):
         n = weight.shape[0] // 2 if activation == "swiglu" else weight.shape[0]
@@ -153,6 +162,17 @@ def opaque(ops: SimpleNamespace) -> SimpleNamespace:
         normed = normed_out if next_weight is not None else None
         _residual_norm(i["residual_norm"], sub, residual, post_weight, next_weight, float(eps), mode, residual_out,
                        normed, active_rows)
+        return residual_out, normed
+
+    def linear_residual_norm(x, weight, residual, post_weight, next_weight, eps, *, mode="ouro", residual_out=None,
+                             normed_out=None, active_rows=None):
+        residual_out = torch.empty_like(residual) if residual_out is None else residual_out
+        if next_weight is not None and normed_out is None:
+            normed_out = torch.empty_like(residual)
+        normed = normed_out if next_weight is not None else None
+        data, scale = (weight.data, weight.scale) if isinstance(weight, Fp8Weight) else (weight, None)
+        _linear_residual_norm(i["linear_residual_norm"], x, data, residual, post_weight, next_weight, float(eps), mode,
+                              residual_out, normed, active_rows, scale)
         return residual_out, normed
 
     def rope_kv_scatter(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, *, style="neox", q_bias=None,
@@ -217,7 +237,8 @@ def opaque(ops: SimpleNamespace) -> SimpleNamespace:
                               exit_planes, active_rows)
 
     wrapped = dict(vars(ops))
-    wrapped.update(linear=linear, rms_norm=rms_norm, residual_norm=residual_norm, rope_kv_scatter=rope_kv_scatter,
+    wrapped.update(linear=linear, linear_residual_norm=linear_residual_norm, rms_norm=rms_norm,
+                   residual_norm=residual_norm, rope_kv_scatter=rope_kv_scatter,
                    paged_attention=paged_attention, scatter_rows=scatter_rows, sample=sample,
                    filtered_probs=filtered_probs, compute_logprobs=compute_logprobs, accept_draft=accept_draft,
                    finalize_last_exited=finalize_last_exited)

@@ -14,12 +14,12 @@ from ..errors import ConfigError
 from ..models.fp8_weights import Fp8Weight
 
 OP_NAMES = (
-    "linear", "rms_norm", "residual_norm", "swiglu", "apply_rope", "rope_kv_scatter", "kv_scatter",
-    "paged_attention", "gather_rows", "scatter_rows", "sample", "filtered_probs", "compute_logprobs",
+    "linear", "linear_residual_norm", "rms_norm", "residual_norm", "swiglu", "apply_rope", "rope_kv_scatter",
+    "kv_scatter", "paged_attention", "gather_rows", "scatter_rows", "sample", "filtered_probs", "compute_logprobs",
     "accept_draft", "finalize_last_exited",
 )
 _MODULE_OF = {
-    "linear": "gemm", "rms_norm": "norms", "residual_norm": "norms", "swiglu": "norms", "apply_rope": "norms",
+    "linear": "gemm", "linear_residual_norm": "linear_norm", "rms_norm": "norms", "residual_norm": "norms", "swiglu": "norms", "apply_rope": "norms",
     "rope_kv_scatter": "kv_cache", "kv_scatter": "kv_cache", "paged_attention": "attention",
     "gather_rows": "routing", "scatter_rows": "routing", "finalize_last_exited": "routing",
     "sample": "sampling", "filtered_probs": "sampling", "compute_logprobs": "sampling", "accept_draft": "acceptance",
@@ -63,11 +63,23 @@ def cublas_linear(x, weight, *, out=None, active_rows=None, activation=None, wei
 
 
 def accepting_fp8_weights(linear):
-    """`linear` that also takes an `Fp8Weight` as its weight (passed on as data + weight_scale)."""
-    def call(x, weight, **kwargs):
+    """`linear` (or any op taking (x, weight, ...)) that also takes an `Fp8Weight` as its weight
+    (passed on as data + weight_scale)."""
+    def call(x, weight, *args, **kwargs):
         if isinstance(weight, Fp8Weight):
-            return linear(x, weight.data, weight_scale=weight.scale, **kwargs)
-        return linear(x, weight, **kwargs)
+            return linear(x, weight.data, *args, weight_scale=weight.scale, **kwargs)
+        return linear(x, weight, *args, **kwargs)
+
+    return call
+
+
+def composed_linear_residual_norm(linear, residual_norm):
+    """`linear_residual_norm` as its two ops one after the other (for a `linear` without a fused form)."""
+    def call(x, weight, residual, post_weight, next_weight, eps, *, mode="ouro", residual_out=None, normed_out=None,
+             active_rows=None, weight_scale=None):
+        sub = linear(x, weight, active_rows=active_rows, weight_scale=weight_scale)
+        return residual_norm(sub, residual, post_weight, next_weight, eps, mode=mode, residual_out=residual_out,
+                             normed_out=normed_out, active_rows=active_rows)
 
     return call
 
@@ -104,7 +116,9 @@ def select_ops(device: torch.device, attention_backend: str, batch_invariant: bo
         ops["paged_attention"] = flash.paged_attention
     if on_cuda and not batch_invariant:
         ops["linear"] = cublas_linear
+        ops["linear_residual_norm"] = composed_linear_residual_norm(cublas_linear, ops["residual_norm"])
     ops["linear"] = accepting_fp8_weights(ops["linear"])
+    ops["linear_residual_norm"] = accepting_fp8_weights(ops["linear_residual_norm"])
     return SimpleNamespace(backend="triton" if use_triton else "torch", attention=attention_backend, **ops)
 
 

@@ -22,7 +22,7 @@ from rlt_kernels.sampling import STREAM_STATE, philox_uniform
 from ..cache.layout import KVLayout, PlaneSpec
 from .configs import HuginnConfig, check_weight_names, check_weights_complete, hf_weight_shapes
 from .fp8_weights import linear_weight
-from .tensor_parallel import row_parallel_linear
+from .tensor_parallel import row_parallel_residual_norm
 
 
 @dataclass
@@ -155,13 +155,12 @@ class HuginnModel:
             k = qkv[:, hq * d : (hq + hkv) * d].view(m, hkv, d)
             v = qkv[:, (hq + hkv) * d :].view(m, hkv, d)
             attn = batch.attend(first_cache_layer + idx, q, k, v, spec, q_bias=b.q_bias, k_bias=b.k_bias)
-            o = row_parallel_linear(ops, attn, b.proj, self.tp, active)
-            x, n = ops.residual_norm(o, x, b.norm_2, b.norm_3, eps, mode="huginn",
-                                     residual_out=x if idx else None, active_rows=active)
+            x, n = row_parallel_residual_norm(ops, attn, b.proj, self.tp, active, x, b.norm_2, b.norm_3, eps, "huginn",
+                                              residual_out=x if idx else None)
             act = ops.linear(n, b.fc, activation="swiglu", active_rows=active)
-            mlp = row_parallel_linear(ops, act, b.mlp_proj, self.tp, active)
             nxt = blocks[idx + 1].norm_1 if idx + 1 < len(blocks) else final_norm
-            x, n = ops.residual_norm(mlp, x, b.norm_4, nxt, eps, mode="huginn", residual_out=x, active_rows=active)
+            x, n = row_parallel_residual_norm(ops, act, b.mlp_proj, self.tp, active, x, b.norm_4, nxt, eps, "huginn",
+                                              residual_out=x)
         return x, n
 
     def embed(self, tokens: torch.Tensor, batch) -> torch.Tensor:

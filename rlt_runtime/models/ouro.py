@@ -18,7 +18,7 @@ import torch
 from ..cache.layout import KVLayout
 from .configs import OuroConfig, check_weight_names, check_weights_complete, hf_weight_shapes
 from .fp8_weights import linear_weight
-from .tensor_parallel import row_parallel_linear
+from .tensor_parallel import row_parallel_residual_norm
 
 
 @dataclass
@@ -107,15 +107,13 @@ class OuroModel:
             k = qkv[:, hq * d : (hq + hkv) * d].view(m, hkv, d)
             v = qkv[:, (hq + hkv) * d :].view(m, hkv, d)
             attn = batch.attend(idx, q, k, v, spec)
-            o = row_parallel_linear(ops, attn, layer.wo, self.tp, active)
             # The first update writes a fresh residual so the caller's h is never modified.
-            h, n = ops.residual_norm(o, h, layer.input_norm_2, layer.post_norm, eps, mode="ouro",
-                                     residual_out=h if idx else None, active_rows=active)
+            h, n = row_parallel_residual_norm(ops, attn, layer.wo, self.tp, active, h, layer.input_norm_2,
+                                              layer.post_norm, eps, "ouro", residual_out=h if idx else None)
             act = ops.linear(n, layer.w_gate_up, activation="swiglu", active_rows=active)
-            down = row_parallel_linear(ops, act, layer.w_down, self.tp, active)
             next_w = self.layers[idx + 1].input_norm if idx + 1 < len(self.layers) else self.norm
-            h, n = ops.residual_norm(down, h, layer.post_norm_2, next_w, eps, mode="ouro",
-                                     residual_out=h, active_rows=active)
+            h, n = row_parallel_residual_norm(ops, act, layer.w_down, self.tp, active, h, layer.post_norm_2, next_w,
+                                              eps, "ouro", residual_out=h)
         return n
 
     def gate_logits(self, h: torch.Tensor, ops, active=None) -> torch.Tensor:

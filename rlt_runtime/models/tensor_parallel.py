@@ -58,6 +58,18 @@ def row_parallel_linear(ops, x: torch.Tensor, weight, tp: Optional[TensorParalle
     return tp.sum(part).to(x.dtype)
 
 
+def row_parallel_residual_norm(ops, x: torch.Tensor, weight, tp: Optional[TensorParallel], active, residual,
+                               post_weight, next_weight, eps: float, mode: str, residual_out=None):
+    """`ops.residual_norm` of `row_parallel_linear`'s output; returns (r, n). Without a group it is
+    the one op `linear_residual_norm`, whose norm kernel adds a split-K linear's partials itself."""
+    if tp is None:
+        return ops.linear_residual_norm(x, weight, residual, post_weight, next_weight, eps, mode=mode,
+                                        residual_out=residual_out, active_rows=active)
+    sub = row_parallel_linear(ops, x, weight, tp, active)
+    return ops.residual_norm(sub, residual, post_weight, next_weight, eps, mode=mode, residual_out=residual_out,
+                             active_rows=active)
+
+
 def check_tensor_parallel(config, size: int) -> None:
     """ConfigError unless the model's heads, K/V heads and MLP width divide evenly over `size` ranks."""
     fields = (("attention heads", config.num_heads), ("key/value heads", config.kv_heads),

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rlt_kernels import _pdl, attention, gemm, kv_cache, norms
+from rlt_kernels import _pdl, attention, gemm, kv_cache, linear_norm, norms
 
 from checks import randn, seeded
 
@@ -22,7 +22,8 @@ def test_pdl_off_on_cpu_and_when_disabled(monkeypatch):
 def _layer_chain(h, w_qkv, w_o, w_gate_up, w_down, norm_w, k_cache, v_cache, tables, positions, cos_sin):
     """A decode layer's kernel chain, each kernel reading the one before's output: qkv-shaped
     linear, RoPE + K/V scatter, decode attention, linear, residual norm, SwiGLU linear, split-K
-    linear, residual norm. Returns every intermediate the chain writes."""
+    linear, residual norm (and the last two fused: the norm adding the split-K partials). Returns
+    every intermediate the chain writes."""
     b = h.shape[0]
     qkv = gemm.linear(h, w_qkv)
     q, k, v = (qkv.view(b, 3, 2, 64)[:, i] for i in range(3))
@@ -37,7 +38,8 @@ def _layer_chain(h, w_qkv, w_o, w_gate_up, w_down, norm_w, k_cache, v_cache, tab
     act = gemm.linear(n, w_gate_up, activation="swiglu")
     down = gemm.linear(act, w_down)
     r2, n2 = norms.residual_norm(down, r, norm_w, norm_w, 1e-6)
-    return qkv, q_rot, attn, o, r, n, act, down, r2, n2
+    r3, n3 = linear_norm.linear_residual_norm(act, w_down, r, norm_w, norm_w, 1e-6)
+    return qkv, q_rot, attn, o, r, n, act, down, r2, n2, r3, n3
 
 
 @pytest.mark.gpu
@@ -90,3 +92,4 @@ def test_gpu_pdl_chain_in_a_graph_equals_stream_order(device, monkeypatch):
         torch.cuda.synchronize()
         for got, want in zip(list(outs) + caches, expected[i]):
             assert torch.equal(got, want), f"replay {i}: a dependent launch changed a result"
+        assert torch.equal(outs[10], outs[8]) and torch.equal(outs[11], outs[9]), "fused split-K sum changed the bits"
