@@ -191,6 +191,7 @@ class LLMEngine:
                                         doubling_ladder(self.max_num_batched_tokens, first=16))
         self.policy = None
         self.spec_stats = None
+        self._synthetic = cfg.speculative_config is not None and cfg.speculative_config.synthetic_acceptance is not None
         if cfg.speculative_config is not None:
             self._init_speculation(cfg.speculative_config)
         self._groups: dict[str, list[Request]] = {}
@@ -299,6 +300,8 @@ class LLMEngine:
         grammar_stops = list(dict.fromkeys([*self._eos, *(params.stop_token_ids or ())]))  # the grammar ends on these
         group = []
         min_token_stops, bad_word_ids = self._processing_ids(params)
+        # Synthetic acceptance commits drafts the grammar never checked: guided rows do not draft there.
+        drafts = self.policy is not None and params.speculative and (grammar is None or not self._synthetic)
         for i in range(params.num_samples):
             key = sample_key(params.seed, i) if params.seed is not None else unseeded_key(self.cfg.seed, arrival, i)
             req = Request(
@@ -307,7 +310,7 @@ class LLMEngine:
                 arrival_index=arrival, row_key=key, max_tokens=max_tokens,
                 depth_limit=min(params.max_loops or self.depth, self.depth), min_loops=params.min_loops or 1,
                 group_id=request_id, sample_index=i, prompt=text, trace_depths=trace,
-                draft=self.policy.new_state(max_tokens) if self.policy is not None and params.speculative else None,
+                draft=self.policy.new_state(max_tokens) if drafts else None,
                 matcher=self._grammars.matcher(grammar, grammar_stops) if grammar is not None else None,
             )
             req.metrics = RequestMetrics(arrival_time=now, num_prompt_tokens=len(ids))

@@ -225,6 +225,16 @@ def test_preemption_and_async_steps_keep_guided_speculation_exact(mode):
     _valid(tight.engine.tokenizer, work, want)
 
 
+def test_synthetic_acceptance_leaves_guided_requests_undrafted_and_valid():
+    """The benchmark aid accepts drafts unchecked: guided rows do not draft there (else they would
+    commit tokens their grammar rejects and be aborted)."""
+    spec = {**_spec(), "synthetic_acceptance": 1.0}
+    llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, speculative_config=spec)
+    out = _run(llm, {"regex": REGEX}, 0.0)[0]
+    assert out.finish_reason == "stop" and re.fullmatch(REGEX, out.text)
+    assert llm.stats()["speculative"]["drafted"] == 0
+
+
 def test_draft_checks_mask_each_verify_position_and_roll_back():
     """`_check_drafts` against fresh matchers fed the committed output and drafts: row j is the
     mask after drafts 1..j while the grammar takes them, all ones after a rejected draft or a
