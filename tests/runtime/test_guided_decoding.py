@@ -155,12 +155,10 @@ def _spec(policy="fixed", d=1):
 
 
 def _valid(tokenizer, work, outputs):
-    """Each output (`_drive`'s) parses / matches the constraint of its request in `work`."""
+    """Each output (`_drive`'s) parses as / matches the constraint of its (guided) request in `work`."""
     for i, (_, params, _) in enumerate(work):
         text = tokenizer.decode(outputs[i][0], skip_special_tokens=True)
         guided = params.guided
-        if guided is None:
-            continue
         if guided.json is not None:
             _check_schema(json.loads(text))
         else:
@@ -168,7 +166,7 @@ def _valid(tokenizer, work, outputs):
 
 
 def _drafted_and_accepted(llm):
-    """Rounds drafted and accepted drafts (so verify positions past the first committed tokens)."""
+    """Drafts were made and some accepted (so verify positions past the first chose committed tokens)."""
     st = llm.stats()["speculative"]
     return st["drafted"] > 0 and st["accepted"] > 0
 
