@@ -386,7 +386,7 @@ def run_case(case: dict) -> dict:
     if bad:
         problems.append(bad)
     spec = case["speculative_config"]
-    drafting = [w for w in work if w.params.speculative and w.params.guided is None]  # guided rows do not draft
+    drafting = [w for w in work if w.params.speculative]
     if spec and spec["draft_policy"] == "fixed" and drafting and not stats["spec_rounds"]:
         problems.append("fixed-K speculation ran no round")
     checks.append("invariants every step, pool full at the end, no failed capture")

@@ -67,7 +67,8 @@ class SamplingParams:
     as ``{"json": schema}``, ``{"regex": "[0-9]+"}``, ``{"choice": ["yes", "no"]}``; needs the
     `xgrammar` package): tokens the grammar cannot take next are masked on the device before
     sampling, EOS is allowed exactly when the grammar can end, and generation stops when it has
-    ended. Guided requests do not draft in speculative rounds.
+    ended. Under speculation guided requests draft; their drafts are checked against the grammar
+    on the host and every verified position is masked by it.
     ``trace_id`` keys this request in exit traces: the entry replayed with exit_mode="trace" and
     the key `record_exit_trace` writes (default: the request id).
     """

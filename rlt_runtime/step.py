@@ -69,6 +69,14 @@ class StepInput:
     guided_slots: list[int] = field(default_factory=list)
     guided_masks: Optional[object] = None  # int32 [len(guided_slots), ceil(vocab / 32)] on the CPU, or None
 
+    def guided_drafting(self) -> list[int]:
+        """Indices of the decode rows that draft in this step's round and carry a grammar (their
+        drafts are checked on the host before verification: `LLMEngine._check_drafts`)."""
+        if self.round_k == 0 or not self.guided_slots:
+            return []
+        guided = set(self.guided_slots)
+        return [i for i, r in enumerate(self.decodes) if self.num_drafts[i] > 0 and r.slot in guided]
+
 
 @dataclass
 class StepOutput:

@@ -110,8 +110,8 @@ MUTANTS = (
     ),
     Mutant(
         "guided-mask-wrong-row", "rlt_runtime/executor/token_mask.py",
-        "words = self.mask.index_select(0, idx)",
-        "words = self.mask[: logits.shape[0]]",
+        "return self.apply_rows(logits, self.mask.index_select(0, idx), raw)",
+        "return self.apply_rows(logits, self.mask[: logits.shape[0]], raw)",
         ("tests/runtime/test_guided_decoding.py::test_slot_rows_follow_their_slots",
          "tests/runtime/test_guided_decoding.py::test_guided_and_unguided_requests_in_an_async_crowd_match_running_alone"),
         "a row takes the mask of the slot at its batch position instead of its own slot's",
@@ -129,6 +129,22 @@ MUTANTS = (
         "if False:",
         ("tests/runtime/test_guided_decoding.py::test_json_object_regex_choice_and_grammar",),
         "committed tokens never advance the matcher, so every mask is the grammar's first",
+    ),
+    Mutant(
+        "guided-verify-mask-of-position-0", "rlt_runtime/executor/speculative.py",
+        "words = words.index_copy(0, put, guided_words)",
+        "words = words",
+        ("tests/runtime/test_guided_decoding.py::test_greedy_guided_speculation_is_plain_guided_decoding[ouro-tiny-fixed]",),
+        "a guided row's verify positions all take the mask of its first (the committed output's), not the "
+        "grammar's after the drafts before them",
+    ),
+    Mutant(
+        "guided-drafts-not-rolled-back", "rlt_runtime/engine/llm_engine.py",
+        "matcher.rollback(taken)",
+        "matcher.rollback(0)",
+        ("tests/runtime/test_guided_decoding.py::test_draft_checks_mask_each_verify_position_and_roll_back",
+         "tests/runtime/test_guided_decoding.py::test_greedy_guided_speculation_is_plain_guided_decoding[ouro-tiny-fixed]"),
+        "checking drafts leaves them in the matcher, which then holds tokens that were never committed",
     ),
     Mutant(
         "huginn-prompt-noise-per-request", "rlt_runtime/executor/model_runner.py",

@@ -6,7 +6,9 @@ own `GrammarMatcher` (`Request.matcher`); its state is a function of the committ
 only, so preemption (recompute or swap) leaves it valid. Before a step the host fills the next-token
 bitmask of every guided row (int32 [rows, ceil(vocab / 32)], bit t of word t // 32 set when token t
 is allowed; EOS is allowed exactly when the grammar can end), and after the step the matcher
-accepts each committed token. JSON (``json``, ``json_object``) is generated compact: xgrammar's
+accepts each committed token. Under speculation the matcher also checks a round's drafts between
+drafting and verification (`LLMEngine._check_drafts`: accept them, fill one mask per verify
+position, roll back), so it again holds the committed tokens only. JSON (``json``, ``json_object``) is generated compact: xgrammar's
 separators, no free whitespace between tokens (a model cannot pad its answer with blanks).
 """
 

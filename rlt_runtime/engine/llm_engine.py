@@ -191,6 +191,7 @@ class LLMEngine:
                                         doubling_ladder(self.max_num_batched_tokens, first=16))
         self.policy = None
         self.spec_stats = None
+        self._synthetic = cfg.speculative_config is not None and cfg.speculative_config.synthetic_acceptance is not None
         if cfg.speculative_config is not None:
             self._init_speculation(cfg.speculative_config)
         self._groups: dict[str, list[Request]] = {}
@@ -299,6 +300,8 @@ class LLMEngine:
         grammar_stops = list(dict.fromkeys([*self._eos, *(params.stop_token_ids or ())]))  # the grammar ends on these
         group = []
         min_token_stops, bad_word_ids = self._processing_ids(params)
+        # Synthetic acceptance commits drafts the grammar never checked: guided rows do not draft there.
+        drafts = self.policy is not None and params.speculative and (grammar is None or not self._synthetic)
         for i in range(params.num_samples):
             key = sample_key(params.seed, i) if params.seed is not None else unseeded_key(self.cfg.seed, arrival, i)
             req = Request(
@@ -307,8 +310,7 @@ class LLMEngine:
                 arrival_index=arrival, row_key=key, max_tokens=max_tokens,
                 depth_limit=min(params.max_loops or self.depth, self.depth), min_loops=params.min_loops or 1,
                 group_id=request_id, sample_index=i, prompt=text, trace_depths=trace,
-                draft=(self.policy.new_state(max_tokens) if self.policy is not None and params.speculative and grammar is None
-                       else None),
+                draft=self.policy.new_state(max_tokens) if drafts else None,
                 matcher=self._grammars.matcher(grammar, grammar_stops) if grammar is not None else None,
             )
             req.metrics = RequestMetrics(arrival_time=now, num_prompt_tokens=len(ids))
@@ -345,6 +347,31 @@ class LLMEngine:
             self._grammars.fill(r.matcher, masks, i)
         sched.guided_slots, sched.guided_masks = [r.slot for r in rows], masks
         return True
+
+    def _check_drafts(self, live: list[Request], drafted: dict[int, list[int]]) -> dict:
+        """The bitmasks of guided rows' verify positions, {step key: int32 [k + 1, ceil(vocab / 32)]}
+        for drafted = {step key: drafts y_1..y_k} (`Executor.execute`'s guide): row j allows the
+        tokens that follow the committed output and drafts y_1..y_j. The matcher takes the drafts
+        one by one until the grammar rejects one (or ends); rows after that one allow every token
+        (acceptance stops at the rejected draft at the latest). The matcher is rolled back: it
+        holds the committed output only."""
+        out = {}
+        for key, tokens in drafted.items():
+            matcher = live[key].matcher
+            masks = self._grammars.new_bitmask(len(tokens) + 1)
+            masks.fill_(-1)
+            self._grammars.fill(matcher, masks, 0)
+            taken = 0
+            for token in tokens:
+                if not matcher.accept_token(token):
+                    break
+                taken += 1
+                if matcher.is_terminated():  # a drafted EOS ends the grammar (and the request, if accepted)
+                    break
+                self._grammars.fill(matcher, masks, taken)
+            matcher.rollback(taken)
+            out[key] = masks
+        return out
 
     def _processing_ids(self, params: SamplingParams) -> tuple[list[int], list[list[int]]]:
         """(ids min_tokens holds back, bad words as token-id lists), checked against the vocabulary
@@ -470,7 +497,8 @@ class LLMEngine:
         handle = None
         if not sched.is_empty:
             step, live = self._steps.build(sched)
-            handle = self.executor.execute(step)
+            guide = functools.partial(self._check_drafts, live) if step.guided_drafting() else None
+            handle = self.executor.execute(step, guide)
             handle.guided, handle.live = guided, live
         self.num_steps += 1
         if self.async_scheduling:

@@ -32,7 +32,11 @@ class Executor:
                          graph_sizes: Optional[list[int]]) -> None:
         raise NotImplementedError
 
-    def execute(self, step: StepInput):
+    def execute(self, step: StepInput, guide=None):
+        """guide(drafted) -> masks, given exactly when `step.guided_drafting()` is not empty: called
+        once, between the round's drafting and its verification, with {step key: drafted tokens
+        y_1..y_k} of those rows; returns {step key: int32 [k + 1, ceil(vocab / 32)] CPU bitmask},
+        row j the tokens allowed after drafts y_1..y_j."""
         raise NotImplementedError
 
     def graph_stats(self) -> dict:
@@ -74,8 +78,8 @@ class UniprocExecutor(Executor):
                          graph_sizes: Optional[list[int]]) -> None:
         self.worker.init_speculation(num_speculative_tokens, draft_loops, synthetic_acceptance, graph_sizes)
 
-    def execute(self, step: StepInput):
-        return self.worker.execute(step)
+    def execute(self, step: StepInput, guide=None):
+        return self.worker.execute(step, guide)
 
     def graph_stats(self) -> dict:
         return self.worker.graph_stats()

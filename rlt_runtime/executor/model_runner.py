@@ -291,8 +291,11 @@ class ModelRunner:
         self.logit_proc.admit(admitted)
 
     # ---- a step ------------------------------------------------------------------------------
-    def execute(self, sched: StepInput) -> StepHandle:
-        """Submit the step's device work; the handle's `result()` waits for the readback."""
+    def execute(self, sched: StepInput, guide=None) -> StepHandle:
+        """Submit the step's device work; the handle's `result()` waits for the readback.
+
+        guide: given when the step's round has guided rows that draft (`StepInput.guided_drafting`);
+        called once, between drafting and verification (see `SpeculativeRunner.run_round`)."""
         handle = StepHandle()
         if self.record_device_time and self.device.type == "cuda":
             handle.start_event = torch.cuda.Event(enable_timing=True)
@@ -311,7 +314,10 @@ class ModelRunner:
             drafts = [sched.num_drafts[i] for i in order]
             traces = [sched.traces[i] for i in order]
             processed = any(r.processes_logits for r in reqs)
-            parts.append(self.spec.run_round(reqs, drafts, traces, sched.round_k, want_lp, num_top, processed))
+            checked = set(sched.guided_drafting()) if guide is not None else set()
+            guided = [n for n, i in enumerate(order) if i in checked]
+            parts.append(self.spec.run_round(reqs, drafts, traces, sched.round_k, want_lp, num_top, processed,
+                                             guided, guide))
             handle.rows += [(r.key, r.generation, "decode", k) for r, k in zip(reqs, drafts)]
         elif sched.decodes:
             parts.append(self._run_decode(sched, want_lp, num_top, any(r.processes_logits for r in sched.decodes)))

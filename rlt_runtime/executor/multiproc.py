@@ -10,6 +10,9 @@ plane. Every call — a step's plain `StepInput` included — is sent to every r
 (the broadcast), and every rank runs it: the same step programs, the same collectives, the same
 sampling (identical seeds and, after each sum, identical bits), so all ranks stay in lockstep.
 Rank 0 sends the step's results back; the other ranks answer with None (or their error).
+A step whose round checks guided drafts is two calls: "execute" is answered (by rank 0) with the
+drafted tokens, in the middle of the step; the engine's masks come back as the call
+"verify_masks", which the ranks read inside the step and answer with the step's results.
 One reader thread per rank empties its pipe as replies arrive; replies are matched to calls in
 the order the calls were sent, so steps may overlap (async scheduling).
 """
@@ -71,7 +74,14 @@ def _rank_main(rank: int, size: int, spec: WorkerSpec, store_port: int, num_thre
             method, args = msg
             try:
                 if method == "execute":
-                    handle = worker.execute(*args)
+                    step, guided = args
+
+                    def guide(drafted):  # reply with the drafts, wait for the masks (the "verify_masks" call)
+                        conn.send(("ok", drafted if rank == 0 else None))
+                        _, (masks,) = conn.recv()
+                        return masks
+
+                    handle = worker.execute(step, guide if guided else None)
                     out = None
                     result = handle.result()
                     if rank == 0:
@@ -214,8 +224,12 @@ class MultiprocExecutor(Executor):
                          graph_sizes: Optional[list[int]]) -> None:
         self._call("init_speculation", num_speculative_tokens, draft_loops, synthetic_acceptance, graph_sizes)
 
-    def execute(self, step: StepInput) -> RemoteStep:
-        return RemoteStep(self, self._send("execute", step))
+    def execute(self, step: StepInput, guide=None) -> RemoteStep:
+        seq = self._send("execute", step, guide is not None)
+        if guide is not None:
+            drafted = self._wait(seq)[0]
+            seq = self._send("verify_masks", guide(drafted))
+        return RemoteStep(self, seq)
 
     def graph_stats(self) -> dict:
         return self._call("graph_stats")[0]

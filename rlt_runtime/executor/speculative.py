@@ -7,12 +7,18 @@ A round for R requests with k drafts (rows sorted by their own draft count k_r, 
    head on the loop-d state; Huginn: coda + head) proposes y_{j+1}: argmax for greedy rows, a
    draw from the processed distribution q_j (Gumbel-max, draft stream) for sampled rows. The
    loop-d states and exit states are parked per (j, request).
+   Guided rows (a grammar) draft y_1 under their grammar's mask and y_2.. unmasked; before the
+   verify pass the host checks their drafts against the grammar (`verify_masks`, one sync, only
+   in rounds that have such rows) and sends the mask of each of their verify rows.
 2. Verify pass: the sum(k_r + 1) rows (j, r) continue from their parked loop-d states through
    loops d..D-1, each as its own one-query sequence (its causal context includes the request's
    earlier drafts, written at the same loop just before), with exit and compaction exactly as a
    decode step. Their final states give the target distributions p_j.
 3. Fused acceptance (`accept_draft`): greedy prefix match or exact rejection sampling with the
    very q that drew the drafts; commit the accepted drafts plus the correction/bonus token.
+   A guided row's verify row j is masked by its grammar after drafts y_1..y_j, so a draft the
+   grammar rejects is rejected here (greedy: the masked argmax differs; sampling: p_j(y) = 0) and
+   the committed tokens are those of plain guided decoding (greedy) or follow its distribution.
 4. The last committed token and position (+ accepted + 1) go to the slot pools on the device;
    rejected positions are simply overwritten by later steps.
 
@@ -29,7 +35,7 @@ import torch
 from rlt_kernels.sampling import STREAM_ACCEPT, STREAM_DRAFT, philox_uniform
 
 from .model_runner import RowResults, RowState
-from .staging import StaticStaging
+from .staging import StaticStaging, upload_arrays
 
 
 class SpeculativeRunner:
@@ -61,8 +67,11 @@ class SpeculativeRunner:
 
     # ---- host side ---------------------------------------------------------------------------
     def run_round(self, requests, num_drafts: list[int], trace_depths, k: int, want_lp: bool, num_top: int,
-                  processed: bool = False) -> dict:
-        """Stage and launch one round. requests are sorted by num_drafts, descending."""
+                  processed: bool = False, guided: list[int] = (), guide=None) -> dict:
+        """Stage and launch one round. requests are sorted by num_drafts, descending.
+
+        guided: indices (into requests) of the rows whose drafts `guide` checks (see
+        `Executor.execute`); such a round runs eagerly, with a host sync before verification."""
         n = len(requests)
         bucket = self.graphs.bucket(n) if self.graphs is not None else n
         rows = bucket or n
@@ -85,21 +94,55 @@ class SpeculativeRunner:
         inp.write("num_rows", np.asarray([n], np.int32))
         inp.upload()
         variant = (k, sampling, want_lp, num_top, processed)
-        res = self.graphs.run(n, variant) if self.graphs is not None and bucket is not None else None
+        res = None
+        verify_masks = None
+        if guided:
+            starts = np.cumsum([0, *[x + 1 for x in num_drafts]])  # each request's first verify row
+            verify_masks = lambda drafts: self._verify_masks(requests, num_drafts, starts, guided, guide, drafts)  # noqa: E731
+        elif self.graphs is not None and bucket is not None:
+            res = self.graphs.run(n, variant)
         if res is None:
-            res = self.round_program(rows, *variant)
+            res = self.round_program(rows, *variant, verify_masks=verify_masks)
         return {key: value[:n] for key, value in res.items()}
+
+    def _verify_masks(self, requests, num_drafts, starts, guided, guide, drafts):
+        """Start reading back the guided rows' drafts (drafts: int64 [rows, k + 1], column 0 the
+        pending token); the returned function waits for them (the round's one host sync: the
+        verify loops queued meanwhile keep the device busy), asks `guide` and returns (verify row
+        ids int64 [G], their bitmask rows int32 [G, W]) on the device."""
+        dev = self.runner.device
+        picked = drafts.index_select(0, torch.as_tensor(guided, dtype=torch.int64, device=dev))
+        host = torch.empty(picked.shape, dtype=picked.dtype, pin_memory=dev.type == "cuda")
+        host.copy_(picked, non_blocking=True)
+        event = None
+        if dev.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+
+        def finish():
+            if event is not None:
+                event.synchronize()
+            drafted = {requests[i].key: host[n, 1 : 1 + num_drafts[i]].tolist() for n, i in enumerate(guided)}
+            masks = guide(drafted)
+            ids = [int(starts[i]) + j for i in guided for j in range(num_drafts[i] + 1)]
+            words = np.concatenate([np.asarray(masks[requests[i].key], np.int32) for i in guided])
+            up = upload_arrays({"ids": np.asarray(ids, np.int64), "words": words}, dev)
+            return up["ids"], up["words"].view(len(ids), -1)
+
+        return finish
 
     # ---- the round program -------------------------------------------------------------------
     def round_program(self, rows: int, k: int, sampling: bool, want_lp: bool, num_top: int,
-                      processed: bool = False) -> dict:
+                      processed: bool = False, verify_masks=None) -> dict:
         """One speculative round over `rows` (bucket) rows with k drafts; inputs in `self.inp`.
 
         processed: logit processing (`logit_processing.py`) applies to every draft and verify
         distribution, its counts including the round's earlier drafts; the committed tokens are
-        counted after acceptance. The guided-decoding masks (`token_mask.py`) apply after it: a
-        guided row drafts nothing, so its mask (for the token after its committed output) is
-        right for its one verify row. Reported log-probabilities are those of the raw logits."""
+        counted after acceptance. The guided-decoding masks (`token_mask.py`) apply after it: the
+        slot's mask (the token after the committed output) to draft y_1 and to verify rows j = 0;
+        verify_masks(drafts)() -> (verify row ids, int32 [G, W] rows) replaces the mask of the
+        guided rows' verify rows (eager rounds only). Reported log-probabilities are those of the
+        raw logits."""
         run, inp, ops, dev = self.runner, self.inp, self.runner.ops, self.runner.device
         d, depth = self.d, run.depth
         slots = inp["slots"][:rows]
@@ -141,13 +184,15 @@ class SpeculativeRunner:
                 if processed:  # y_{j+1} follows the committed output and drafts y_1..y_j
                     raw = logits
                     logits = run.logit_proc.apply(raw, idx, pos0 + j + 1, drafts[:, 1:], torch.full_like(pos0, j))
-                    logits = run.token_mask.apply(logits, idx, raw)  # guided rows draft nothing: only their y_1 counts
+                    if j == 0:  # the slot's mask is the grammar's for y_1 only; y_2.. are checked by the host
+                        logits = run.token_mask.apply(logits, idx, raw)
                 if q is not None:
                     ops.filtered_probs(logits, temp, top_k, top_p, min_p, out=q[:, j], active_rows=count)
                 drawn = ops.sample(logits, temp, top_k, top_p, min_p, keys, pos0 + j + 1, stream=STREAM_DRAFT,
                                    active_rows=count)
                 tok = torch.where(torch.arange(rows, device=dev) < count, drawn, tok)  # rows done drafting keep a valid id
                 drafts[:, j + 1] = tok
+        checked = verify_masks(drafts) if verify_masks is not None else None  # the guided drafts' readback starts
         # Verify: rows (j, r) continue from their parked loop-d state.
         nv = rows * (k + 1)
         num_verify = inp["num_verify"]
@@ -169,7 +214,12 @@ class SpeculativeRunner:
         run.run_loops(rs, d, depth, out_v)
         raw_v = logits_v = run.head_logits(out_v, v_slots, v_pos, num_verify, cached=False)
         if processed:  # the token after draft vj follows drafts y_1..y_vj of its request
-            logits_v = run.token_mask.apply(run.logit_proc.apply(raw_v, v_idx, v_pos + 1, drafts[vr, 1:], vj), v_idx, raw_v)
+            words = run.token_mask.mask.index_select(0, v_idx)
+            if checked is not None:
+                put, guided_words = checked()
+                words = words.index_copy(0, put, guided_words)
+            logits_v = run.token_mask.apply_rows(run.logit_proc.apply(raw_v, v_idx, v_pos + 1, drafts[vr, 1:], vj), words,
+                                                 raw_v)
         # Arrange per request: row `rows` is the sink of padded verify rows.
         put_r = torch.where(in_use, vr, torch.full_like(vr, rows))
         target = torch.full((rows + 1, k + 1), -1, dtype=torch.int64, device=dev)

@@ -7,8 +7,10 @@ so its logits pass bit for bit unchanged; before each step the host writes the r
 guided slots (`write`, with the step's other host→device updates, outside the step program). The
 step programs apply the rows of their slots to the processed logits (`apply_token_bitmask`:
 disallowed tokens get -inf) in the same program variant as logit processing, so CUDA graphs
-capture it with the buffer at a fixed address. Plain torch ops: the same code runs on CPU, under
-the Triton interpreter and inside CUDA graphs or torch.compile.
+capture it with the buffer at a fixed address. A speculative round's verify rows of guided
+requests take per-position rows from the host instead (`apply_rows`; `speculative.py`). Plain
+torch ops: the same code runs on CPU, under the Triton interpreter and inside CUDA graphs or
+torch.compile.
 """
 
 from __future__ import annotations
@@ -59,13 +61,17 @@ class TokenMask:
             self.mask[dev["slot"]] = dev["rows"].view(len(guided_slots), self.words)
 
     def apply(self, logits: torch.Tensor, idx: torch.Tensor, raw: torch.Tensor | None = None) -> torch.Tensor:
-        """`apply_token_bitmask` with the rows of slots idx (int64 [B]) on the processed logits.
+        """`apply_rows` with the rows of slots idx (int64 [B])."""
+        return self.apply_rows(logits, self.mask.index_select(0, idx), raw)
+
+    @staticmethod
+    def apply_rows(logits: torch.Tensor, words: torch.Tensor, raw: torch.Tensor | None = None) -> torch.Tensor:
+        """`apply_token_bitmask` with the bitmask rows `words` (int32 [B, W]) on the processed logits.
 
         The grammar wins over a request's own bans: where the processed logits (min_tokens holding
         back EOS, bad_words, a -inf logit_bias) leave no token the grammar allows, the row is the
         grammar's mask over ``raw`` (the unprocessed logits [B, V]), so a grammar that can only end
         ends, rather than the sampler choosing among -inf everywhere."""
-        words = self.mask.index_select(0, idx)
         if raw is None:
             return apply_token_bitmask(logits, words)
         banned = ~unpack_bitmask(words, logits.shape[1])

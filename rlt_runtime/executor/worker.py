@@ -128,9 +128,10 @@ class Worker:
         """Hold host copies from another engine under swap_id until a step swaps them in."""
         self.runner.import_swapped(swap_id, saved)
 
-    def execute(self, step: StepInput) -> StepHandle:
-        """Submit the step's device work (swaps first); the handle's result() waits for it."""
-        return self.runner.execute(step)
+    def execute(self, step: StepInput, guide=None) -> StepHandle:
+        """Submit the step's device work (swaps first); the handle's result() waits for it.
+        guide: see `ModelRunner.execute`."""
+        return self.runner.execute(step, guide)
 
     def graph_stats(self) -> dict:
         r = self.runner

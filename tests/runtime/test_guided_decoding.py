@@ -1,12 +1,14 @@
 """Guided decoding (structured output through xgrammar): the device mask against a per-token
 reference, outputs of a random-weight model (which writes garbage unmasked) that parse and match
 their constraint, EOS exactly when the grammar ends, batch invariance in an async crowd,
-speculation, preemption and the errors naming the field."""
+speculation (guided rows draft; their drafts are checked against the grammar), preemption and the
+errors naming the field."""
 
 from __future__ import annotations
 
 import json
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -148,31 +150,120 @@ def test_guided_and_unguided_requests_in_an_async_crowd_match_running_alone():
     assert crowd[1] == guided_alone
 
 
-def test_speculation_leaves_guided_requests_undrafted_and_exact():
-    spec = {"num_speculative_tokens": 3, "draft_loops": 3, "draft_policy": "fixed"}
-    guided = SamplingParams(max_tokens=28, temperature=0, logprobs=1, guided={"json": SCHEMA})
-    plain = SamplingParams(max_tokens=12, temperature=0, logprobs=1, ignore_eos=True)
-    work = [([5, 6, 7], guided, 0), ([40, 41, 42], plain, 0)]
-    want = _drive(LLM("ouro-tiny", dtype="float32", max_num_seqs=4), work)
-    spec_llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, speculative_config=spec)
-    assert _drive(spec_llm, work) == want
-    assert spec_llm.stats()["speculative"]["accepted"] > 0
-    _check_schema(json.loads(spec_llm.engine.tokenizer.decode(want[0][0])))
+def _spec(policy="fixed", d=1):
+    return {"num_speculative_tokens": 3, "draft_loops": d, "draft_policy": policy}
 
 
-def test_preemption_keeps_the_matcher():
-    prompts = [list(range(5, 30)), [40, 41, 42], list(range(60, 95)), [7, 8, 9, 10, 11], list(range(100, 120))]
-    params = SamplingParams(max_tokens=14, temperature=0.8, seed=5, logprobs=1, guided={"regex": "[a-z]{6,12}"})
+def _valid(tokenizer, work, outputs):
+    """Each output (`_drive`'s) parses as / matches the constraint of its (guided) request in `work`."""
+    for i, (_, params, _) in enumerate(work):
+        text = tokenizer.decode(outputs[i][0], skip_special_tokens=True)
+        guided = params.guided
+        if guided.json is not None:
+            _check_schema(json.loads(text))
+        else:
+            assert re.fullmatch(guided.regex, text), (guided.regex, text)
+
+
+def _drafted_and_accepted(llm):
+    """Drafts were made and some accepted (so verify positions past the first chose committed tokens)."""
+    st = llm.stats()["speculative"]
+    return st["drafted"] > 0 and st["accepted"] > 0
+
+
+@pytest.mark.parametrize("policy", ["fixed", "adaptive"])
+@pytest.mark.parametrize("model", ["ouro-tiny", "huginn-tiny"])
+def test_greedy_guided_speculation_is_plain_guided_decoding(model, policy):
+    """Guided rows draft, their drafts are checked against the grammar and every verify position
+    gets its own mask: the tokens (and log-probabilities) of plain guided decoding."""
+    guided = [SamplingParams(max_tokens=28, temperature=0, logprobs=1, guided={"json": SCHEMA}),
+              SamplingParams(max_tokens=16, temperature=0, logprobs=1, guided={"regex": REGEX}),
+              SamplingParams(max_tokens=24, temperature=0, logprobs=1, guided={"regex": "[a-z]{3,9}"})]
+    work = [([5, 6, 7], guided[0], 0), ([9, 10, 11], guided[1], 0), ([40, 41], guided[2], 1)]
+    want = _drive(LLM(model, dtype="float32", max_num_seqs=4), work)
+    spec = LLM(model, dtype="float32", max_num_seqs=4, speculative_config=_spec(policy))
+    assert _drive(spec, work) == want
+    assert _drafted_and_accepted(spec)
+    _valid(spec.engine.tokenizer, work, want)
+
+
+@pytest.mark.parametrize("model", ["ouro-tiny", "huginn-tiny"])
+def test_sampled_guided_speculation_is_valid_reproducible_and_batch_invariant(model):
+    """Seeded sampled guided requests under speculation: grammar-valid, the same alone, again and in
+    an async crowd with unguided rows, which in turn get their outputs of running alone."""
+    opts = dict(dtype="float32", max_num_seqs=4, speculative_config=_spec())
+    guided = [SamplingParams(max_tokens=28, temperature=0.9, seed=3, logprobs=1, guided={"json": SCHEMA}),
+              SamplingParams(max_tokens=24, temperature=0.9, seed=8, logprobs=1, guided={"regex": "[a-z]{3,9}"})]
+    plain = SamplingParams(max_tokens=10, temperature=0.9, seed=4, logprobs=1, ignore_eos=True)
+    work = [([5, 6, 7], guided[0], 0), ([40, 41], guided[1], 0)]
+    llm = LLM(model, **opts)
+    alone = _drive(llm, work)
+    assert _drafted_and_accepted(llm)
+    _valid(llm.engine.tokenizer, work, alone)
+    assert _drive(llm, work) == alone
+    plain_alone = _drive(llm, [([40, 41, 42], plain, 0)])[0]
+    crowded = LLM(model, async_scheduling=True, **opts)
+    crowd = _drive(crowded, [([40, 41, 42], plain, 0), work[0], (work[1][0], work[1][1], 2)])
+    assert crowd[0] == plain_alone and crowd[1] == alone[0] and crowd[2] == alone[1]
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_and_async_steps_keep_guided_speculation_exact(mode):
+    """Greedy guided rows drafting in a pool too small for them all (preempted, by recompute or
+    swap) and with async steps: the outputs of plain guided decoding."""
+    prompts = [list(range(5, 30)), [40, 41, 42], list(range(60, 95)), [7, 8, 9, 10, 11]]
+    params = SamplingParams(max_tokens=14, temperature=0, logprobs=1, guided={"regex": "[a-z]{6,12}"})
     options = dict(dtype="float32", max_num_seqs=4, block_size=16, enable_prefix_caching=False)
+    work = [(p, params, 0) for p in prompts]
+    want = _drive(LLM("ouro-tiny", **options), work)
+    tight = LLM("ouro-tiny", num_blocks=16, preemption_mode=mode, async_scheduling=True, speculative_config=_spec(),
+                **options)
+    assert _drive(tight, work) == want
+    assert tight.engine.stats()["preemptions"] > 0 and _drafted_and_accepted(tight)
+    _valid(tight.engine.tokenizer, work, want)
 
-    def outputs(llm):
-        return _drive(llm, [(p, params, 0) for p in prompts])
 
-    roomy = outputs(LLM("ouro-tiny", **options))
-    tight = LLM("ouro-tiny", num_blocks=16, **options)
-    assert outputs(tight) == roomy
-    assert tight.engine.stats()["preemptions"] > 0
-    assert all(re.fullmatch("[a-z]{6,12}", tight.engine.tokenizer.decode(toks)) for toks, _ in roomy.values())
+def test_synthetic_acceptance_leaves_guided_requests_undrafted_and_valid():
+    """The benchmark aid accepts drafts unchecked: guided rows do not draft there (else they would
+    commit tokens their grammar rejects and be aborted)."""
+    spec = {**_spec(), "synthetic_acceptance": 1.0}
+    llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, speculative_config=spec)
+    out = _run(llm, {"regex": REGEX}, 0.0)[0]
+    assert out.finish_reason == "stop" and re.fullmatch(REGEX, out.text)
+    assert llm.stats()["speculative"]["drafted"] == 0
+
+
+def test_draft_checks_mask_each_verify_position_and_roll_back():
+    """`_check_drafts` against fresh matchers fed the committed output and drafts: row j is the
+    mask after drafts 1..j while the grammar takes them, all ones after a rejected draft or a
+    drafted EOS; the matchers end holding the committed output only."""
+    eng = LLM("ouro-tiny", dtype="float32", max_num_seqs=2).engine
+    grammar = eng._compile_guided(SamplingParams(guided={"regex": REGEX}))
+    ids = lambda text: eng.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+
+    def matcher(tokens):
+        m = eng._grammars.matcher(grammar, list(eng._eos))
+        assert all(m.accept_token(t) for t in tokens)
+        return m
+
+    def mask(m):
+        out = eng._grammars.new_bitmask(1)
+        eng._grammars.fill(m, out, 0)
+        return out[0]
+
+    committed = ids("a")
+    ended = ids("b-12") + [eng._eos[0]] + ids("a")  # the grammar ends with EOS; the draft after it is never checked
+    rejected = ids("c") + ids("x") + ids("2")  # "x" is rejected: "-" must follow
+    rows = [SimpleNamespace(matcher=matcher(committed)) for _ in range(2)]
+    got = eng._check_drafts(rows, {0: ended, 1: rejected})
+    taken = len(ended) - 2
+    for j in range(taken + 1):
+        assert torch.equal(got[0][j], mask(matcher(committed + ended[:j])))
+    assert torch.equal(got[1][0], mask(matcher(committed))) and torch.equal(got[1][1], mask(matcher(committed + ids("c"))))
+    assert (got[0][taken + 1:] == -1).all() and (got[1][2:] == -1).all()
+    assert got[0].shape[0] == len(ended) + 1 and got[1].shape[0] == len(rejected) + 1
+    for row in rows:
+        assert not row.matcher.is_terminated() and torch.equal(mask(row.matcher), mask(matcher(committed)))
 
 
 # ---- validation --------------------------------------------------------------------------------

@@ -17,9 +17,9 @@ PROMPTS = [list(range(5, 30)), [40, 41, 42], list(range(60, 95)), [7, 8, 9, 10, 
 def _record_steps(engine) -> list[StepInput]:
     steps, execute = [], engine.executor.execute
 
-    def recording(step):
+    def recording(step, guide=None):
         steps.append(step)
-        return execute(step)
+        return execute(step, guide)
 
     engine.executor.execute = recording
     return steps

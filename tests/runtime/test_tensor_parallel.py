@@ -5,6 +5,7 @@ half of every block's heads and MLP columns, and must give the dense reference's
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -94,6 +95,22 @@ def test_swap_preemption_speculation_and_async_steps_change_no_output(engines):
     assert spec.engine.stats()["speculative"]["rounds"] > 0
     overlapped = engines("ouro-tiny", "float32", async_scheduling=True).generate(PROMPTS, greedy, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in overlapped] == [o.outputs[0].token_ids for o in plain]
+
+
+def test_guided_speculation_sends_the_drafts_to_the_engine_and_the_masks_to_every_rank(engines):
+    """A round with guided rows drafting is two calls (rank 0 answers "execute" with the drafts,
+    every rank reads the masks inside the step): the tokens of guided decoding without
+    speculation, grammar-valid, with drafts accepted."""
+    pytest.importorskip("xgrammar")
+    regex = "[a-c]{2}-[0-9]{2}"
+    params = SamplingParams(max_tokens=16, temperature=0, guided={"regex": regex})
+    plain = engines("ouro-tiny", "float32").generate(PROMPTS[:3], params, use_tqdm=False)
+    spec = engines("ouro-tiny", "float32", async_scheduling=True,
+                   speculative_config={"num_speculative_tokens": 3, "draft_loops": 1, "draft_policy": "fixed"})
+    drafted = spec.generate(PROMPTS[:3], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in drafted] == [o.outputs[0].token_ids for o in plain]
+    assert all(re.fullmatch(regex, o.outputs[0].text) for o in drafted)
+    assert spec.engine.stats()["speculative"]["accepted"] > 0
 
 
 def test_shards_partition_every_block():
