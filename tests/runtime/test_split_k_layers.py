@@ -16,7 +16,7 @@ from rlt_runtime.models.presets import preset_weights
 
 WIDE = gemm.SPLIT_MIN_K  # MLP width: the output projection [hidden, WIDE] splits K
 CONFIGS = {
-    "ouro": OuroConfig(vocab_size=96, hidden_size=32, intermediate_size=WIDE, num_hidden_layers=2,
+    "ouro": OuroConfig(vocab_size=96, hidden_size=32, intermediate_size=WIDE, num_hidden_layers=1,
                        num_attention_heads=2, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
                        total_ut_steps=2, bos_token_id=0, eos_token_id=95),
     "huginn": HuginnConfig(vocab_size=96, n_embd=32, n_heads=2, num_key_value_heads=2, intermediate_size=WIDE,
@@ -24,10 +24,10 @@ CONFIGS = {
                            mean_recurrence=2, block_size=64, init_scale=0.0, bos_token_id=0, eos_token_id=95,
                            pad_token_id=0),
 }
-PROMPTS = [[3, 17, 40, 8, 61], [5]]
+PROMPTS = [[3, 17, 40], [5]]
 
 
-@pytest.mark.parametrize("family", sorted(CONFIGS))
+@pytest.mark.parametrize("family", ["ouro", pytest.param("huginn", marks=pytest.mark.slow)])
 def test_split_k_output_projection_matches_the_dense_reference(tmp_path, family):
     cfg = CONFIGS[family]
     assert gemm.linear_config(cfg.hidden_size, WIDE, torch.float32).split_k > 1
@@ -35,9 +35,9 @@ def test_split_k_output_projection_matches_the_dense_reference(tmp_path, family)
     weights = dict(preset_weights(cfg, seed=3, dtype=torch.float64))
     llm = LLM(str(tmp_path), dtype="float32", device="cpu", attention_backend="triton", max_num_seqs=2,
               enable_prefix_caching=False)
-    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
     for prompt, out in zip(PROMPTS, llm.generate(PROMPTS, params, use_tqdm=False)):
-        ref = reference_generate(cfg, weights, prompt, 4, exit=RefExit("fixed"))
+        ref = reference_generate(cfg, weights, prompt, 3, exit=RefExit("fixed"))
         got = out.outputs[0]
         assert (list(got.token_ids), list(got.exit_depths)) == (ref.tokens, ref.exit_depths)
     llm.engine.check_invariants()
