@@ -230,6 +230,20 @@ MUTANTS = (
         ("tests/kernels/test_linear_norm.py::test_fused_equals_linear_then_residual_norm",),
         "the residual norm adds all but the last of a split-K linear's partials",
     ),
+    Mutant(
+        "key-depths-never-recorded", "rlt_runtime/executor/model_runner.py",
+        "if not self.layout.use_key_depth_reads:",
+        "if True:",
+        ("tests/runtime/test_engine_reference.py::test_ouro_layouts_and_exit_modes[ouro-0.55-last_exited]",),
+        "tokens being computed never mark their key depth, so later loops read their K/V from plane 0",
+    ),
+    Mutant(
+        "huginn-recompute-runs-past-its-depth", "rlt_runtime/models/huginn.py",
+        "if batch.depth_limit is not None:",
+        "if False:",
+        ("tests/runtime/test_engine_reference.py::test_huginn_preemption_and_prefix_cache_match_reference",),
+        "an output recomputed after a preemption keeps recurring past its recorded exit, so its coda K/V changes",
+    ),
 )
 
 

@@ -68,6 +68,12 @@ class KVLayout:
         """Plane spec of Huginn's prelude and coda layers (run once per token)."""
         return PlaneSpec(write_plane=0, query_depth=0, plane_offset=0, plane_modulus=1, use_key_depth=False)
 
+    def key_depth_plane(self) -> PlaneSpec:
+        """Plane spec of plane 0 at loop 0, whose slot mapping indexes the key-depth table (a
+        token's key depth lives beside its plane-0 K/V): the boundary plane where the layout has
+        one (Huginn), else the first core plane (Ouro)."""
+        return self.boundary() if self.core_offset else self.core(0)
+
 
 def make_layout(model_config, kv_layout: str, depth: int, copy_reads: bool = False) -> KVLayout:
     """Build the layout for a model family and a `kv_layout` option value.

@@ -20,10 +20,8 @@ from rlt_kernels.fp8 import FP8_DTYPE
 from rlt_kernels.norms import rope_cos_sin
 
 from ..cache.layout import KVLayout
-from ..models.exit_rules import (
-    GATE_MODES, LOGIT_CRITERIA, ExitState, huginn_exit, init_huginn_state, lookahead_head,
-    new_exit_state, ouro_exit,
-)
+from ..models.exit_rules import ExitRule, ExitState, lookahead_head
+from ..models.looped import check_looped_model
 from ..step import StepInput
 from .forward_batch import KV_FP8_SCALE, ForwardBatch, KVCacheTensors
 from .logit_processing import LogitProcessing
@@ -42,8 +40,8 @@ class RowState:
     min_l: torch.Tensor
     max_l: torch.Tensor
     trace: torch.Tensor
-    h: torch.Tensor  # [B, hidden]: Ouro's normed state / Huginn's recurrent state
-    e: Optional[torch.Tensor]  # Huginn's prelude output [B, hidden]
+    h: torch.Tensor  # [B, hidden]: the loop state (Ouro's normed state / Huginn's recurrent state)
+    e: Optional[torch.Tensor]  # [B, hidden]: the loops' per-row input (Huginn's prelude output), or None
     ex: ExitState
     active: torch.Tensor  # int32 [1]
 
@@ -122,10 +120,14 @@ class StepHandle:
 
 
 class ModelRunner:
+    """Runs steps on a looped model through its `LoopedModel` members (models/looped.py), never
+    asking which family it is."""
+
     def __init__(self, model, model_config, layout: KVLayout, *, ops, device, dtype, num_slots: int, num_blocks: int,
                  block_size: int, max_model_len: int, max_rows: int, max_tokens: int, exit_mode: str, criterion_threshold,
                  lookahead_seed: int, prompt_key: int = 0, kv_dtype: Optional[torch.dtype] = None,
                  penalties: bool = True):
+        check_looped_model(model)
         self.model, self.cfg, self.layout, self.ops = model, model_config, layout, ops
         # Huginn's initial-state noise key at prompt positions: the same for every request, so a
         # prompt's K/V depends on its tokens only (prefix-cache blocks are shared across requests).
@@ -133,10 +135,7 @@ class ModelRunner:
         self.prompt_key = prompt_key
         self.device, self.dtype = torch.device(device), dtype
         self.kv_dtype = dtype if kv_dtype is None else kv_dtype  # the K/V planes' dtype (FP8 with kv_cache_dtype)
-        self.family = model_config.family
         self.depth = layout.depth
-        self.exit_mode = exit_mode
-        self.criterion_threshold = criterion_threshold
         self.num_slots, self.block_size, self.max_model_len = num_slots, block_size, max_model_len
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         d = self.device
@@ -150,9 +149,8 @@ class ModelRunner:
         self.slot_min_loops, self.slot_max_loops = z(torch.int32), z(torch.int32)
         self.logit_proc = LogitProcessing(num_slots, model_config.vocab_size, d, penalties)
         self.token_mask = TokenMask(num_slots, model_config.vocab_size, d)
-        self.lookahead_w = (
-            lookahead_head(model_config.hidden_size, lookahead_seed, d, dtype) if exit_mode == "random_lookahead" else None
-        )
+        self.exit_rule = ExitRule(exit_mode, criterion_threshold, lookahead_head(
+            model_config.hidden_size, lookahead_seed, d, dtype) if exit_mode == "random_lookahead" else None)
         self.max_rows = max_rows
         self.graphs = None
         self.prefill_graphs = None
@@ -474,19 +472,11 @@ class ModelRunner:
             active_seqs=n_seq, decode_from=st["decode_from"],
         )
         self._set_key_depth(batch, limits - 1)
-        if self.family == "ouro":
-            h = self.model.embed(st["tokens"][:size])
-            for t in range(self.depth):
-                h = self.model.loop(h, batch, t)
-                self._finalize_limited(batch, limits, t)
-            final = h
-        else:
-            e = self.model.embed(st["tokens"][:size], batch)
-            s = self.model.initial_state(st["keys"][:size], positions)
-            for t in range(self.depth):
-                s = torch.where((limits > t)[:, None], self.model.loop(s, e, batch, t), s)
-                self._finalize_limited(batch, limits, t)
-            final = self.model.coda(s, batch)
+        h, e = self.model.start(st["tokens"][:size], batch, st["keys"][:size])
+        for t in range(self.depth):
+            h = self.model.loop(h, e, batch, t)
+            self._finalize_limited(batch, limits, t)
+        final = self.model.head_input(h, batch)
         slots = st["sample_slots"]
         logits = self.model.logits(final.index_select(0, st["sample_rows"]), self.ops, n_samples)
         res = self._sample(logits, slots, st["sample_pos"], want_lp, num_top, n_samples, processed)
@@ -519,10 +509,11 @@ class ModelRunner:
             self._record_exit(batch, limits - 1 == t, t)
 
     def _set_key_depth(self, batch: ForwardBatch, last_loop: torch.Tensor) -> None:
-        """Record each token's last loop in the key-depth table (through its plane-0 slot)."""
-        if self.family == "ouro" and self.layout.core_planes == 1:
+        """Record each token's last loop in the key-depth table (through its plane-0 slot), for
+        layouts whose attention reads it."""
+        if not self.layout.use_key_depth_reads:
             return
-        slots0 = batch.slot_mapping(self.layout.boundary() if self.family == "huginn" else self.layout.core(0))
+        slots0 = batch.slot_mapping(self.layout.key_depth_plane())
         self.ops.scatter_rows(last_loop.to(torch.int32), slots0, self.kv.key_depth.view(-1), active_rows=batch.active)
 
     # ---- decode ------------------------------------------------------------------------------
@@ -570,21 +561,18 @@ class ModelRunner:
             self.ops.scatter_rows(positions, live, self.slot_pos, active_rows=None)
 
     def start_rows(self, tokens, slots, pos, trace, active) -> "RowState":
-        """Embed the rows' tokens (Huginn: prelude and initial state) and mark them running."""
+        """Start the rows' loops from their tokens (the model's `start`: Huginn's prelude and
+        initial state from the slots' noise keys) and mark them running."""
         idx = slots.long()
         b = tokens.shape[0]
         batch = self._decode_batch(pos, slots, active)
         self._set_key_depth(batch, torch.full((b,), self.depth - 1, dtype=torch.int32, device=self.device))
-        e = None
-        if self.family == "ouro":
-            h = self.model.embed(tokens)
-        else:
-            e = self.model.embed(tokens, batch)
-            h = self.model.initial_state(self.slot_key.index_select(0, idx), pos)
+        keys = self.slot_key.index_select(0, idx) if self.model.random_initial_state else None
+        h, e = self.model.start(tokens, batch, keys)
         return RowState(
             slots=slots, pos=pos, row_id=torch.arange(b, device=self.device), thr=self.slot_threshold[idx],
             min_l=self.slot_min_loops[idx], max_l=self.slot_max_loops[idx], trace=trace, h=h, e=e,
-            ex=self._init_exit(b, h), active=active,
+            ex=self.model.new_exit_state(self.exit_rule.mode, h), active=active,
         )
 
     def run_loops(self, rs: "RowState", t_begin: int, t_end: int, out: "RowResults") -> "RowState":
@@ -595,24 +583,8 @@ class ModelRunner:
         b = rs.h.shape[0]
         for t in range(t_begin, t_end):
             batch = self._decode_batch(rs.pos, rs.slots, rs.active)
-            logits_t = None
-            if self.family == "ouro":
-                rs.h = self.model.loop(rs.h, batch, t)
-                gate = self.model.gate_logits(rs.h, self.ops, rs.active) if self.exit_mode in GATE_MODES else None
-                look = None
-                if self.exit_mode == "random_lookahead":
-                    look = torch.empty((b, 1), dtype=torch.float32, device=d)
-                    self.ops.linear(rs.h, self.lookahead_w, out=look, active_rows=rs.active)
-                    look = look[:, 0]
-                exit_now = ouro_exit(self.exit_mode, t, gate, look, rs.thr, rs.min_l, rs.max_l, rs.trace, rs.ex)
-            else:
-                rs.h = self.model.loop(rs.h, rs.e, batch, t)
-                lp = None
-                if self.exit_mode in LOGIT_CRITERIA:
-                    logits_t = self.model.logits(self.model.coda(rs.h, batch), self.ops, rs.active)
-                    lp = torch.log_softmax(logits_t, dim=1)
-                exit_now = huginn_exit(self.exit_mode, t, self.criterion_threshold, rs.min_l, rs.max_l, rs.trace, rs.ex,
-                                       rs.h, lp)
+            rs.h = self.model.loop(rs.h, rs.e, batch, t)
+            exit_now, logits_t = self.model.exit_decision(self.exit_rule, t, rs.h, batch, rs)
             live = torch.arange(b, device=d) < rs.active
             exit_now = (exit_now | (t == self.depth - 1)) & live
             gone = torch.where(exit_now, rs.row_id, torch.full_like(rs.row_id, -1))
@@ -630,14 +602,14 @@ class ModelRunner:
         return rs
 
     def head_logits(self, out: "RowResults", slots, pos, active, cached: bool = True) -> torch.Tensor:
-        """fp32 logits of the rows' final states (Huginn: coda, writing its K/V, then the head).
+        """fp32 logits of the rows' final states (the model's `head_input`, then the head; Huginn's
+        coda writes its K/V).
 
-        cached: reuse logits a Huginn logit criterion already computed at each row's exit."""
-        if self.family == "ouro":
-            return self.model.logits(out.final, self.ops, active)
+        cached: reuse logits the exit rule already computed at each row's exit (Huginn's logit criteria)."""
         if cached and out.logits is not None:
             return out.logits
-        return self.model.logits(self.model.coda(out.final, self._decode_batch(pos, slots, active)), self.ops, active)
+        batch = self._decode_batch(pos, slots, active) if self.model.head_input_attends else None
+        return self.model.logits(self.model.head_input(out.final, batch), self.ops, active)
 
     def _decode_batch(self, pos, slots, active) -> ForwardBatch:
         b = pos.shape[0]
@@ -646,11 +618,6 @@ class ModelRunner:
             seq_lens=(pos + 1).to(torch.int32), query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=self.device),
             cos_sin=self.cos_sin, rope_style=self.model.rope_style, active=active, decode_from=0,
         )
-
-    def _init_exit(self, b: int, s0) -> ExitState:
-        if self.family == "huginn":
-            return init_huginn_state(self.exit_mode, b, s0, self.cfg.vocab_size, self.device)
-        return new_exit_state(b, self.device)
 
     def _record_exit(self, batch: ForwardBatch, exit_now: torch.Tensor, t: int) -> None:
         """LAST_EXITED bookkeeping for rows exiting after loop t < D-1."""
@@ -662,7 +629,6 @@ class ModelRunner:
             self.ops.finalize_last_exited(self.kv.k, self.kv.v, self.kv.block_tables, batch.token_slots, batch.positions,
                                           planes, active_rows=batch.active)
             return
-        spec = self.layout.boundary() if self.family == "huginn" else self.layout.core(0)
-        slots0 = batch.slot_mapping(spec)
+        slots0 = batch.slot_mapping(self.layout.key_depth_plane())
         idx = torch.where(exit_now, slots0, torch.full_like(slots0, -1))
         self.ops.scatter_rows(torch.full_like(idx, t, dtype=torch.int32), idx, self.kv.key_depth.view(-1), active_rows=None)

@@ -47,7 +47,7 @@ def profile_step_peak(worker, graphs: bool) -> int:
     def prefill():
         model = runner.model
         if mc.family == "ouro":
-            h = model.loop(model.embed(tokens), batch, 0)
+            h = model.loop(model.embed(tokens), None, batch, 0)
         else:
             e = model.embed(tokens, batch)
             h = model.coda(model.loop(torch.zeros_like(e), e, batch, 0), batch)

@@ -21,6 +21,19 @@ LOGIT_CRITERIA = ("kl", "entropy-diff", "argmax-stability")
 STATE_CRITERIA = ("latent-diff", "cosine")
 
 
+@dataclass(frozen=True)
+class ExitRule:
+    """The engine's exit rule as the models' `exit_decision` reads it.
+
+    criterion_threshold: Huginn's engine-wide criterion threshold (Ouro's is per request);
+    lookahead_w: random_lookahead's frozen head [1, hidden] (`lookahead_head`), else None.
+    """
+
+    mode: str
+    criterion_threshold: Optional[float] = None
+    lookahead_w: Optional[torch.Tensor] = None
+
+
 @dataclass
 class ExitState:
     """Per-row running quantities of the exit rule, in the current row order."""
@@ -143,6 +156,13 @@ def init_huginn_state(mode: str, rows: int, s0: torch.Tensor, vocab: int, device
         st.prev_stat = torch.full((rows,), -1, dtype=torch.int64, device=device)
         st.streak = torch.zeros(rows, dtype=torch.int64, device=device)
     return st
+
+
+def lookahead_logits(h: torch.Tensor, w: torch.Tensor, ops, active) -> torch.Tensor:
+    """random_lookahead's head logit per row, fp32 [B]: h [B, hidden] times w [1, hidden]."""
+    out = torch.empty((h.shape[0], 1), dtype=torch.float32, device=h.device)
+    ops.linear(h, w, out=out, active_rows=active)
+    return out[:, 0]
 
 
 def lookahead_head(hidden: int, seed: int, device, dtype) -> torch.Tensor:

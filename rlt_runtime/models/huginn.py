@@ -21,6 +21,7 @@ from rlt_kernels.sampling import STREAM_STATE, philox_uniform
 
 from ..cache.layout import KVLayout, PlaneSpec
 from .configs import HuginnConfig, check_weight_names, check_weights_complete, hf_weight_shapes
+from .exit_rules import LOGIT_CRITERIA, ExitRule, ExitState, huginn_exit, init_huginn_state
 from .fp8_weights import linear_weight
 from .tensor_parallel import row_parallel_residual_norm
 
@@ -90,9 +91,12 @@ def _(keys, positions, hidden, std, dtype):
 
 
 class HuginnModel:
-    """Huginn weights on one device plus its stage functions (see module docstring)."""
+    """Huginn weights on one device plus its stage functions (see module docstring); the runner
+    drives it through the `LoopedModel` members (models/looped.py)."""
 
     rope_style = "gptj"
+    random_initial_state = True  # s_0 is noise drawn from the rows' keys
+    head_input_attends = True  # the head reads the coda's output
 
     def __init__(self, config: HuginnConfig, layout: KVLayout, device, dtype, quantization=None):
         self.config, self.layout, self.device, self.dtype = config, layout, torch.device(device), dtype
@@ -173,11 +177,20 @@ class HuginnModel:
         """s_0 for rows with the given row keys and positions (int64 tensors or lists)."""
         return huginn_initial_state(keys, positions, self.config.n_embd, self.state_std, self.device, self.dtype)
 
+    def start(self, tokens: torch.Tensor, batch, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(s_0, e) before recurrence 0: the initial state from `keys` [M] at batch.positions, and
+        the prelude's output (its K/V written to plane 0)."""
+        e = self.embed(tokens, batch)
+        return self.initial_state(keys, batch.positions), e
+
     def loop(self, s: torch.Tensor, e: torch.Tensor, batch, t: int) -> torch.Tensor:
-        """One recurrence at index t: s [M, hidden], e [M, hidden] -> new s."""
+        """One recurrence at index t: s [M, hidden], e [M, hidden] -> new s. Tokens at or past
+        their depth limit (batch.depth_limit) keep s: the coda reads their recorded depth's state."""
         ops = batch.ops
         x = ops.linear(torch.cat([s, e], dim=1), self.adapter, active_rows=batch.active)
         s_new, _ = self._blocks(x, self.core, batch, self.layout.core(t), 0)
+        if batch.depth_limit is not None:
+            s_new = torch.where((batch.depth_limit > t)[:, None], s_new, s)
         return s_new
 
     def coda(self, s: torch.Tensor, batch) -> torch.Tensor:
@@ -186,6 +199,26 @@ class HuginnModel:
         x = batch.ops.rms_norm(s, self.ln_f, cfg.norm_eps, active_rows=batch.active)
         _, n = self._blocks(x, self.coda_blocks, batch, self.layout.boundary(), cfg.n_layers_in_prelude, final_norm=self.ln_f)
         return n
+
+    def head_input(self, s: torch.Tensor, batch) -> torch.Tensor:
+        """The coda on the final state (its K/V written to plane 0)."""
+        return self.coda(s, batch)
+
+    def new_exit_state(self, mode: str, s0: torch.Tensor) -> ExitState:
+        """The criteria's starting state (`init_huginn_state`) for rows starting from s0."""
+        return init_huginn_state(mode, s0.shape[0], s0, self.config.vocab_size, self.device)
+
+    def exit_decision(self, rule: ExitRule, t: int, s: torch.Tensor, batch, rows
+                      ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """`huginn_exit` after recurrence t; the logit criteria run the coda and the head on the
+        new state and return those logits (the head's logits of the rows that exit now)."""
+        logits = logprobs = None
+        if rule.mode in LOGIT_CRITERIA:
+            logits = self.logits(self.coda(s, batch), batch.ops, batch.active)
+            logprobs = torch.log_softmax(logits, dim=1)
+        exit_now = huginn_exit(rule.mode, t, rule.criterion_threshold, rows.min_l, rows.max_l, rows.trace, rows.ex, s,
+                               logprobs)
+        return exit_now, logits
 
     def logits(self, n: torch.Tensor, ops, active=None, out=None) -> torch.Tensor:
         """Tied LM head: fp32 [M, vocab]."""

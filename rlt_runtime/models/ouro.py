@@ -17,6 +17,7 @@ import torch
 
 from ..cache.layout import KVLayout
 from .configs import OuroConfig, check_weight_names, check_weights_complete, hf_weight_shapes
+from .exit_rules import GATE_MODES, ExitRule, ExitState, lookahead_logits, new_exit_state, ouro_exit
 from .fp8_weights import linear_weight
 from .tensor_parallel import row_parallel_residual_norm
 
@@ -36,9 +37,12 @@ class OuroLayer:
 
 
 class OuroModel:
-    """Ouro weights on one device plus its stage functions (see module docstring)."""
+    """Ouro weights on one device plus its stage functions (see module docstring); the runner
+    drives it through the `LoopedModel` members (models/looped.py)."""
 
     rope_style = "neox"
+    random_initial_state = False  # loops start from the embedding
+    head_input_attends = False  # the head reads the last loop's normed state
 
     def __init__(self, config: OuroConfig, layout: KVLayout, device, dtype, quantization=None):
         self.config, self.layout, self.device, self.dtype = config, layout, torch.device(device), dtype
@@ -93,8 +97,13 @@ class OuroModel:
         """tokens [M] int64 -> hidden [M, hidden] (no scaling)."""
         return torch.nn.functional.embedding(tokens, self.embed_tokens)
 
-    def loop(self, h: torch.Tensor, batch, t: int) -> torch.Tensor:
-        """One full loop at loop index t: all layers, then `model.norm`. h [M, hidden] -> [M, hidden]."""
+    def start(self, tokens: torch.Tensor, batch, keys=None) -> tuple[torch.Tensor, None]:
+        """(h, e) before loop 0: the embedding [M, hidden], and no loop input (the loops read only h)."""
+        return self.embed(tokens), None
+
+    def loop(self, h: torch.Tensor, e: None, batch, t: int) -> torch.Tensor:
+        """One full loop at loop index t: all layers, then `model.norm`. h [M, hidden] -> [M, hidden]
+        (e: None). Tokens past their depth limit write no K/V; their state is never read."""
         cfg, ops, active = self.config, batch.ops, batch.active
         eps = cfg.rms_norm_eps
         m = h.shape[0]
@@ -115,6 +124,21 @@ class OuroModel:
             h, n = row_parallel_residual_norm(ops, act, layer.w_down, self.tp, active, h, layer.post_norm_2, next_w,
                                               eps, "ouro", residual_out=h)
         return n
+
+    def head_input(self, h: torch.Tensor, batch) -> torch.Tensor:
+        """The LM head reads the last loop's normed state itself."""
+        return h
+
+    def new_exit_state(self, mode: str, h0: torch.Tensor) -> ExitState:
+        """Survival 1 and nothing pending for each row of h0."""
+        return new_exit_state(h0.shape[0], self.device)
+
+    def exit_decision(self, rule: ExitRule, t: int, h: torch.Tensor, batch, rows) -> tuple[torch.Tensor, None]:
+        """`ouro_exit` after loop t on the exit gate (gate modes) or the lookahead head's logit."""
+        ops, active = batch.ops, batch.active
+        gate = self.gate_logits(h, ops, active) if rule.mode in GATE_MODES else None
+        look = lookahead_logits(h, rule.lookahead_w, ops, active) if rule.mode == "random_lookahead" else None
+        return ouro_exit(rule.mode, t, gate, look, rows.thr, rows.min_l, rows.max_l, rows.trace, rows.ex), None
 
     def gate_logits(self, h: torch.Tensor, ops, active=None) -> torch.Tensor:
         """Exit-gate logit per row, fp32 [M] (h is the loop's normed state)."""
