@@ -43,7 +43,7 @@ def _fake_execute(engine, ids: list[int]):
 
     engine._steps.build = recording_build
 
-    def execute(step):
+    def execute(step, guide=None):
         h = StepHandle()
         h.rows = [(s.key, s.generation, "decode", 0) for s in step.decodes]
         h.rows += [(c.request.key, c.request.generation, "prefill", 0) for c in step.prefills if c.sample]

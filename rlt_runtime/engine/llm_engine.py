@@ -549,14 +549,16 @@ class LLMEngine:
             req.inflight_outputs -= 1
             if req.draft is not None:  # a decode round, or the token its prefill sampled (round 0)
                 self.policy.observe(req.draft, k, committed)
+            logprobs = res.logprobs is not None and req.wants_logprobs
+            n = req.params.logprobs
             for j in range(committed):
                 lp = None
-                if res.logprobs is not None and req.wants_logprobs:
-                    req.cumulative_logprob += float(res.logprobs[i, j])
-                if res.logprobs is not None and req.params.logprobs is not None:
-                    n = req.params.logprobs
-                    top = {int(t): float(v) for t, v in zip(res.top_ids[i, j][:n], res.top_logprobs[i, j][:n])}
-                    lp = TokenLogprob(float(res.logprobs[i, j]), top)
+                if logprobs:
+                    value = float(res.logprobs[i, j])
+                    req.cumulative_logprob += value
+                    if n is not None:  # tolist(): the entries as Python ints and floats, one call per array
+                        top_ids, top_lps = res.top_ids[i, j, :n].tolist(), res.top_logprobs[i, j, :n].tolist()
+                        lp = TokenLogprob(value, dict(zip(top_ids, top_lps)))
                 self._append(req, tokens[i][j], depths[i][j], lp)
                 if req.finished:
                     break
@@ -654,7 +656,7 @@ class LLMEngine:
         every sample finished, then the n samples with the highest cumulative log-probability
         (ties: lower sample index), indexed 0..n-1."""
         group = self._groups[group_id]
-        finished = all(r.finished for r in group)
+        finished = group[0].finished if len(group) == 1 else all(r.finished for r in group)
         params = group[0].params
         shown = group
         if params.num_samples > params.n:
@@ -663,18 +665,19 @@ class LLMEngine:
         outs = []
         for index, req in enumerate(shown):
             tracker = self._trackers[id(req)]
+            done = req.finished
             if deltas:
-                sent, req.num_sent = req.num_sent, len(req.output_token_ids)
-                text, token_ids = tracker.take_delta(req.finished), req.output_token_ids[sent:]
-                exit_depths, logprobs = req.exit_depths[sent:], req.logprobs[sent:]
+                sent = req.num_sent
+                req.num_sent = len(req.output_token_ids)
+                text, token_ids = tracker.take_delta(done), req.output_token_ids[sent:]
+                exit_depths = req.exit_depths[sent:]
+                logprobs = req.logprobs[sent:] if req.params.logprobs is not None else None
             else:
-                text, token_ids = tracker.stable_text(req.finished), list(req.output_token_ids)
-                exit_depths, logprobs = list(req.exit_depths), list(req.logprobs)
-            outs.append(CompletionOutput(
-                index=index, text=text, token_ids=token_ids, exit_depths=exit_depths, finish_reason=req.finish_reason,
-                logprobs=logprobs if req.params.logprobs is not None else None, stop_reason=req.stop_reason,
-                cumulative_logprob=req.cumulative_logprob if req.wants_logprobs else None,
-            ))
+                text, token_ids = tracker.stable_text(done), list(req.output_token_ids)
+                exit_depths = list(req.exit_depths)
+                logprobs = list(req.logprobs) if req.params.logprobs is not None else None
+            outs.append(CompletionOutput(index, text, token_ids, exit_depths, req.finish_reason, logprobs,
+                                         req.stop_reason, req.cumulative_logprob if req.wants_logprobs else None))
         if finished:
             for req in group:
                 self._trackers.pop(id(req), None)

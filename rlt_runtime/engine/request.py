@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Optional
 
 from ..outputs import RequestMetrics, TokenLogprob
@@ -63,12 +64,14 @@ class Request:
     num_sent: int = 0  # output entries already handed out in delta outputs
     num_prompt_logprobs_sent: int = 0  # prompt log-probability entries (the first None included) handed out
 
-    @property
+    # The two flags below read only the request's params and matcher, fixed at construction:
+    # computed on first use and kept (the engine reads them for every row of every step).
+    @cached_property
     def processes_logits(self) -> bool:
         """Whether steps process this sequence's logits (logit processing or a guided-decoding mask)."""
         return self.params.processes_logits or self.matcher is not None
 
-    @property
+    @cached_property
     def wants_logprobs(self) -> bool:
         """Whether steps compute this sequence's log-probabilities (asked for, or ranking best_of)."""
         return self.params.logprobs is not None or self.params.num_samples > self.params.n
@@ -84,7 +87,8 @@ class Request:
     @property
     def prefill_target(self) -> int:
         """Tokens that must be in the cache before decoding (re)starts."""
-        return self.num_prompt_tokens if not self.output_token_ids else self.num_tokens - 1
+        outputs = len(self.output_token_ids)
+        return len(self.prompt_token_ids) + outputs - 1 if outputs else len(self.prompt_token_ids)
 
     @property
     def needs_prompt_logprobs(self) -> bool:
@@ -95,11 +99,13 @@ class Request:
 
     @property
     def is_prefilling(self) -> bool:
-        return self.num_computed + self.num_inflight < self.prefill_target
+        outputs = len(self.output_token_ids)
+        target = len(self.prompt_token_ids) + outputs - 1 if outputs else len(self.prompt_token_ids)
+        return self.num_computed + self.num_inflight < target
 
     @property
     def finished(self) -> bool:
-        return self.status == Status.FINISHED
+        return self.status is Status.FINISHED
 
     def token_at(self, position: int) -> int:
         p = self.num_prompt_tokens

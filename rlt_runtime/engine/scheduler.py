@@ -182,9 +182,13 @@ class Scheduler:
             and self._consecutive_prefill_steps < self.cfg.max_consecutive_prefill_steps
             and self._can_admit_any()
         )
+        # Whether each running request prefills, read once (the decode loop changes no running request;
+        # a preemption removes one from `running`, after which the flags are read again).
+        prefills = [r.is_prefilling for r in self.running]
         if not prefill_only and not self.hold_decodes:
-            for r in sorted((r for r in self.running if not r.is_prefilling), key=self._order_key):
-                if r not in self.running:  # preempted while scheduling this step
+            decoding = [r for r, p in zip(self.running, prefills) if not p]
+            for r in sorted(decoding, key=self._order_key):
+                if out.preempted and r not in self.running:  # preempted while scheduling this step
                     continue
                 if len(r.output_token_ids) + r.inflight_outputs >= r.max_tokens or budget < 1:
                     continue
@@ -198,7 +202,9 @@ class Scheduler:
                 out.decodes.append(r)
                 out.num_drafts.append(k)
                 budget -= 1 + k
-        prefilling = [r for r in self.running if r.is_prefilling]
+        if out.preempted:
+            prefills = [r.is_prefilling for r in self.running]
+        prefilling = [r for r, p in zip(self.running, prefills) if p]
         if prefilling:
             k = self._rotation % len(prefilling)
             prefilling = prefilling[k:] + prefilling[:k]

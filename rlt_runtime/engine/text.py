@@ -84,6 +84,10 @@ class TextTracker:
         end = self._length - self._held(finished)
         if end <= self._sent:
             return ""
+        if end == self._length and self._sent == self._unsent_from and len(self._pieces) == self._first_unsent + 1:
+            self._first_unsent += 1  # the delta is exactly the one unsent piece (the usual streaming step)
+            self._sent = self._unsent_from = end
+            return self._pieces[-1]
         tail = self._unsent_text()
         skip = self._sent - self._unsent_from
         delta = tail[skip: skip + end - self._sent]
