@@ -46,6 +46,11 @@ class TokenMask:
         self.device = torch.device(device)
         self.mask = torch.full((num_slots, self.words), -1, dtype=torch.int32, device=self.device)
 
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of the per-slot bitmasks (what the KV planner sets aside)."""
+        return self.mask.numel() * self.mask.element_size()
+
     def write(self, admitted_slots: list[int], guided_slots: list[int], rows) -> None:
         """Reset the admitted slots' rows to all ones, then set the guided slots' rows to `rows`
         (int32 [len(guided_slots), W], a CPU tensor or array): one upload for both."""

@@ -103,7 +103,8 @@ class Worker:
         return plan_kv_cache(cfg, device=self.device, per_block=per_block, useful_blocks=useful_blocks,
                              weights_bytes=self.weights_bytes,
                              profile_peak=lambda: profile_step_peak(self, graphs=s.execution_mode != "eager"),
-                             graph_reserve_bytes=0, state_bytes=self.runner.logit_proc.nbytes)
+                             graph_reserve_bytes=0,
+                             state_bytes=self.runner.logit_proc.nbytes + self.runner.token_mask.nbytes)
 
     def allocate_kv(self, num_blocks: int) -> None:
         self.runner.allocate_kv(num_blocks)

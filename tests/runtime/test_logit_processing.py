@@ -283,8 +283,9 @@ def test_without_penalties_the_state_is_not_allocated_and_penalties_are_refused(
 
 
 def test_kv_planner_sets_the_penalty_state_aside(monkeypatch):
-    """On CUDA the pool is sized from gpu_memory_utilization minus weights, the per-slot state,
-    the step peak and the reserve (torch.cuda's device queries stubbed: the arithmetic alone)."""
+    """On CUDA the pool is sized from gpu_memory_utilization minus weights, the per-slot state
+    (penalty state and guided-decoding bitmasks), the step peak and the reserve (torch.cuda's device
+    queries stubbed: the arithmetic alone)."""
     from rlt_runtime.cache import memory
     from rlt_runtime.executor import worker
 
@@ -303,5 +304,8 @@ def test_kv_planner_sets_the_penalty_state_aside(monkeypatch):
     monkeypatch.setattr(worker, "plan_kv_cache", lambda *a, **kw: seen.append(kw["state_bytes"]) or real(*a, **kw))
     for enabled in (True, False):
         eng = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, enable_penalties=enabled).engine
-        assert seen[-1] == eng.executor.worker.runner.logit_proc.nbytes
+        runner = eng.executor.worker.runner
+        masks = runner.token_mask.mask
+        assert masks.shape[1] == -(-preset_config("ouro-tiny").vocab_size // 32) and masks.dtype == torch.int32
+        assert seen[-1] == runner.logit_proc.nbytes + masks.numel() * 4
     assert seen[0] - seen[1] == 4 * preset_config("ouro-tiny").vocab_size * 5

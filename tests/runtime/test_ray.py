@@ -15,7 +15,7 @@ import types
 
 import pytest
 
-from rlt_runtime import ConfigError, EngineConfig, LLM, SamplingParams
+from rlt_runtime import ConfigError, EngineConfig, LLM
 from rlt_runtime.engine.data_parallel import DataParallelEngine
 from rlt_runtime.engine.llm_engine import LLMEngine
 from rlt_runtime.engine.ray_replica import placement
