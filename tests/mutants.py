@@ -190,8 +190,8 @@ MUTANTS = (
     ),
     Mutant(
         "output-delta-repeats-tokens", "rlt_runtime/engine/llm_engine.py",
-        "sent, req.num_sent = req.num_sent, len(req.output_token_ids)",
-        "sent = req.num_sent",
+        "req.num_sent = len(req.output_token_ids)",
+        "req.num_sent = req.num_sent",
         ("tests/runtime/test_output_deltas.py::test_abort_with_deltas_returns_only_what_is_new",),
         "every delta output repeats the tokens earlier deltas already handed out",
     ),
@@ -213,7 +213,7 @@ MUTANTS = (
         "skinny-swiglu-up-rows", "rlt_kernels/gemm.py",
         "u_ptrs = w_ptr + (cols + n_out).to(tl.int64)[:, None] * stride_w + (k_lo + ks)[None, :]",
         "u_ptrs = w_ptr + (cols + 1).to(tl.int64)[:, None] * stride_w + (k_lo + ks)[None, :]",
-        ("tests/kernels/test_gemm.py::test_linear_transposed_skinny_tiles_keep_the_bits",),
+        ("tests/kernels/test_gemm.py::test_linear_transposed_skinny_tiles_keep_the_bits[swiglu-160-136-weight_dtype0]",),
         "the transposed skinny decode tile reads SwiGLU's up rows from the wrong place",
     ),
     Mutant(
@@ -227,7 +227,7 @@ MUTANTS = (
         "fused-norm-drops-a-split", "rlt_kernels/norms.py",
         "for s in tl.static_range(SPLITS):",
         "for s in tl.static_range(SPLITS - 1):",
-        ("tests/kernels/test_linear_norm.py::test_fused_equals_linear_then_residual_norm",),
+        ("tests/kernels/test_linear_norm.py::test_fused_equals_linear_then_residual_norm[4096-True-ouro-weight_dtype0]",),
         "the residual norm adds all but the last of a split-K linear's partials",
     ),
     Mutant(

@@ -27,7 +27,8 @@ CONFIGS = {
 PROMPTS = [[3, 17, 40], [5]]
 
 
-@pytest.mark.parametrize("family", ["ouro", pytest.param("huginn", marks=pytest.mark.slow)])
+@pytest.mark.slow  # the op's bits are checked by tests/kernels/test_linear_norm.py in the default suite
+@pytest.mark.parametrize("family", sorted(CONFIGS))
 def test_split_k_output_projection_matches_the_dense_reference(tmp_path, family):
     cfg = CONFIGS[family]
     assert gemm.linear_config(cfg.hidden_size, WIDE, torch.float32).split_k > 1
