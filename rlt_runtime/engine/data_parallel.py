@@ -103,7 +103,6 @@ class _Tracked:
     prompt_logprobs_sent: int = 0  # prompt log-probability entries sent as deltas
 
 
-
 def error_output(request_id: str, tracked, message: str) -> RequestOutput:
     """The final output of a request a failure ended: the samples of its last output (unfinished
     ones with finish_reason "error"), or n empty error samples. tracked: the front end's record
@@ -117,6 +116,7 @@ def error_output(request_id: str, tracked, message: str) -> RequestOutput:
     return RequestOutput(request_id, tracked.prompt, list(tracked.prompt_token_ids), samples, True,
                          metrics=None if last is None else last.metrics,
                          prompt_logprobs=None if last is None else last.prompt_logprobs, error=message)
+
 
 class DataParallelEngine:
     """`data_parallel_size` LLMEngine replicas, one per device, behind one add/abort/step/stats surface.

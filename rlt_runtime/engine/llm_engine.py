@@ -656,7 +656,7 @@ class LLMEngine:
         every sample finished, then the n samples with the highest cumulative log-probability
         (ties: lower sample index), indexed 0..n-1."""
         group = self._groups[group_id]
-        finished = group[0].finished if len(group) == 1 else all(r.finished for r in group)
+        finished = all(r.finished for r in group)
         params = group[0].params
         shown = group
         if params.num_samples > params.n:
@@ -676,8 +676,11 @@ class LLMEngine:
                 text, token_ids = tracker.stable_text(done), list(req.output_token_ids)
                 exit_depths = list(req.exit_depths)
                 logprobs = list(req.logprobs) if req.params.logprobs is not None else None
-            outs.append(CompletionOutput(index, text, token_ids, exit_depths, req.finish_reason, logprobs,
-                                         req.stop_reason, req.cumulative_logprob if req.wants_logprobs else None))
+            outs.append(CompletionOutput(
+                index=index, text=text, token_ids=token_ids, exit_depths=exit_depths, finish_reason=req.finish_reason,
+                logprobs=logprobs, stop_reason=req.stop_reason,
+                cumulative_logprob=req.cumulative_logprob if req.wants_logprobs else None,
+            ))
         if finished:
             for req in group:
                 self._trackers.pop(id(req), None)

@@ -99,9 +99,7 @@ class Request:
 
     @property
     def is_prefilling(self) -> bool:
-        outputs = len(self.output_token_ids)
-        target = len(self.prompt_token_ids) + outputs - 1 if outputs else len(self.prompt_token_ids)
-        return self.num_computed + self.num_inflight < target
+        return self.num_computed + self.num_inflight < self.prefill_target
 
     @property
     def finished(self) -> bool:

@@ -46,26 +46,19 @@ class TensorParallel:
         return total
 
 
-def row_parallel_linear(ops, x: torch.Tensor, weight, tp: Optional[TensorParallel], active) -> torch.Tensor:
-    """x @ weight.T where weight holds this rank's input columns: the ranks' partial products (fp32,
-    or x's dtype when wider) summed (see `TensorParallel.sum`), in x's dtype. Without a group,
-    plain `ops.linear`."""
-    if tp is None:
-        return ops.linear(x, weight, active_rows=active)
-    wide = x.dtype if x.dtype == torch.float64 else torch.float32
-    part = torch.empty((x.shape[0], weight.shape[0]), dtype=wide, device=x.device)
-    ops.linear(x, weight, out=part, active_rows=active)
-    return tp.sum(part).to(x.dtype)
-
-
 def row_parallel_residual_norm(ops, x: torch.Tensor, weight, tp: Optional[TensorParallel], active, residual,
                                post_weight, next_weight, eps: float, mode: str, residual_out=None):
-    """`ops.residual_norm` of `row_parallel_linear`'s output; returns (r, n). Without a group it is
-    the one op `linear_residual_norm`, whose norm kernel adds a split-K linear's partials itself."""
+    """`ops.residual_norm(x @ weight.T, residual, ...)`; returns (r, n). Without a group it is the
+    one op `linear_residual_norm`, whose norm kernel adds a split-K linear's partials itself. In a
+    group weight holds this rank's input columns: the ranks' partial products (fp32, or x's dtype
+    when wider) are summed (see `TensorParallel.sum`) and rounded to x's dtype before the norm."""
     if tp is None:
         return ops.linear_residual_norm(x, weight, residual, post_weight, next_weight, eps, mode=mode,
                                         residual_out=residual_out, active_rows=active)
-    sub = row_parallel_linear(ops, x, weight, tp, active)
+    wide = x.dtype if x.dtype == torch.float64 else torch.float32
+    part = torch.empty((x.shape[0], weight.shape[0]), dtype=wide, device=x.device)
+    ops.linear(x, weight, out=part, active_rows=active)
+    sub = tp.sum(part).to(x.dtype)
     return ops.residual_norm(sub, residual, post_weight, next_weight, eps, mode=mode, residual_out=residual_out,
                              active_rows=active)
 

@@ -14,6 +14,15 @@ def randn(shape, dtype, device, generator, scale=1.0):
     return (torch.randn(shape, generator=generator, device=device) * scale).to(dtype)
 
 
+def linear_weight(n, k, dtype, device, generator):
+    """A random linear weight [n, k] (scale k^-1/2) in ``dtype``, or quantized per channel for
+    float8_e4m3fn: returns (weight, fp32 scales [n] or None)."""
+    from rlt_kernels.fp8 import FP8_DTYPE, quantize_weight_fp8
+
+    w = randn((n, k), torch.float32, device, generator, scale=k**-0.5)
+    return quantize_weight_fp8(w) if dtype == FP8_DTYPE else (w.to(dtype), None)
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     """Integer view of a tensor's bits (NaN poison compares exactly)."""
     return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])

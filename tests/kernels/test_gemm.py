@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlt_kernels import gemm, norms
-from rlt_kernels.fp8 import FP8_DTYPE, quantize_weight_fp8
+from rlt_kernels.fp8 import FP8_DTYPE
 
-from checks import randn, seeded
+from checks import linear_weight, randn, seeded
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 EPS = {torch.float32: 2.0**-23, torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10}
@@ -230,12 +230,7 @@ def test_linear_transposed_skinny_tiles_keep_the_bits(device, weight_dtype, acti
     decode = gemm.linear_config(n, k, torch.bfloat16, activation)
     assert skinny.swap_ab and not decode.swap_ab and skinny.k_range(k) == decode.k_range(k)
     gen = seeded(n + k, device)
-    w = randn((n, k), torch.float32, device, gen, scale=k**-0.5)
-    scale = None
-    if weight_dtype == FP8_DTYPE:
-        w, scale = quantize_weight_fp8(w)
-    else:
-        w = w.to(weight_dtype)
+    w, scale = linear_weight(n, k, weight_dtype, device, gen)
     x = randn((21, k), torch.bfloat16, device, gen)
     n_out = n // 2 if activation else n
 

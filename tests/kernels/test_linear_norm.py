@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from rlt_kernels import gemm, linear_norm, norms
-from rlt_kernels.fp8 import FP8_DTYPE, quantize_weight_fp8
+from rlt_kernels.fp8 import FP8_DTYPE
 from rlt_kernels.split_partials import SplitPartials
 
-from checks import randn, seeded
+from checks import linear_weight, randn, seeded
 
 EPS = 1e-6
 
@@ -15,12 +15,7 @@ EPS = 1e-6
 def _inputs(m, n, k, weight_dtype, device, seed):
     gen = seeded(seed, device)
     x = randn((m, k), torch.bfloat16, device, gen)
-    w = randn((n, k), torch.float32, device, gen, scale=k**-0.5)
-    scale = None
-    if weight_dtype == FP8_DTYPE:
-        w, scale = quantize_weight_fp8(w)
-    else:
-        w = w.to(weight_dtype)
+    w, scale = linear_weight(n, k, weight_dtype, device, gen)
     residual = randn((m, n), torch.bfloat16, device, gen)
     post_w = randn((n,), torch.bfloat16, device, gen) + 1
     next_w = randn((n,), torch.bfloat16, device, gen) + 1
