@@ -27,6 +27,7 @@ BATCHES = [1, 16, 64, 256]
 
 
 def _free():
+    gc.unfreeze()  # engine() froze the heap; a dropped engine's cycles must be collectable again
     gc.collect()
     torch.cuda.empty_cache()
 
@@ -70,9 +71,11 @@ def floor_ms(cfg, depth, batch, roof, ctx=192, *, weight_bytes=None, kv_elem_byt
 
 def engine(model, **kw):
     from rlt_runtime import LLM
+    from rlt_runtime.engine.heap import freeze_heap
 
     t0 = time.perf_counter()
     llm = LLM(model, dtype="bfloat16", **kw)
+    freeze_heap()
     llm.engine.executor.worker.runner.record_device_time = True
     st = llm.stats()
     programs = [st.get("graphs") or {}, st.get("prefill_graphs") or {}]  # decode rows and prefill tokens

@@ -1,5 +1,6 @@
 """Test configuration: CPU runs Triton kernels under the interpreter; `gpu` tests need CUDA."""
 
+import gc
 import os
 
 import torch
@@ -29,6 +30,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def thawed_heap():
+    """Commands that serve one engine freeze the collector's heap once it has started
+    (`engine.heap.freeze_heap`); tests run them in this process, so each test thaws it after."""
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture

@@ -46,6 +46,13 @@ class Mutant:
 
 MUTANTS = (
     Mutant(
+        "fixed-steps-ignore-thresholds", "rlt_runtime/models/exit_rules.py",
+        "return threshold < 1.0",
+        "return False",
+        ("tests/runtime/test_fixed_depth_steps.py::test_fixed_depth_steps_match_the_full_path[ouro-tiny]",),
+        "steps of rows with exit_threshold < 1 take the fixed-depth program, so those rows never exit early",
+    ),
+    Mutant(
         "speculative-logprobs-zero", "rlt_runtime/executor/speculative.py",
         "lp[put_r, vj] = chosen",
         "lp[put_r, vj] = torch.zeros_like(chosen)",

@@ -30,6 +30,7 @@ from typing import Optional
 
 from .. import errors
 from ..outputs import RequestOutput
+from .heap import freeze_heap
 from .replica import Replica
 from .wire import output_from_dict, output_to_dict, params_from_dict, params_to_dict
 
@@ -232,6 +233,7 @@ def replica_main(conn, model: str, config: dict, device: str, num_threads: int, 
         multiprocessing.current_process().daemon = False
         hooks.before_engine(device)
         engine = LLMEngine(model, EngineConfig.from_kwargs(**dict(config, device=device)))
+        freeze_heap()
         hooks.engine_built(engine)
     except Exception as exc:  # noqa: BLE001 - reported to the front end, which raises it
         outbox.put(("failed", type(exc).__name__, str(exc) if isinstance(exc, errors.RltError) else repr(exc)))

@@ -23,6 +23,7 @@ from typing import Optional
 
 import torch
 
+from ..engine.heap import freeze_heap
 from ..errors import ConfigError, RltError
 from ..sampling_params import SamplingParams
 from .engine_args import add_engine_args, engine_kwargs
@@ -159,7 +160,9 @@ def _setup(args) -> tuple:
         longest = max(args.output_len, WARMUP_OUTPUT_LEN)
         options.update(exit_mode="trace", exit_trace=uniform_trace(row_trace_ids(args.batch), depth, longest))
     trace_ids = row_trace_ids(args.batch) if args.uniform_exit_trace else None
-    return LLM(args.model, **options), params, trace_ids
+    llm = LLM(args.model, **options)
+    freeze_heap()
+    return llm, params, trace_ids
 
 
 def _model_config(model: str):

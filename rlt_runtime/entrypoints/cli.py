@@ -113,9 +113,11 @@ def main(argv=None) -> int:
         options = engine_kwargs(args)
         if args.profile:
             options.setdefault("profile_dir", "rlt-profile")
+        from ..engine.heap import freeze_heap
         from .llm import LLM
 
         llm = LLM(args.model, **options)
+        freeze_heap()
         outputs = llm.generate(prompts, params, use_tqdm=len(prompts) > 1 and not args.json)
     except (RltError, OSError) as exc:
         print(f"rlt-generate: error: {exc}", file=sys.stderr)

@@ -24,6 +24,7 @@ import sys
 from typing import Iterable, Iterator, Optional, Sequence, Union
 
 from ..config import EngineConfig
+from ..engine.heap import freeze_heap
 from ..errors import ConfigError, RequestError, RltError
 from ..sampling_params import SamplingParams
 from .cli import add_sampling_args, read_prompt_file, sampling_params
@@ -49,6 +50,7 @@ class EngineBatch:
         if num_threads:
             torch.set_num_threads(num_threads)
         self.engine = LLMEngine(model, EngineConfig.from_kwargs(**dict(options, device=device)))
+        freeze_heap()
         self.params = params_from_dict(params)
 
     def __call__(self, batch: dict) -> dict:

@@ -147,6 +147,7 @@ class ModelRunner:
         self.slot_top_k = z(torch.int32)
         self.slot_threshold = z(torch.float32)
         self.slot_min_loops, self.slot_max_loops = z(torch.int32), z(torch.int32)
+        self.slot_exits_early = [True] * num_slots  # host copy: may the slot's row leave before the last loop
         self.logit_proc = LogitProcessing(num_slots, model_config.vocab_size, d, penalties)
         self.token_mask = TokenMask(num_slots, model_config.vocab_size, d)
         self.exit_rule = ExitRule(exit_mode, criterion_threshold, lookahead_head(
@@ -154,6 +155,7 @@ class ModelRunner:
         self.max_rows = max_rows
         self.graphs = None
         self.prefill_graphs = None
+        self.fixed_steps = True  # steps whose rows all run every loop skip the exit rule before the last one
         self.spec = None  # SpeculativeRunner when speculative decoding is on
         self.swapped: dict[int, list] = {}  # swap id -> CPU copies (K, V, key depths) of a swapped-out sequence
         self.record_device_time = False
@@ -196,7 +198,15 @@ class ModelRunner:
         static = persistent_tensors(self, self.model) if mode == "compile" else []
         self.graphs = DecodeGraphs(self.decode_program, [self.dec_in["num_rows"]],
                                    [s for s in sizes if s <= self.max_rows], mode=mode, static_tensors=static)
-        self.graphs.capture_all((False, 0, False))
+        # Steps whose rows all run every loop take the fixed-depth program (`run_loops`); compile mode
+        # keeps one program per bucket (each variant is another compilation of the whole model).
+        self.fixed_steps = mode != "compile"
+        for fixed in (True, False):
+            if fixed and not self.fixed_steps:
+                continue
+            if not fixed and self.fixed_steps and self.exit_rule.mode == "fixed":
+                continue  # rows leave early only under a loop cap below the depth: captured on first use
+            self.graphs.capture_all((False, 0, False, fixed))
         self.prefill_graphs = DecodeGraphs(self.prefill_program, [self.pre_in["counts"]], token_sizes, mode=mode,
                                            static_tensors=static)
         self.prefill_graphs.capture_all((False, 0, False))
@@ -286,6 +296,9 @@ class ModelRunner:
             self.slot_max_loops[s] = dev["max_loops"]
             self.slot_token[s] = dev["token"]
             self.slot_pos[s] = dev["pos"]
+            for r in admitted:
+                self.slot_exits_early[r.slot] = self.exit_rule.may_exit_early(r.params.exit_threshold, r.depth_limit,
+                                                                              self.depth)
         self.logit_proc.admit(admitted)
 
     # ---- a step ------------------------------------------------------------------------------
@@ -526,18 +539,20 @@ class ModelRunner:
         st.write("trace", np.asarray(trace, np.int32))
         st.write("num_rows", np.asarray([b], np.int32))
         st.upload()
-        variant = (want_lp, num_top, processed)
+        fixed = self.fixed_steps and not any(self.slot_exits_early[r.slot] for r in rows)
+        variant = (want_lp, num_top, processed, fixed)
         res = self.graphs.run(b, variant) if self.graphs is not None else None
         if res is None:  # eager, or a fallback: the same program, padded to the bucket when one exists
             size = (self.graphs.bucket(b) if self.graphs is not None else None) or b
             res = self.decode_program(size, *variant)
         return {k: v[:b] for k, v in res.items()}
 
-    def decode_program(self, b: int, want_lp: bool, num_top: int, processed: bool = False) -> dict:
+    def decode_program(self, b: int, want_lp: bool, num_top: int, processed: bool = False, fixed: bool = False) -> dict:
         """All loops of `b` decode rows (static inputs in `dec_in`), LM head and sampling.
 
         Each row processes its request's pending token (slot_token) at its position (slot_pos);
-        the sampled token and the advanced position go back into the slot pools.
+        the sampled token and the advanced position go back into the slot pools. fixed: no row
+        leaves before the last loop (see `run_loops`).
         """
         slots = self.dec_in["slots"][:b]
         active = self.dec_in["num_rows"]
@@ -545,7 +560,7 @@ class ModelRunner:
         pos = self.slot_pos.index_select(0, idx)
         rs = self.start_rows(self.slot_token.index_select(0, idx), slots, pos, self.dec_in["trace"][:b], active)
         out = RowResults.empty(b, rs.h, self.device)
-        self.run_loops(rs, 0, self.depth, out)
+        self.run_loops(rs, 0, self.depth, out, fixed)
         logits = self.head_logits(out, slots, pos, active)
         res = self._sample(logits, slots, pos + 1, want_lp, num_top, active, processed)
         self.store_next(idx, active, res["tokens"], pos + 1)
@@ -575,15 +590,24 @@ class ModelRunner:
             ex=self.model.new_exit_state(self.exit_rule.mode, h), active=active,
         )
 
-    def run_loops(self, rs: "RowState", t_begin: int, t_end: int, out: "RowResults") -> "RowState":
+    def run_loops(self, rs: "RowState", t_begin: int, t_end: int, out: "RowResults", fixed: bool = False) -> "RowState":
         """Loops t_begin..t_end-1 with the exit rule after each; exited rows store their final state
         and depth in `out` (by row id) and are compacted out so they cost no more compute. At the
-        model's last loop every live row exits. Returns the rows still running."""
+        model's last loop every live row exits. Returns the rows still running.
+
+        fixed: the caller knows no row can leave before the last loop (`ExitRule.may_exit_early`),
+        so the rule and the compaction run only there: the rows' order, states and results are
+        those of the full path, which would keep every row until then (and the loops share one
+        ForwardBatch, with its slot mappings)."""
         d = self.device
         b = rs.h.shape[0]
+        batch = None
         for t in range(t_begin, t_end):
-            batch = self._decode_batch(rs.pos, rs.slots, rs.active)
+            if batch is None or not fixed:
+                batch = self._decode_batch(rs.pos, rs.slots, rs.active)
             rs.h = self.model.loop(rs.h, rs.e, batch, t)
+            if fixed and t < self.depth - 1:
+                continue
             exit_now, logits_t = self.model.exit_decision(self.exit_rule, t, rs.h, batch, rs)
             live = torch.arange(b, device=d) < rs.active
             exit_now = (exit_now | (t == self.depth - 1)) & live

@@ -267,22 +267,25 @@ class IncrementalDetokenizer:
         return self.add_many([token_id])
 
     def add_many(self, token_ids: Sequence[int]) -> str:
-        """Feed ids; returns the newly completed text. Several ids take one pair of decodes when
-        they end on a whole character (else they go one by one): the same text either way."""
+        """Feed ids; returns the newly completed text: that of the longest batch of them that ends
+        on a whole character (one decode when all of them do). The ids after it are held back,
+        as they would be if fed one by one: each longer batch ends inside a character."""
         ids = [int(t) for t in token_ids]
         prefix_text = self._tok.decode(self._ids[self._prefix:self._read], self._skip)
-        text = self._tok.decode(self._ids[self._prefix:] + ids, self._skip)
-        if len(text) > len(prefix_text) and not text.endswith("\ufffd"):
-            self._ids.extend(ids)
-            self._prefix, self._read = self._read, len(self._ids)
-            return text[len(prefix_text):]
-        if len(ids) <= 1:
-            self._ids.extend(ids)  # held back until a later id completes the character
-            return ""
-        return "".join(self.add(t) for t in ids)
+        window = self._ids[self._prefix:]
+        for cut in range(len(ids), 0, -1):
+            text = self._tok.decode(window + ids[:cut], self._skip)
+            if len(text) > len(prefix_text) and not text.endswith("\ufffd"):
+                self._ids.extend(ids)
+                self._prefix, self._read = self._read, len(self._ids) - (len(ids) - cut)
+                return text[len(prefix_text):]
+        self._ids.extend(ids)  # held back until later ids complete the character
+        return ""
 
     def flush(self) -> str:
         """The text of tokens still held back (possibly with replacement characters)."""
+        if self._read == len(self._ids):
+            return ""
         prefix_text = self._tok.decode(self._ids[self._prefix:self._read], self._skip)
         text = self._tok.decode(self._ids[self._prefix:], self._skip)
         self._prefix = self._read = len(self._ids)

@@ -1,5 +1,6 @@
 """`rlt-bench throughput` / `latency` (offline, in-process) on the CPU engine: token accounting."""
 
+import gc
 import json
 
 from rlt_runtime import LLM
@@ -18,6 +19,7 @@ def test_throughput_and_latency_commands_write_json(tmp_path):
     out = tmp_path / "t.json"
     assert throughput_main(["--model", "ouro-tiny", "--batch", "2", "--input-len", "4", "--output-len", "3",
                             "--output-json", str(out)]) == 0
+    assert gc.get_freeze_count() > 0  # the started engine left the collector's scans (engine.heap)
     result = json.loads(out.read_text())
     assert result["decode_tokens"] == 2 * 2 and result["engine"]["running"] == 0
     assert latency_main(["--model", "ouro-tiny", "--input-len", "4", "--output-len", "3", "--iters", "2",

@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+import torch
 from hypothesis import assume, given, settings, strategies as st
 
 from rlt_runtime.engine.text import TextTracker
@@ -180,6 +181,36 @@ def test_incremental_detokenizer_batches_equal_single_adds(tok, chunk):
     detok = IncrementalDetokenizer(tok, prompt)
     batched = [detok.add_many(ids[i:i + chunk]) for i in range(0, len(ids), chunk)]
     assert "".join(batched) + detok.flush() == "".join(single) + rest == SAMPLE
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("specials", [True, False], ids=["with-specials", "text-ids"])
+def test_incremental_detokenizer_batches_of_random_ids(seed, specials):
+    """Random ids (byte tokens that form broken and unfinished characters; skipped specials) in
+    random batch sizes give the text of the single adds, at two decodes plus one per id held back,
+    not two per id (a one-by-one fallback made finishing a request of random output cost
+    milliseconds)."""
+    g = torch.Generator().manual_seed(seed)
+    pool = [i for i in range(OURO.vocab_size) if specials or OURO.decode([i], True)]
+    ids = [pool[i] for i in torch.randint(0, len(pool), (300,), generator=g).tolist()]
+    single, rest = _stream(OURO, ids)
+    calls = [0]
+
+    class Counting:
+        def decode(self, ids, skip_special_tokens=True):
+            calls[0] += 1
+            return OURO.decode(ids, skip_special_tokens)
+
+    detok = IncrementalDetokenizer(Counting())
+    batched, i = [], 0
+    while i < len(ids):
+        n = int(torch.randint(1, 40, (1,), generator=g))
+        before = calls[0]
+        batched.append(detok.add_many(ids[i:i + n]))
+        held = len(detok._ids) - detok._read
+        assert calls[0] - before <= 2 + held, (n, calls[0] - before, held)
+        i += n
+    assert "".join(batched) + detok.flush() == "".join(single) + rest
 
 
 def test_incremental_detokenizer_with_prompt_specials_and_flush():

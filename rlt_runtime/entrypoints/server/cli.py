@@ -119,6 +119,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from ...engine.data_parallel import build_engine, replica_devices
+    from ...engine.heap import freeze_heap
     from ...engine.disaggregated import role_devices
     from .app import ServerConfig, create_app
     from .http_server import build_server
@@ -154,7 +155,12 @@ def main(argv=None) -> int:
         print(f"rlt-serve: error: {exc}", file=sys.stderr)
         return 2
     warn_if_exposed(args.host, config.api_key)
-    worker = EngineWorker(lambda: build_engine(args.model, **options))
+    def start_engine():
+        engine = build_engine(args.model, **options)
+        freeze_heap()
+        return engine
+
+    worker = EngineWorker(start_engine)
     app = create_app(worker, config)
     server = build_server(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
 
