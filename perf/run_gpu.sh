@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU suite and every benchmark in one call.
-#   OUT=out bash perf/run_gpu.sh [tests|conformance|kernels|decode-attn|gemm-sweep|attn-sweep|engine|compile|spec|serving|fp8 ...]
+#   OUT=out bash perf/run_gpu.sh [tests|conformance|kernels|decode-attn|gemm-sweep|attn-sweep|engine|gaps|compile|spec|serving|fp8 ...]
 #   (default: all but the sweeps; `tests` runs the GPU pytest suite and the conformance matrix side by
 #   side on the device, each with its own time limit, PART_TIMEOUT and CONF_TIMEOUT (default 480 s), so
 #   both fit one device call). Narrowing a part: TESTS_K (pytest -k for the GPU tests),
@@ -64,6 +64,9 @@ for part in $parts; do
                > "$WORK/decode_attention.log" 2>&1; tail -n 14 "$WORK/decode_attention.log" ;;
     engine)  timeout "$PART_TIMEOUT" python3 -m perf.bench_engine --out "$WORK" ${QUICK:+--quick} > "$WORK/engine.log" 2>&1
              tail -n 25 "$WORK/engine.log" ;;
+    gaps)    # Per-step wall / host / device times, collections and idle gaps at batch 256 (perf/step_gaps.py).
+             timeout "$PART_TIMEOUT" python3 -m perf.step_gaps --out "$WORK/gaps" > "$WORK/gaps.log" 2>&1
+             tail -n 4 "$WORK/gaps.log" ;;
     compile) timeout "$PART_TIMEOUT" python3 -m perf.bench_compile --out "$WORK" ${QUICK:+--quick} > "$WORK/compile.log" 2>&1
              tail -n 8 "$WORK/compile.log" ;;
     spec)    timeout "$PART_TIMEOUT" python3 -m perf.bench_speculative --out "$WORK" ${QUICK:+--quick} > "$WORK/spec.log" 2>&1
