@@ -68,10 +68,11 @@ class GuidedDecoding:
         return next(k for k in KINDS if getattr(self, k) not in (None, False))
 
     def cache_key(self) -> tuple:
-        """A hashable key of the constraint (its kind and canonical text): equal keys compile alike."""
+        """A hashable key of the constraint (its kind and its JSON text): equal keys compile alike.
+        Key order is kept: a schema's property order is the order the output writes them in."""
         value = getattr(self, self.kind)
         if isinstance(value, (dict, list, bool)):
-            value = json.dumps(value, sort_keys=True, separators=(",", ":"))
+            value = json.dumps(value, separators=(",", ":"))
         return self.kind, value
 
     @staticmethod

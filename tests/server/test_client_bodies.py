@@ -1,8 +1,11 @@
-"""Request bodies real clients send (fixtures/clients/*.json: guidellm's streaming runs with
-continuous usage, lm-eval's log-likelihood and generate_until requests, LangChain, LiteLLM, the
-openai SDK with OpenAI's newer fields, vLLM extensions), posted to a live server: each is
-accepted and answered in the shape its client reads. lm-eval's log-likelihood answer carries the
-prompt tokens' log-probabilities, checked against the fp64 dense reference."""
+"""Request bodies real clients send (fixtures/clients/*.json: guidellm's and aiperf's streaming runs
+with continuous usage, lm-eval's log-likelihood and generate_until requests, LangChain (chat,
+structured output, completions), LiteLLM (chat, text completion), the openai SDK with OpenAI's
+newer fields, vLLM extensions), posted to a live server: each is accepted and answered in the shape
+its client reads; a json_schema answer is a JSON value the schema validates, its properties in the
+schema's order. lm-eval's log-likelihood answer carries the prompt tokens' log-probabilities,
+checked against the fp64 dense reference. tests/server/test_real_clients.py runs the clients
+themselves."""
 
 from __future__ import annotations
 
@@ -65,10 +68,27 @@ def validate_chunk(chunk: dict, chat: bool) -> None:
     Completion.model_validate(data)
 
 
+def max_tokens(body: dict) -> int:
+    return body.get("max_completion_tokens", body.get("max_tokens"))
+
+
+def check_json_schema_answer(body: dict, content: str) -> None:
+    """The answer to a response_format json_schema body: a JSON value the schema validates, its
+    properties in the schema's order (as OpenAI and vLLM write them)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = body["response_format"]["json_schema"]["schema"]
+    value = json.loads(content)
+    jsonschema.validate(value, schema)
+    keys = json.loads(content, object_pairs_hook=lambda pairs: [k for k, _ in pairs])
+    assert keys == [k for k in schema["properties"] if k in keys]
+
+
 def test_every_client_body_is_a_fixture():
-    assert {"guidellm_chat_stream", "guidellm_completions_stream", "lm_eval_loglikelihood", "lm_eval_generate_until",
-            "lm_eval_loglikelihood_no_generation", "langchain_chat", "litellm_chat",
-            "openai_sdk_extra_fields"} <= set(NAMES)
+    assert {"guidellm_chat_stream", "guidellm_completions_stream", "guidellm_chat_parts_stream", "aiperf_chat_stream",
+            "lm_eval_loglikelihood", "lm_eval_generate_until", "lm_eval_loglikelihood_no_generation", "langchain_chat",
+            "langchain_chat_stream", "langchain_chat_json_schema", "langchain_chat_json_mode", "langchain_completions",
+            "langchain_completions_stream", "litellm_chat", "litellm_chat_stream", "litellm_text_completion",
+            "litellm_text_completion_stream", "openai_sdk_extra_fields"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -79,22 +99,30 @@ def test_client_body_is_answered_in_shape(server, name):
     assert resp.status_code == 200, resp.text
     if not body.get("stream"):
         if chat:
-            ChatCompletion.model_validate(resp.json())
+            answer = ChatCompletion.model_validate(resp.json())
+            if (body.get("response_format") or {}).get("type") == "json_schema":
+                assert answer.choices[0].finish_reason == "stop"
+                check_json_schema_answer(body, answer.choices[0].message.content)
         else:
             Completion.model_validate(without_echo_nulls(resp.json()))
         return
     chunks = sse_events(resp)
     for chunk in chunks:
         validate_chunk(chunk, chat)
+    options = body.get("stream_options") or {}
+    if not options.get("include_usage"):  # no usage anywhere; the last chunk finishes the choice
+        assert all(c.get("usage") is None for c in chunks)
+        assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+        return
     final = chunks[-1]
     assert final["choices"] == [] and final["usage"]["completion_tokens"] >= 1
-    continuous = body["stream_options"].get("continuous_usage_stats", False)
+    continuous = options.get("continuous_usage_stats", False)
     if continuous:  # every chunk: the usage so far, growing to the final one
         done = [c["usage"]["completion_tokens"] for c in chunks]
         assert all(c["usage"]["prompt_tokens"] == final["usage"]["prompt_tokens"] for c in chunks)
         assert all(c["usage"]["total_tokens"] == c["usage"]["prompt_tokens"] + c["usage"]["completion_tokens"]
                    for c in chunks)
-        assert done == sorted(done) and done[-1] == body["max_tokens"]
+        assert done == sorted(done) and done[-1] == max_tokens(body)
         with_tokens = [c for c in chunks if c["choices"] and c["choices"][0].get("exit_depths")]
         assert [c["usage"]["completion_tokens"] for c in with_tokens] == list(
             accumulate(len(c["choices"][0]["exit_depths"]) for c in with_tokens))

@@ -39,6 +39,18 @@ def test_response_format_json_schema(client, submitted_params):
     assert submitted_params[-1].guided == GuidedDecoding(json=SCHEMA)
 
 
+
+def test_properties_come_in_the_schema_order(client):
+    """The output writes an object's properties in the order the schema lists them, as OpenAI and
+    vLLM do (a schema that puts "reasoning" before "answer" relies on it), not sorted by name."""
+    props = SCHEMA["properties"]
+    schema = dict(SCHEMA, properties={"rank": props["rank"], "city": props["city"]}, required=["rank", "city"])
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+    resp = client.chat.completions.create(response_format=fmt, temperature=1.0, seed=3, **CHAT)
+    assert resp.choices[0].finish_reason == "stop"
+    keys = json.loads(resp.choices[0].message.content, object_pairs_hook=lambda pairs: [k for k, _ in pairs])
+    assert keys == ["rank", "city"]
+
 def test_response_format_json_object_and_text(client):
     resp = client.chat.completions.create(response_format={"type": "json_object"}, temperature=1.0, seed=4, **CHAT)
     assert isinstance(json.loads(resp.choices[0].message.content), dict)
