@@ -300,8 +300,8 @@ class ModelRunner:
             handle.start_event.record()
         self._swap(sched)
         self._apply_updates(sched)
-        num_top = max([r.params.logprobs or 0 for r in sched.decodes]
-                      + [c.request.params.logprobs or 0 for c in sched.prefills if c.sample] + [0])
+        num_top = max([r.num_top_logprobs for r in sched.decodes]
+                      + [c.request.num_top_logprobs for c in sched.prefills if c.sample] + [0])
         want_lp = any(r.wants_logprobs for r in sched.decodes) or any(
             c.sample and c.request.wants_logprobs for c in sched.prefills)
         parts, prompt_part = [], None
@@ -404,7 +404,7 @@ class ModelRunner:
                     prompt_runs.append((req.key, req.generation, c.start + 1, count))
                     prompt_rows += range(qsl[-1], qsl[-1] + count)
                     prompt_targets += req.prompt_token_ids[c.start + 1: c.start + 1 + count]
-                    prompt_top = max(prompt_top, req.params.prompt_logprobs)
+                    prompt_top = max(prompt_top, req.num_prompt_top_logprobs)
             tokens += c.token_ids
             positions += range(c.start, c.start + n)
             token_slots += [c.request.slot] * n

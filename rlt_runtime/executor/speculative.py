@@ -75,7 +75,7 @@ class SpeculativeRunner:
         n = len(requests)
         bucket = self.graphs.bucket(n) if self.graphs is not None else n
         rows = bucket or n
-        sampling = any(r.params.temperature > 0 for r in requests)
+        sampling = not all(r.greedy for r in requests)
         inp = self.inp
         inp.write("slots", np.asarray([r.slot for r in requests], np.int32))
         inp.write("num_drafts", np.asarray(num_drafts, np.int32))
