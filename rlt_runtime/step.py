@@ -1,7 +1,9 @@
 """The step description: what the engine hands an executor for one step, as plain data.
 
 Everything here is made of ints, lists, `SamplingParams` (plain values) and numpy arrays, so a
-step pickles unchanged to worker processes. Sequences are named by `key`, the engine's index of
+step pickles unchanged to worker processes. A sequence's `SamplingParams` cross once, in the step
+that admits it (the worker keeps what it needs in per-slot device state); every other step
+carries only the few per-row values below. Sequences are named by `key`, the engine's index of
 the live request in the step (`StepInput.keys` order); results come back under the same keys.
 """
 
@@ -17,15 +19,16 @@ from .sampling_params import SamplingParams
 class SeqInput:
     """What a step reads of one sequence (the subset of the engine's Request the device needs).
 
-    For sequences admitted this step output_token_ids holds every committed output (the logit
-    processing's counts continue from them), otherwise only the newest one; prompt_token_ids is
-    the whole prompt for admitted sequences and those computing prompt log-probabilities, else
-    empty; min_token_stops and bad_word_ids are filled for admitted sequences only."""
+    For sequences admitted this step params holds the request's SamplingParams (the worker writes
+    its slot's sampling and logit-processing state from them; None in every other step),
+    output_token_ids holds every committed output (the logit processing's counts continue from
+    them), and min_token_stops and bad_word_ids are filled; otherwise output_token_ids holds only
+    the newest output and the other two are empty. prompt_token_ids is the whole prompt for
+    admitted sequences and those computing prompt log-probabilities, else empty."""
 
     key: int
     slot: int
     row_key: int
-    params: SamplingParams
     generation: int
     min_loops: int
     depth_limit: int
@@ -38,6 +41,10 @@ class SeqInput:
     processes_logits: bool = False
     wants_logprobs: bool = False
     needs_prompt_logprobs: bool = False
+    num_top_logprobs: int = 0  # top alternatives reported with each sampled token (params.logprobs or 0)
+    num_prompt_top_logprobs: int = 0  # top alternatives with each prompt log-probability (params.prompt_logprobs or 0)
+    greedy: bool = True  # temperature 0 (params.greedy)
+    params: Optional[SamplingParams] = None
 
 
 @dataclass

@@ -41,14 +41,17 @@ class StepBuilder:
                 live.append(r)
             new = id(r) in admitted
             prompt_lps = r.needs_prompt_logprobs
-            # Positional, in SeqInput's field order (binding 16 keywords per row costs twice as much).
+            p = r.params
+            # Positional, in SeqInput's field order (binding 19 keywords per row costs twice as much).
             return SeqInput(
-                k, r.slot, r.row_key, r.params, r.generation, r.min_loops, r.depth_limit,  # key .. depth_limit
+                k, r.slot, r.row_key, r.generation, r.min_loops, r.depth_limit,  # key .. depth_limit
                 len(r.prompt_token_ids), r.prefill_target,  # num_prompt_tokens, prefill_target
                 list(r.prompt_token_ids) if new or prompt_lps else [],  # prompt_token_ids
                 list(r.output_token_ids) if new else r.output_token_ids[-1:],  # output_token_ids
                 r.min_token_stops if new else [], r.bad_word_ids if new else [],  # min_token_stops, bad_word_ids
                 r.processes_logits, r.wants_logprobs, prompt_lps,  # processes_logits .. needs_prompt_logprobs
+                p.logprobs or 0, p.prompt_logprobs or 0, p.greedy,  # num_top_logprobs .. greedy
+                p if new else None,  # params: admission only
             )
 
         step = StepInput(num_drafts=list(sched.num_drafts), round_k=sched.round_k,

@@ -69,6 +69,18 @@ def persistent_tensors(*roots, depth: int = 4) -> list:
     return list(found.values())
 
 
+def run_bucketed(graphs: Optional[DecodeGraphs], program: Callable[..., dict], rows: int, variant: tuple,
+                 eager: bool = False, **eager_args) -> dict:
+    """Run a step program for `rows` live rows: the replay of its bucket's graph, else eagerly (no
+    graphs; `eager`: inputs a capture cannot take, passed as eager_args; or a counted fallback),
+    padded to the bucket when one exists. Results keep the program's (bucket) rows."""
+    res = graphs.run(rows, variant) if graphs is not None and not eager else None
+    if res is None:
+        size = (graphs.bucket(rows) if graphs is not None else None) or rows
+        res = program(size, *variant, **eager_args)
+    return res
+
+
 @dataclass
 class GraphStats:
     captures: int = 0

@@ -24,6 +24,7 @@ from ..models.exit_rules import ExitRule, ExitState, lookahead_head
 from ..models.looped import check_looped_model
 from ..step import StepInput
 from .forward_batch import KV_FP8_SCALE, ForwardBatch, KVCacheTensors
+from .graphs import DecodeGraphs, persistent_tensors, run_bucketed
 from .logit_processing import LogitProcessing
 from .staging import StaticStaging, upload_arrays
 from .token_mask import TokenMask
@@ -193,8 +194,6 @@ class ModelRunner:
     def enable_graphs(self, mode: str, sizes: list[int], token_sizes: list[int]) -> None:
         """Bucketed capture (mode "graphs" or "compile") of the decode program at row buckets and of
         the prefill program at token buckets, largest first."""
-        from .graphs import DecodeGraphs, persistent_tensors
-
         static = persistent_tensors(self, self.model) if mode == "compile" else []
         self.graphs = DecodeGraphs(self.decode_program, [self.dec_in["num_rows"]],
                                    [s for s in sizes if s <= self.max_rows], mode=mode, static_tensors=static)
@@ -313,8 +312,8 @@ class ModelRunner:
             handle.start_event.record()
         self._swap(sched)
         self._apply_updates(sched)
-        num_top = max([r.params.logprobs or 0 for r in sched.decodes]
-                      + [c.request.params.logprobs or 0 for c in sched.prefills if c.sample] + [0])
+        num_top = max([r.num_top_logprobs for r in sched.decodes]
+                      + [c.request.num_top_logprobs for c in sched.prefills if c.sample] + [0])
         want_lp = any(r.wants_logprobs for r in sched.decodes) or any(
             c.sample and c.request.wants_logprobs for c in sched.prefills)
         parts, prompt_part = [], None
@@ -374,6 +373,10 @@ class ModelRunner:
         return host, event
 
     # ---- sampling ----------------------------------------------------------------------------
+    def sampling_of(self, idx: torch.Tensor) -> tuple:
+        """The sampling parameters of slots idx (int64 [B]): temperature, top_k, top_p, min_p ([B] each)."""
+        return self.slot_temperature[idx], self.slot_top_k[idx], self.slot_top_p[idx], self.slot_min_p[idx]
+
     def _sample(self, logits, slots, out_positions, want_lp, num_top, active, processed: bool):
         """Sample the rows' next tokens (after logit processing and the guided-decoding masks when
         `processed`, which also counts them); reported log-probabilities are those of the raw logits."""
@@ -382,10 +385,7 @@ class ModelRunner:
         chosen_from = logits
         if processed:
             chosen_from = self.token_mask.apply(self.logit_proc.apply(logits, idx, out_positions), idx, logits)
-        tokens = ops.sample(
-            chosen_from, self.slot_temperature[idx], self.slot_top_k[idx], self.slot_top_p[idx], self.slot_min_p[idx],
-            self.slot_key[idx], out_positions, active_rows=active,
-        )
+        tokens = ops.sample(chosen_from, *self.sampling_of(idx), self.slot_key[idx], out_positions, active_rows=active)
         if processed:
             self.logit_proc.commit(idx, tokens[:, None], torch.arange(tokens.shape[0], device=tokens.device) < active)
         res = {"tokens": tokens}
@@ -417,7 +417,7 @@ class ModelRunner:
                     prompt_runs.append((req.key, req.generation, c.start + 1, count))
                     prompt_rows += range(qsl[-1], qsl[-1] + count)
                     prompt_targets += req.prompt_token_ids[c.start + 1: c.start + 1 + count]
-                    prompt_top = max(prompt_top, req.params.prompt_logprobs)
+                    prompt_top = max(prompt_top, req.num_prompt_top_logprobs)
             tokens += c.token_ids
             positions += range(c.start, c.start + n)
             token_slots += [c.request.slot] * n
@@ -456,12 +456,9 @@ class ModelRunner:
             st.write("prompt_rows", np.asarray(prompt_rows, np.int64))
             st.write("prompt_targets", np.asarray(prompt_targets, np.int64))
         st.upload()
-        variant = (want_lp, num_top, processed)
-        res = None
-        if self.prefill_graphs is not None and not prompt_rows:  # prompt log-probabilities run eagerly
-            res = self.prefill_graphs.run(n_tok, variant)
-        if res is None:
-            res = self.prefill_program(size, *variant, len(prompt_rows), prompt_top)
+        # Prompt log-probabilities run eagerly.
+        res = run_bucketed(self.prefill_graphs, self.prefill_program, n_tok, (want_lp, num_top, processed),
+                           eager=bool(prompt_rows), prompt_rows=len(prompt_rows), prompt_top=prompt_top)
         prompt = {k: res.pop(k) for k in list(res) if k.startswith("prompt_")}
         prompt = {k[len("prompt_"):]: v for k, v in prompt.items()} or None
         if not sample_rows:
@@ -540,11 +537,7 @@ class ModelRunner:
         st.write("num_rows", np.asarray([b], np.int32))
         st.upload()
         fixed = self.fixed_steps and not any(self.slot_exits_early[r.slot] for r in rows)
-        variant = (want_lp, num_top, processed, fixed)
-        res = self.graphs.run(b, variant) if self.graphs is not None else None
-        if res is None:  # eager, or a fallback: the same program, padded to the bucket when one exists
-            size = (self.graphs.bucket(b) if self.graphs is not None else None) or b
-            res = self.decode_program(size, *variant)
+        res = run_bucketed(self.graphs, self.decode_program, b, (want_lp, num_top, processed, fixed))
         return {k: v[:b] for k, v in res.items()}
 
     def decode_program(self, b: int, want_lp: bool, num_top: int, processed: bool = False, fixed: bool = False) -> dict:
@@ -584,11 +577,16 @@ class ModelRunner:
         self._set_key_depth(batch, torch.full((b,), self.depth - 1, dtype=torch.int32, device=self.device))
         keys = self.slot_key.index_select(0, idx) if self.model.random_initial_state else None
         h, e = self.model.start(tokens, batch, keys)
-        return RowState(
-            slots=slots, pos=pos, row_id=torch.arange(b, device=self.device), thr=self.slot_threshold[idx],
-            min_l=self.slot_min_loops[idx], max_l=self.slot_max_loops[idx], trace=trace, h=h, e=e,
-            ex=self.model.new_exit_state(self.exit_rule.mode, h), active=active,
-        )
+        return self.row_state(slots, pos, torch.arange(b, device=self.device), trace, h, e,
+                              self.model.new_exit_state(self.exit_rule.mode, h), active)
+
+    def row_state(self, slots, pos, row_id, trace, h, e, ex, active) -> "RowState":
+        """Rows of slots `slots` (int32 [B]) with their slots' exit parameters (threshold, min and
+        max loops) and the given loop state (see RowState)."""
+        idx = slots.long()
+        return RowState(slots=slots, pos=pos, row_id=row_id, thr=self.slot_threshold[idx],
+                        min_l=self.slot_min_loops[idx], max_l=self.slot_max_loops[idx], trace=trace, h=h, e=e, ex=ex,
+                        active=active)
 
     def run_loops(self, rs: "RowState", t_begin: int, t_end: int, out: "RowResults", fixed: bool = False) -> "RowState":
         """Loops t_begin..t_end-1 with the exit rule after each; exited rows store their final state

@@ -34,7 +34,8 @@ import torch
 
 from rlt_kernels.sampling import STREAM_ACCEPT, STREAM_DRAFT, philox_uniform
 
-from .model_runner import RowResults, RowState
+from .graphs import DecodeGraphs, persistent_tensors, run_bucketed
+from .model_runner import RowResults
 from .staging import StaticStaging, upload_arrays
 
 
@@ -53,8 +54,6 @@ class SpeculativeRunner:
         self.graphs = None
 
     def enable_graphs(self, mode: str, sizes: list[int]) -> None:
-        from .graphs import DecodeGraphs, persistent_tensors
-
         inert = [self.inp["num_rows"], self.inp["num_verify"], self.inp["counts"]]
         static = persistent_tensors(self, self.runner, self.runner.model) if mode == "compile" else []
         self.graphs = DecodeGraphs(self.round_program, inert, [s for s in sizes if s <= self.runner.max_rows], mode=mode,
@@ -73,9 +72,8 @@ class SpeculativeRunner:
         guided: indices (into requests) of the rows whose drafts `guide` checks (see
         `Executor.execute`); such a round runs eagerly, with a host sync before verification."""
         n = len(requests)
-        bucket = self.graphs.bucket(n) if self.graphs is not None else n
-        rows = bucket or n
-        sampling = any(r.params.temperature > 0 for r in requests)
+        rows = (self.graphs.bucket(n) if self.graphs is not None else None) or n  # the program's rows
+        sampling = not all(r.greedy for r in requests)
         inp = self.inp
         inp.write("slots", np.asarray([r.slot for r in requests], np.int32))
         inp.write("num_drafts", np.asarray(num_drafts, np.int32))
@@ -93,16 +91,12 @@ class SpeculativeRunner:
         inp.write("num_verify", np.asarray([len(vj)], np.int32))
         inp.write("num_rows", np.asarray([n], np.int32))
         inp.upload()
-        variant = (k, sampling, want_lp, num_top, processed)
-        res = None
         verify_masks = None
         if guided:
             starts = np.cumsum([0, *[x + 1 for x in num_drafts]])  # each request's first verify row
             verify_masks = lambda drafts: self._verify_masks(requests, num_drafts, starts, guided, guide, drafts)  # noqa: E731
-        elif self.graphs is not None and bucket is not None:
-            res = self.graphs.run(n, variant)
-        if res is None:
-            res = self.round_program(rows, *variant, verify_masks=verify_masks)
+        res = run_bucketed(self.graphs, self.round_program, n, (k, sampling, want_lp, num_top, processed),
+                           eager=bool(guided), verify_masks=verify_masks)
         return {key: value[:n] for key, value in res.items()}
 
     def _verify_masks(self, requests, num_drafts, starts, guided, guide, drafts):
@@ -150,8 +144,7 @@ class SpeculativeRunner:
         active = inp["num_rows"]
         pos0 = run.slot_pos.index_select(0, idx)
         keys = run.slot_key.index_select(0, idx)
-        temp, top_k = run.slot_temperature[idx], run.slot_top_k[idx]
-        top_p, min_p = run.slot_top_p[idx], run.slot_min_p[idx]
+        temp, top_k, top_p, min_p = run.sampling_of(idx)
         num_drafts = inp["num_drafts"][:rows]
         tok = run.slot_token.index_select(0, idx)
         drafts = torch.zeros((rows, k + 1), dtype=torch.int64, device=dev)
@@ -206,10 +199,9 @@ class SpeculativeRunner:
         v_idx = v_slots.long()
         out_v = RowResults(park_h.index_select(0, flat), park_depth.index_select(0, flat))
         alive = in_use & (out_v.depth == 0)
-        rs = RowState(
-            slots=v_slots, pos=v_pos, row_id=vid, thr=run.slot_threshold[v_idx], min_l=run.slot_min_loops[v_idx],
-            max_l=run.slot_max_loops[v_idx], trace=inp["trace"].index_select(0, flat), h=out_v.final.clone(),
-            e=park_e.index_select(0, flat) if park_e is not None else None, ex=park_ex.gather(flat), active=active,
+        rs = run.row_state(
+            v_slots, v_pos, vid, inp["trace"].index_select(0, flat), out_v.final.clone(),
+            park_e.index_select(0, flat) if park_e is not None else None, park_ex.gather(flat), active,
         ).permute(torch.argsort((~alive).to(torch.int8), stable=True), alive.sum().to(torch.int32).reshape(1))
         run.run_loops(rs, d, depth, out_v)
         raw_v = logits_v = run.head_logits(out_v, v_slots, v_pos, num_verify, cached=False)

@@ -1,5 +1,6 @@
 """What the engine hands its executor: plain data only (it must pickle to worker processes, and
-hold no engine Request), and swapped-out K/V kept by the worker is freed when its request ends."""
+hold no engine Request), SamplingParams only in the step that admits a sequence (a decode row's
+per-step data stays small), and swapped-out K/V kept by the worker is freed when its request ends."""
 
 from __future__ import annotations
 
@@ -62,3 +63,35 @@ def test_steps_are_plain_data_and_swapped_kv_is_freed_on_abort():
     for step in steps:
         assert not any(isinstance(o, Request) for o in _objects(step))
         assert pickle.loads(pickle.dumps(step)) == step
+
+
+# A decode row's pickled bytes past the first row (which also carries the field names). A row
+# pickles to 85-95 bytes; its SamplingParams alone would add a few hundred.
+MAX_BYTES_PER_DECODE_ROW = 128
+
+
+def test_sampling_params_cross_at_admission_only_and_decode_rows_stay_small():
+    llm = LLM("ouro-tiny", **OPTIONS)
+    engine = llm.engine
+    steps = _record_steps(engine)
+    for i, prompt in enumerate(PROMPTS):  # one SamplingParams per request, as requests arrive in serving
+        params = SamplingParams(max_tokens=8, temperature=0.7 * (i % 2), seed=i, logprobs=i % 3, stop=["ab", "cd"],
+                                logit_bias={3: 1.5}, prompt_logprobs=1 if i == 0 else None, ignore_eos=True)
+        engine.add_request(str(i), prompt, params)
+    while engine.has_unfinished_requests():
+        engine.step()
+    admitted = [r for s in steps for r in s.admitted]
+    assert len(admitted) == len(PROMPTS) and all(isinstance(r.params, SamplingParams) for r in admitted)
+    steady = [s for s in steps if s.decodes and not s.admitted and not s.prefills]
+    assert steady, "the workload was expected to reach steps of decode rows alone"
+    for step in steady:
+        assert not any(isinstance(o, SamplingParams) for o in _objects(step))
+        rows = step.decodes
+        if len(rows) > 1:
+            extra = len(pickle.dumps(rows)) - len(pickle.dumps(rows[:1]))
+            assert extra / (len(rows) - 1) < MAX_BYTES_PER_DECODE_ROW, (extra, len(rows))
+    # The per-row values the worker reads each step match the params they come from.
+    for r in admitted:
+        p = r.params
+        assert (r.num_top_logprobs, r.num_prompt_top_logprobs, r.greedy) == (p.logprobs or 0, p.prompt_logprobs or 0,
+                                                                             p.temperature == 0)
