@@ -7,13 +7,18 @@ step, the wall time between `step()` returns, the engine's host and device times
 (`LLMEngine.timings`) and every garbage collection (generation, ms); then profiles six steady
 steps with torch.profiler (CPU + CUDA) and lists the GPU idle gaps over 50 µs with the CPU calls
 spanning each. A step whose wall time exceeds its device time by more than a millisecond is
-host-bound there; `steps_over_device` lists them. Writes `step_gaps.json` and the gzipped trace.
+host-bound there; `steps_over_device` lists them. The second run also profiles the engine's
+Python (cProfile) from the step where the first request finishes to the end: `finishing_profile`
+holds the functions with the most cumulative time. Writes `step_gaps.json` and the gzipped trace.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
+import io
+import pstats
 import gzip
 import json
 import os
@@ -27,7 +32,7 @@ from rlt_runtime import SamplingParams
 from rlt_runtime.entrypoints.bench_offline import random_prompts
 
 
-def _decode_series(eng, batch: int, seed: int) -> dict:
+def _decode_series(eng, batch: int, seed: int, profile_finishing: bool = False) -> dict:
     params = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
     for i, p in enumerate(random_prompts(batch, 128, eng.model_config.vocab_size, seed=seed)):
         eng.add_request(f"gaps{seed}-{i}", p, params)
@@ -47,16 +52,28 @@ def _decode_series(eng, batch: int, seed: int) -> dict:
     eng.timings = []
     gc.callbacks.append(on_gc)
     stamps = [time.perf_counter()]
+    profile = cProfile.Profile() if profile_finishing else None
+    profiling = False
     while eng.has_unfinished_requests():
-        eng.step(final_only=True)
+        finished = eng.step(final_only=True)
         stamps.append(time.perf_counter())
+        if profile is not None and finished and not profiling:
+            profiling = True
+            profile.enable()
+    if profiling:
+        profile.disable()
     gc.callbacks.remove(on_gc)
     wall = [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])]
     timings, eng.timings = eng.timings, None
     over = [{"step": i, "wall_ms": w, "host_ms": h, "device_ms": d}
             for i, (w, (h, d)) in enumerate(zip(wall[1:], timings[1:]), 1) if d is not None and w > d + 1.0]
-    return {"wall_ms": wall, "host_device_ms": timings, "collections": collections, "steps_over_device": over,
-            "wall_total_ms": sum(wall), "device_total_ms": sum(d or 0.0 for _, d in timings)}
+    res = {"wall_ms": wall, "host_device_ms": timings, "collections": collections, "steps_over_device": over,
+           "wall_total_ms": sum(wall), "device_total_ms": sum(d or 0.0 for _, d in timings)}
+    if profiling:
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(30)
+        res["finishing_profile"] = text.getvalue()
+    return res
 
 
 def _idle_gaps(trace_path: str, min_us: float = 50.0) -> list[dict]:
@@ -85,10 +102,11 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     llm, meta = engine(args.model, max_num_seqs=args.batch)
     eng = llm.engine
-    res = {"meta": meta, "runs": [_decode_series(eng, args.batch, seed) for seed in range(2)]}
+    res = {"meta": meta, "runs": [_decode_series(eng, args.batch, seed, profile_finishing=seed == 1) for seed in range(2)]}
     for r in res["runs"]:
         print(f"wall {r['wall_total_ms']:.0f} ms, device {r['device_total_ms']:.0f} ms, collections over 1 ms:",
               [c for c in r["collections"] if c["ms"] > 1], "steps over device:", len(r["steps_over_device"]), flush=True)
+    print(res["runs"][1].get("finishing_profile", ""), flush=True)
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     for i, p in enumerate(random_prompts(args.batch, 128, eng.model_config.vocab_size, seed=9)):
         eng.add_request(f"gaps-profile-{i}", p, params)

@@ -255,6 +255,9 @@ class IncrementalDetokenizer:
     """
 
     _CONTEXT = 5  # prompt tokens kept as decoding context for the first delta
+    # Shorter batches add_many tries when a batch's text ends inside a character: an unfinished
+    # character is at most 3 bytes, and skipped special tokens after it add cuts that change nothing.
+    _MAX_CUTS = 8
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: Optional[Sequence[int]] = None, skip_special_tokens: bool = True):
         self._tok = tokenizer
@@ -268,12 +271,13 @@ class IncrementalDetokenizer:
 
     def add_many(self, token_ids: Sequence[int]) -> str:
         """Feed ids; returns the newly completed text: that of the longest batch of them that ends
-        on a whole character (one decode when all of them do). The ids after it are held back,
-        as they would be if fed one by one: each longer batch ends inside a character."""
+        on a whole character (one decode when all of them do), looking back at most _MAX_CUTS
+        ids. The ids after it are held back (each longer batch ends inside a character), all of
+        them if no batch looked at ends on a whole character: later ids or the flush emit them."""
         ids = [int(t) for t in token_ids]
         prefix_text = self._tok.decode(self._ids[self._prefix:self._read], self._skip)
         window = self._ids[self._prefix:]
-        for cut in range(len(ids), 0, -1):
+        for cut in range(len(ids), max(len(ids) - self._MAX_CUTS, 0), -1):
             text = self._tok.decode(window + ids[:cut], self._skip)
             if len(text) > len(prefix_text) and not text.endswith("\ufffd"):
                 self._ids.extend(ids)
