@@ -1,10 +1,14 @@
 """`RayReplica`: an LLMEngine in a Ray actor, placed by Ray on any node of a cluster.
 
 `distributed_executor="ray"` makes the data-parallel front end start its replicas as Ray actors
-instead of local processes: each asks Ray for one GPU (`num_gpus=1`; Ray sets the actor's
-CUDA_VISIBLE_DEVICES, so its engine runs on `cuda`) or, for CPU replicas, an equal share of the
-cluster's CPUs. Ray is joined with `ray.init()` when this process is not connected yet: the
-cluster at $RAY_ADDRESS, else the one started last on this host (`ray start`), else a new local one.
+instead of local processes: each asks Ray for tensor_parallel_size GPUs (`num_gpus=T`, so Ray
+puts a replica's whole tensor-parallel group on one node; the actor's CUDA_VISIBLE_DEVICES is set
+to the GPUs Ray assigned it, so its engine and its ranks see them as cuda:0..T-1) or, for CPU
+replicas, an equal share of the cluster's CPUs (at least T). With T > 1 the actor's engine builds
+the multiprocess tensor-parallel executor as a replica process does: its ranks are child
+processes of the actor, on its node. Ray is joined with `ray.init()` when this process is not
+connected yet: the cluster at $RAY_ADDRESS, else the one started last on this host (`ray start`),
+else a new local one.
 
 The actor (`EngineActor`) steps its engine on a thread of its own, like a replica process does;
 Ray runs its methods on other threads (a threaded actor), so commands and the output long-poll
@@ -19,13 +23,16 @@ never wait for each other beyond one engine step. Everything passed in and out i
 On the front end a reader thread long-polls `next_outputs` and wakes the front end through a
 local pipe (`wait_handles`). An actor that dies (killed, its node lost, its process crashed)
 fails that call with a Ray actor error: the replica is then failed with a message naming it, its
-node and Ray's cause, and the front end ends its requests with an error.
+node and Ray's cause, and the front end ends its requests with an error. A step that fails (a
+tensor-parallel rank that died, say) fails the replica the same way; its actor stops its ranks
+and is killed, so its GPUs or CPUs go back to the cluster.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import threading
 import time
 from typing import Optional
@@ -42,6 +49,7 @@ logger = logging.getLogger("rlt")
 POLL_S = 1.0  # longest one output long-poll waits in the actor (so the reader notices shutdown)
 ACTOR_THREADS = 4  # concurrent method calls an actor serves (long-poll, add/abort, final_only)
 PLACEMENT_WARN_S = 60.0  # log once when Ray has not placed a replica's actor after this long
+STOP_S = 30.0  # longest shutdown waits for an actor to stop its engine's ranks before killing it
 
 
 def import_ray():
@@ -63,27 +71,44 @@ def connect_ray():
     return ray
 
 
-def placement(device: str, count: int, ray) -> tuple[str, dict, int]:
-    """(engine device inside each actor, Ray resources of each actor, torch threads) for `count`
-    actors on the connected cluster. device 'cuda'/'auto' with GPUs in the cluster: one GPU each
-    (ConfigError when the cluster has fewer than `count`); 'cpu', or 'auto' without GPUs: the
-    cluster's CPUs shared out evenly (ConfigError when fewer than `count`)."""
+def placement(device: str, replicas: int, ranks: int, ray) -> tuple[str, dict, int]:
+    """(engine device inside each actor, Ray resources of each actor, torch threads) for `replicas`
+    actors of `ranks` tensor-parallel ranks each on the connected cluster. Every actor runs on one
+    node. device 'cuda'/'auto' with GPUs in the cluster: `ranks` GPUs each; 'cpu', or 'auto'
+    without GPUs: an equal share of the cluster's CPUs, at least `ranks` (fewer where the nodes
+    could not hold the larger share). ConfigError when the nodes cannot hold every actor."""
     if device.startswith("cuda:"):
         raise errors.ConfigError(f"device={device!r} names one GPU, but with distributed_executor='ray' Ray assigns "
-                                 "each replica its GPU; use device='cuda' or 'auto' (or 'cpu')")
+                                 "each replica its GPUs; use device='cuda' or 'auto' (or 'cpu')")
     resources = ray.cluster_resources()
     gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
+    nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    sizes = f"data_parallel_size ({replicas}) x tensor_parallel_size ({ranks})"
     if device == "cpu" or (device == "auto" and gpus == 0):
-        if cpus < count:
-            raise errors.ConfigError(f"the Ray cluster has {cpus} CPUs, fewer than the {count} CPU replicas asked for "
-                                     "(data_parallel_size); lower data_parallel_size or add nodes")
-        share = cpus // count
-        return "cpu", {"num_cpus": share}, share
-    if gpus < count:
-        raise errors.ConfigError(f"data_parallel_size must be at most the number of GPUs in the Ray cluster ({gpus}) "
-                                 f"with device={device!r}, got {count}; lower data_parallel_size, add GPU nodes or "
-                                 "set device='cpu'")
-    return "cuda", {"num_gpus": 1}, 0
+        per_node = [int(node.get("CPU", 0)) for node in nodes]
+        for share in range(cpus // replicas, ranks - 1, -1):
+            if sum(n // share for n in per_node) >= replicas:
+                return "cpu", {"num_cpus": share}, share
+        raise errors.ConfigError(f"{sizes} needs {replicas} CPU replicas of {ranks} CPUs each, each on one node; the "
+                                 f"Ray cluster has {cpus} CPUs (per node: {per_node}); lower data_parallel_size or "
+                                 "tensor_parallel_size, or add nodes")
+    per_node = [int(node.get("GPU", 0)) for node in nodes]
+    if sum(n // ranks for n in per_node) < replicas:
+        raise errors.ConfigError(f"{sizes} needs {replicas} replicas of {ranks} GPUs each, each on one node "
+                                 f"({replicas * ranks} GPUs in all); the Ray cluster has {gpus} GPUs (per node: "
+                                 f"{per_node}) with device={device!r}; lower data_parallel_size or "
+                                 "tensor_parallel_size, add GPU nodes or set device='cpu'")
+    return "cuda", {"num_gpus": ranks}, 0
+
+
+def actor_gpus(gpu_ids: list, ranks: int) -> str:
+    """The CUDA_VISIBLE_DEVICES of a replica actor on CUDA: the `ranks` GPUs Ray assigned it
+    (`ray.get_gpu_ids()`), which its engine and its ranks (child processes, which inherit it) see
+    as cuda:0..ranks-1. ConfigError unless Ray assigned exactly `ranks` GPUs."""
+    if len(gpu_ids) != ranks:
+        raise errors.ConfigError(f"tensor_parallel_size={ranks} needs {ranks} GPUs in its Ray actor, but Ray assigned "
+                                 f"it {len(gpu_ids)} ({[str(g) for g in gpu_ids]})")
+    return ",".join(str(g) for g in gpu_ids)
 
 
 class EngineActor:
@@ -110,8 +135,10 @@ class EngineActor:
 
             from .llm_engine import LLMEngine
 
-            if num_threads:
-                torch.set_num_threads(num_threads)
+            if num_threads:  # Ray's CPUs are logical: never more threads than the node has cores
+                torch.set_num_threads(min(num_threads, os.cpu_count() or num_threads))
+            if device == "cuda":  # before CUDA starts here, and before the ranks are spawned
+                os.environ["CUDA_VISIBLE_DEVICES"] = actor_gpus(ray.get_gpu_ids(), options["tensor_parallel_size"])
             engine = LLMEngine(model, EngineConfig.from_kwargs(**dict(options, device=device)))
         except Exception as exc:  # noqa: BLE001 - reported to the front end, which raises it
             return ("failed", type(exc).__name__, str(exc) if isinstance(exc, errors.RltError) else repr(exc))
@@ -121,7 +148,8 @@ class EngineActor:
         return ("ready", {"model_name": engine.model_name, "max_model_len": engine.max_model_len,
                           "depth": engine.depth, "device": str(engine.device), "node": ray.util.get_node_ip_address(),
                           "node_id": context.get_node_id(), "actor_id": context.get_actor_id(),
-                          "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "stats": engine.stats()})
+                          "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                          "workers": engine.executor.worker_processes(), "stats": engine.stats()})
 
     def add(self, request_id: str, prompt: dict, params: dict, arrival_time: float, arrival_index: int):
         """Queue a request; returns None, or (error class, message) when the engine rejects it."""
@@ -158,9 +186,13 @@ class EngineActor:
             return outs, stats, self._failure
 
     def stop(self) -> None:
+        """End the stepping thread, then stop the engine's tensor-parallel ranks."""
         with self._work:
             self._stopped = True
             self._work.notify()
+        with self._engine_lock:
+            if self._engine is not None:
+                self._engine.shutdown()
 
     def _run(self) -> None:
         """Step while there are requests; publish each step's outputs and, at most every
@@ -172,6 +204,8 @@ class EngineActor:
                 if self._stopped:
                     return
             with self._engine_lock:
+                if self._stopped:  # stop() came while this thread waited for the lock
+                    return
                 try:
                     outs = (self._engine.step(final_only=self._final_only)
                             if self._engine.has_unfinished_requests() else [])  # an abort may have emptied it
@@ -182,6 +216,7 @@ class EngineActor:
                         stats, last_stats = self._engine.stats(), now
                     outs = [output_to_dict(o) for o in outs]
                 except Exception as exc:  # noqa: BLE001 - an engine failure ends this replica; others go on
+                    self._engine.executor.shutdown(wait=False)  # ranks still alive (one may be stuck in a collective)
                     with self._news:
                         self._failure = f"its engine step failed: {exc!r}"
                         self._news.notify_all()
@@ -281,10 +316,7 @@ class RayReplica(Replica):
         if self._closing:
             return
         self._closing = True
-        try:
-            self._ray.kill(self.actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone, or Ray shut down first
-            pass
+        self._stop_actor()
         if self._reader is not None:
             self._reader.join(POLL_S + 5)
         self._wake_recv.close()
@@ -324,7 +356,20 @@ class RayReplica(Replica):
             if rebuilt or failure is not None:
                 self._wake()
             if failure is not None:
+                self._stop_actor()  # its ranks and its GPUs or CPUs go back, as a failed replica process exits
                 return
+
+    def _stop_actor(self) -> None:
+        """Ask the actor to stop its engine (and so its tensor-parallel ranks), waiting up to
+        STOP_S, then kill it."""
+        try:
+            self._ray.get(self.actor.stop.remote(), timeout=STOP_S)
+        except Exception:  # noqa: BLE001 - dead, stuck past STOP_S, or Ray shut down first: killed below
+            pass
+        try:
+            self._ray.kill(self.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone, or Ray shut down first
+            pass
 
     def _died(self, exc: BaseException) -> None:
         """Record why the actor can no longer serve: it died (a Ray actor error), or one of its
@@ -354,7 +399,7 @@ def _cause(exc: BaseException) -> str:
 def ray_replica_devices(cfg: EngineConfig) -> list[str]:
     """The engine device of each replica actor ('cuda' or 'cpu'), after connecting to Ray and checking
     that the cluster has the GPUs or CPUs (ConfigError when Ray is missing or the cluster too small)."""
-    device, _, _ = placement(cfg.device, cfg.data_parallel_size, connect_ray())
+    device, _, _ = placement(cfg.device, cfg.data_parallel_size, cfg.tensor_parallel_size, connect_ray())
     return [device] * cfg.data_parallel_size
 
 
@@ -362,7 +407,7 @@ def start_ray_replicas(model: str, options: list[dict], device: str) -> list[Ray
     """One RayReplica per entry of `options` (each replica's engine options), placed by Ray and
     loaded in parallel; raises the first load error after stopping the others."""
     ray = connect_ray()
-    engine_device, resources, threads = placement(device, len(options), ray)
+    engine_device, resources, threads = placement(device, len(options), options[0]["tensor_parallel_size"], ray)
     replicas = []
     try:
         for i, opts in enumerate(options):

@@ -24,11 +24,13 @@ HELP = {
                           "ranks each, else the CPU); requests are routed by least outstanding work and shared "
                           "prompt prefix",
     "distributed_executor": "where replicas run: mp (processes on this host, default) or ray (Ray actors placed on "
-                            "the Ray cluster at $RAY_ADDRESS or started last on this host, else a local one)",
+                            "the Ray cluster at $RAY_ADDRESS or started last on this host, else a local one; "
+                            "tensor_parallel_size GPUs each, on one node)",
     "disaggregated_prefill": "run prompts in a prefill engine process and hand each request's K/V to a decode "
                              "engine process (cuda:0 and cuda:1 on CUDA, else the CPU; docs/distributed.md)",
     "tensor_parallel_size": "ranks one model is split over (attention heads and MLP columns), one worker process "
-                            "each (cuda:0..N-1 on CUDA, else the CPU; per replica with --data-parallel-size)",
+                            "each (cuda:0..N-1 on CUDA, else the CPU; per replica with --data-parallel-size, in "
+                            "the replica's Ray actor with --distributed-executor ray)",
     "num_loops": "override the model depth (Ouro loops 1..8, Huginn recurrences 1..128)",
     "max_model_len": "context length limit (default: the model's)",
     "max_num_seqs": "maximum running requests (default 256 on CUDA, 16 on CPU)",

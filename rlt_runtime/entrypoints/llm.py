@@ -23,7 +23,7 @@ class LLM:
     arguments (see docs/options.md), e.g. `LLM("ouro-1.4b", max_num_seqs=64, kv_layout="shared")`.
     `data_parallel_size=N` runs N engine replicas, one process per GPU (per `tensor_parallel_size`
     GPUs, with the replica's ranks as its own processes), or with `distributed_executor="ray"` one
-    Ray actor per GPU of a Ray cluster (docs/distributed.md).
+    Ray actor per `tensor_parallel_size` GPUs of one node of a Ray cluster (docs/distributed.md).
     """
 
     def __init__(self, model: str, *, dtype: str = "auto", device: str = "auto", seed: int = 0, **engine_options):

@@ -109,8 +109,9 @@ def generate_batch(model: str, prompts: Union[Sequence, str, os.PathLike, "ray.d
     lines file in rlt-generate's --prompt-file format, or a Ray Dataset with an "index" column
     (distinct integers, best 0..N-1: request ids, arrival indices and the output order) and a
     "prompt" or "prompt_token_ids" column.
-    concurrency: engine actors (default: every GPU of the cluster, or one actor on the CPUs);
-    each takes one GPU (`num_gpus=1`) or an equal share of the cluster's CPUs.
+    concurrency: engine actors (default: one per tensor_parallel_size GPUs of the cluster, or one
+    actor on the CPUs); each takes tensor_parallel_size GPUs (`num_gpus`) or an equal share of the
+    cluster's CPUs.
     Returns the result rows (dicts with RESULT_COLUMNS) or, with output_path, writes them there as
     JSON lines and returns how many.
     """
@@ -135,10 +136,10 @@ def generate_batch(model: str, prompts: Union[Sequence, str, os.PathLike, "ray.d
 
     if concurrency is None:
         gpus = int(ray.cluster_resources().get("GPU", 0))
-        concurrency = gpus if cfg.device in ("auto", "cuda") and gpus else 1
+        concurrency = max(1, gpus // cfg.tensor_parallel_size) if cfg.device in ("auto", "cuda") and gpus else 1
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ConfigError(f"concurrency must be a positive integer (engine actors), got {concurrency!r}")
-    device, resources, threads = placement(cfg.device, concurrency, ray)
+    device, resources, threads = placement(cfg.device, concurrency, cfg.tensor_parallel_size, ray)
 
     total = None
     if isinstance(prompts, ray.data.Dataset):

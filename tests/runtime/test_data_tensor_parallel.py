@@ -13,6 +13,7 @@ import functools
 import os
 import signal
 import time
+import types
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from test_engine_reference import reference
 from rlt_runtime import ConfigError, EngineConfig, LLM
 from rlt_runtime.engine.data_parallel import DataParallelEngine, replica_devices
 from rlt_runtime.engine.llm_engine import LLMEngine
+from rlt_runtime.engine.ray_replica import placement
 from rlt_runtime.executor.multiproc import MultiprocExecutor, rank_device
 from rlt_runtime.executor.worker import WorkerSpec
 from rlt_runtime.models.presets import preset_config
@@ -62,9 +64,15 @@ def test_each_replica_takes_its_own_tensor_parallel_size_gpus(monkeypatch):
         MultiprocExecutor(spec, 2)
 
 
-def test_tensor_parallelism_still_refuses_ray_and_disaggregated_prefill():
-    with pytest.raises(ConfigError, match=r"tensor_parallel_size=2 .* distributed_executor='ray'"):
-        EngineConfig(tensor_parallel_size=2, data_parallel_size=2, distributed_executor="ray").validate_static()
+def test_tensor_parallelism_combines_with_ray_but_still_refuses_disaggregated_prefill():
+    """Ray places tensor-parallel replicas (test_ray.py); only the cluster's size can refuse them,
+    with an error naming both sizes and what the cluster has."""
+    EngineConfig(tensor_parallel_size=2, data_parallel_size=2, distributed_executor="ray").validate_static()
+    cluster = types.SimpleNamespace(cluster_resources=lambda: {"CPU": 3.0},
+                                    nodes=lambda: [{"Alive": True, "Resources": {"CPU": 3.0}}])
+    with pytest.raises(ConfigError, match=r"data_parallel_size \(2\) x tensor_parallel_size \(2\) needs 2 CPU "
+                                          r"replicas of 2 CPUs each.*the Ray cluster has 3 CPUs"):
+        placement("cpu", 2, 2, cluster)
     with pytest.raises(ConfigError, match=r"tensor_parallel_size=2 cannot be combined with disaggregated_prefill=True"):
         EngineConfig(tensor_parallel_size=2, disaggregated_prefill=True).validate_static()
 

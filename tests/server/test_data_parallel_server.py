@@ -87,6 +87,37 @@ def test_rlt_serve_with_two_tensor_parallel_replicas(start_process, tmp_path):
     assert proc.returncode == 0, (tmp_path / "serve.log").read_text()
 
 
+@pytest.mark.slow
+def test_rlt_serve_with_a_tensor_parallel_ray_replica(start_process, tmp_path, monkeypatch):
+    """--distributed-executor ray --tensor-parallel-size 2 on a new local Ray cluster (this host's
+    CPUs): one actor whose two ranks are its child processes answers as one tensor-parallel engine
+    does; the server stops cleanly."""
+    pytest.importorskip("ray")
+    monkeypatch.setenv("RAY_ADDRESS", "local")  # a cluster of its own, whatever `ray start` left on this host
+    proc, url = start_process(tmp_path / "serve.log", "--distributed-executor", "ray", "--tensor-parallel-size", "2",
+                              "--max-num-seqs", "4")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        greedy = client.completions.create(model=MODEL, prompt=PROMPTS[:2], max_tokens=5, temperature=0,
+                                           extra_body={"ignore_eos": True})
+        seeded = client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=5, temperature=1.0, seed=7,
+                                           extra_body={"ignore_eos": True})
+        reference = LLM(MODEL, dtype="float32", device="cpu", num_blocks=256, max_num_seqs=4, tensor_parallel_size=2)
+        try:
+            expected = reference.generate(PROMPTS[:3], [SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)] * 2
+                                          + [SamplingParams(max_tokens=5, temperature=1.0, seed=7, ignore_eos=True)],
+                                          use_tqdm=False)
+        finally:
+            reference.engine.shutdown()
+        got = [c.text for c in sorted(greedy.choices, key=lambda c: c.index)] + [seeded.choices[0].text]
+        assert got == [o.outputs[0].text for o in expected]
+        assert _metric(url, "rlt:replica_up", '{replica="0"}') == 1.0
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    assert proc.returncode == 0, (tmp_path / "serve.log").read_text()
+
+
 def test_a_failed_replica_answers_500_and_the_other_keeps_serving(start_server):
     factory = lambda: DataParallelEngine(MODEL, data_parallel_size=2, backend="inprocess", **ENGINE_DEFAULTS)  # noqa: E731
     with start_server(engine_factory=factory) as server:

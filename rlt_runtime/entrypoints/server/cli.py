@@ -130,9 +130,9 @@ def main(argv=None) -> int:
         engine_config = EngineConfig.from_kwargs(**options)
         engine_config.validate_static()  # option errors exit here, before the port opens
         if engine_config.distributed_executor == "ray":
-            from ...engine.ray_replica import connect_ray
+            from ...engine.ray_replica import ray_replica_devices
 
-            connect_ray()  # here, on the main thread; the cluster's devices are checked as replicas start
+            ray_replica_devices(engine_config)  # connects here, on the main thread, and checks the cluster's devices
         else:
             replica_devices(engine_config)
         if engine_config.disaggregated_prefill:
