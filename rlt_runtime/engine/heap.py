@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
 
 
@@ -11,6 +12,8 @@ def freeze_heap() -> None:
     that serving still triggers no longer scan them. Without it a full collection over a started
     Ouro-1.4B engine stalled a batch-256 decode step for 103 ms (H200 host). Call it once the
     engine has started, in a process that keeps that engine until it exits: objects frozen here
-    are freed by reference counting only, never as cycles."""
+    are freed by reference counting only, never as cycles, until the interpreter exits (the heap
+    is thawed then, so that extension modules find their objects released)."""
     gc.collect()
     gc.freeze()
+    atexit.register(gc.unfreeze)
