@@ -4,6 +4,7 @@ chosen for it fail with the mutant applied."""
 from __future__ import annotations
 
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -34,7 +35,28 @@ def test_a_line_not_found_exactly_once_is_an_error(tmp_path, text):
     assert (tmp_path / "m.py").read_text() == text
 
 
+@pytest.fixture(scope="module")
+def outcomes(request) -> dict:
+    """The selected mutants' runs, two at a time: each is a pytest process that keeps about one
+    core busy, so on a 2-core machine the kill checks take about half the time. Values are
+    Outcomes, or the MutantError a run raised."""
+    chosen = {item.callspec.params["mutant"].name for item in request.session.items
+              if getattr(item, "originalname", None) == "test_mutant_is_killed"}
+
+    def run(mutant):
+        try:
+            return mutants.run(mutant)
+        except mutants.MutantError as exc:
+            return exc
+
+    todo = [m for m in mutants.MUTANTS if m.name in chosen]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip((m.name for m in todo), pool.map(run, todo)))
+
+
 @pytest.mark.parametrize("mutant", mutants.MUTANTS, ids=lambda m: m.name)
-def test_mutant_is_killed(mutant):
-    outcome = mutants.run(mutant)
+def test_mutant_is_killed(mutant, outcomes):
+    outcome = outcomes[mutant.name]
+    if isinstance(outcome, Exception):
+        raise outcome
     assert outcome.status == "killed", f"{mutant.name} survived ({mutant.bug}):\n{outcome.output}"
