@@ -54,6 +54,19 @@ def test_completion_validates_and_counts(client, server):
     assert resp.usage.total_tokens == resp.usage.prompt_tokens + 5
 
 
+def test_usage_reports_the_prompt_tokens_the_prefix_cache_served(client):
+    """usage.prompt_tokens_details.cached_tokens: 0 for a new prompt, the shared prefix's whole
+    blocks (16 tokens each) for a prompt that repeats it, in plain and streamed responses."""
+    head = list(range(40, 80))  # 40 tokens: two whole blocks
+    kw = dict(model=MODEL, max_tokens=2, temperature=0, extra_body={"ignore_eos": True})
+    first = client.completions.create(prompt=head + [7], **kw)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    again = client.completions.create(prompt=head + [9, 9], **kw)
+    assert again.usage.prompt_tokens_details.cached_tokens == 32 and again.usage.prompt_tokens == 42
+    chunks = list(client.completions.create(prompt=head + [5], stream=True, stream_options={"include_usage": True}, **kw))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 32
+
+
 def test_token_prompts_and_n(client):
     resp = client.completions.create(model=MODEL, prompt=[[5, 6, 7], [8, 9]], n=2, max_tokens=3, seed=3,
                                      extra_body={"ignore_eos": True})

@@ -35,7 +35,8 @@ from .protocol import (
     ApiError, ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
     ChatLogprobs, ChatMessageOut, CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse,
     DetokenizeRequest, DetokenizeResponse, ErrorResponse, ModelCard, ModelList, PromptLogprob, PromptLogprobs,
-    TokenizeRequest, TokenizeResponse, TokenLogprobOut, TopLogprob, Usage, param_from_message, sse, template_messages,
+    PromptTokensDetails, TokenizeRequest, TokenizeResponse, TokenLogprobOut, TopLogprob, Usage, param_from_message, sse,
+    template_messages,
     validation_error,
 )
 from .chat_template import check_chat_template
@@ -583,7 +584,9 @@ class _Format:
     def usage(self, outputs: list[RequestOutput]) -> Usage:
         prompt = sum(len(o.prompt_token_ids) for o in outputs)
         completion = sum(len(self.shown(c).token_ids) for o in outputs for c in o.outputs)
-        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+        cached = sum(o.metrics.num_cached_tokens for o in outputs if o.metrics is not None)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
     def usage_so_far(self, progress: dict[int, _Progress]) -> Usage:
         """Usage of the tokens streamed so far (continuous_usage_stats)."""

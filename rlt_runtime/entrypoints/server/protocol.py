@@ -425,10 +425,18 @@ class ErrorResponse(BaseModel):
     error: ErrorInfo
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens whose K/V came from the prefix cache
+
+
 class Usage(BaseModel):
+    """Token counts; the final usage also says how many prompt tokens the prefix cache served
+    (`prompt_tokens_details.cached_tokens`, as OpenAI reports it); per-chunk usage leaves it null."""
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: Optional[PromptTokensDetails] = None
 
 
 class CompletionLogprobs(BaseModel):
