@@ -16,4 +16,5 @@ def freeze_heap() -> None:
     is thawed then, so that extension modules find their objects released)."""
     gc.collect()
     gc.freeze()
+    atexit.unregister(gc.unfreeze)  # one thaw at exit, however often this is called
     atexit.register(gc.unfreeze)

@@ -33,18 +33,13 @@ class ExitRule:
     criterion_threshold: Optional[float] = None
     lookahead_w: Optional[torch.Tensor] = None
 
-    @property
-    def thresholds_per_request(self) -> bool:
-        """Whether a request's exit_threshold decides (1 = it never exits by the rule): Ouro's rules."""
-        return self.mode in GATE_MODES or self.mode == "random_lookahead"
-
     def may_exit_early(self, threshold: float, max_loops: int, depth: int) -> bool:
         """Whether a row with this exit_threshold and loop cap can leave before loop depth - 1. A
         row that cannot runs every loop whatever the rule computes, so a step of such rows alone
         may skip the rule (`ModelRunner.run_loops(fixed=True)`): the same bits, fewer kernels."""
         if max_loops < depth:
             return True
-        if self.thresholds_per_request:
+        if self.mode in GATE_MODES or self.mode == "random_lookahead":  # a request's exit_threshold decides
             return threshold < 1.0
         return self.mode != "fixed"
 

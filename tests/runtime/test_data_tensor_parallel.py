@@ -44,25 +44,6 @@ def _tp_reference(model: str) -> tuple[dict, dict]:
 
 
 # ---- devices and options -----------------------------------------------------------------------------
-def test_each_replica_takes_its_own_tensor_parallel_size_gpus(monkeypatch):
-    """Replica r on cuda:(r*T), its ranks on cuda:(r*T)..cuda:(r*T+T-1): no two ranks share a GPU."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
-    cfg = EngineConfig(device="auto", data_parallel_size=2, tensor_parallel_size=2)
-    cfg.validate_static()
-    assert replica_devices(cfg) == ["cuda:0", "cuda:2"]
-    assert [rank_device(d, r) for d in replica_devices(cfg) for r in (0, 1)] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
-    assert replica_devices(EngineConfig(device="cuda", data_parallel_size=4)) == [f"cuda:{i}" for i in range(4)]
-    assert rank_device("cuda", 1) == "cuda:1" and rank_device("cpu", 1) == "cpu"
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
-    with pytest.raises(ConfigError, match=r"data_parallel_size \(2\) x tensor_parallel_size \(2\) must be at most "
-                                          r"the number of CUDA devices \(3\)"):
-        replica_devices(cfg)
-    fields = {f.name: None for f in dataclasses.fields(WorkerSpec)}
-    spec = WorkerSpec(**{**fields, "model_config": preset_config("ouro-tiny"), "device": "cuda:2"})
-    with pytest.raises(ConfigError, match=r"tensor_parallel_size=2 on cuda:2 needs cuda:2..cuda:3 but 3 GPUs"):
-        MultiprocExecutor(spec, 2)
-
 
 def test_tensor_parallelism_combines_with_ray_but_still_refuses_disaggregated_prefill():
     """Ray places tensor-parallel replicas (test_ray.py); only the cluster's size can refuse them,
@@ -100,6 +81,38 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _kill_rank_mid_request(engine, pid: int) -> None:
+    """Send the long requests k0..k3 (two per replica), step until replica 1's k1 has streamed a
+    token, then SIGKILL the rank process `pid` (of replica 1)."""
+    for i, prompt in enumerate(SHORT_PROMPTS):
+        engine.add_request(f"k{i}", prompt, LONG)
+    assert _replica_stats(engine, "outstanding_requests") == [2, 2]
+    streamed = {}
+    while "k1" not in streamed:  # replica 1 is mid-request when its rank dies
+        streamed.update({o.request_id: o for o in engine.step() if o.outputs[0].token_ids})
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_each_replica_takes_its_own_tensor_parallel_size_gpus(monkeypatch):
+    """Replica r on cuda:(r*T), its ranks on cuda:(r*T)..cuda:(r*T+T-1): no two ranks share a GPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    cfg = EngineConfig(device="auto", data_parallel_size=2, tensor_parallel_size=2)
+    cfg.validate_static()
+    assert replica_devices(cfg) == ["cuda:0", "cuda:2"]
+    assert [rank_device(d, r) for d in replica_devices(cfg) for r in (0, 1)] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    assert replica_devices(EngineConfig(device="cuda", data_parallel_size=4)) == [f"cuda:{i}" for i in range(4)]
+    assert rank_device("cuda", 1) == "cuda:1" and rank_device("cpu", 1) == "cpu"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    with pytest.raises(ConfigError, match=r"data_parallel_size \(2\) x tensor_parallel_size \(2\) must be at most "
+                                          r"the number of CUDA devices \(3\)"):
+        replica_devices(cfg)
+    fields = {f.name: None for f in dataclasses.fields(WorkerSpec)}
+    spec = WorkerSpec(**{**fields, "model_config": preset_config("ouro-tiny"), "device": "cuda:2"})
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size=2 on cuda:2 needs cuda:2..cuda:3 but 3 GPUs"):
+        MultiprocExecutor(spec, 2)
+
+
 @pytest.mark.slow
 def test_replicas_of_tensor_parallel_engines_match_one_and_survive_a_killed_rank():
     llm = LLM("ouro-tiny", data_parallel_size=2, **TP)
@@ -123,13 +136,7 @@ def test_replicas_of_tensor_parallel_engines_match_one_and_survive_a_killed_rank
         pids = [w["pid"] for r in per for w in r["workers"]]
         assert len(set(pids)) == 4 and all(_running(pid) for pid in pids)
 
-        for i, prompt in enumerate(SHORT_PROMPTS):
-            engine.add_request(f"k{i}", prompt, LONG)
-        assert _replica_stats(engine, "outstanding_requests") == [2, 2]
-        streamed = {}
-        while "k1" not in streamed:  # replica 1 is mid-request when its rank 1 dies
-            streamed.update({o.request_id: o for o in engine.step() if o.outputs[0].token_ids})
-        os.kill(per[1]["workers"][1]["pid"], signal.SIGKILL)
+        _kill_rank_mid_request(engine, per[1]["workers"][1]["pid"])
         done = _finish_all(engine)
         for rid in ("k1", "k3"):
             out = done[rid]

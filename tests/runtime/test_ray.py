@@ -10,8 +10,6 @@ and its actors take 20-30 s to start on two cores. Option and placement checks r
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 import time
 import types
@@ -24,7 +22,7 @@ from rlt_runtime.engine.llm_engine import LLMEngine
 from rlt_runtime.engine.ray_replica import actor_gpus, placement
 from test_data_parallel import (LONG, OPTIONS, SHORT_PROMPTS, _finish_all, _reference, _replica_stats, _run, _signature,
                                 _workload)
-from test_data_tensor_parallel import _running, _tp_reference
+from test_data_tensor_parallel import _kill_rank_mid_request, _running, _tp_reference
 
 
 # ---- options and placement (no Ray needed) ---------------------------------------------------------
@@ -291,13 +289,7 @@ def test_tensor_parallel_ray_replicas_match_one_engine_and_survive_a_killed_rank
         pids = [[w["pid"] for w in r["workers"]] for r in per]
         assert len(set(pids[0] + pids[1])) == 4 and all(_running(pid) for pid in pids[0] + pids[1])
 
-        for i, prompt in enumerate(SHORT_PROMPTS):
-            engine.add_request(f"k{i}", prompt, LONG)
-        assert _replica_stats(engine, "outstanding_requests") == [2, 2]
-        streamed = {}
-        while "k1" not in streamed:  # replica 1 is mid-request when its rank 1 dies
-            streamed.update({o.request_id: o for o in engine.step() if o.outputs[0].token_ids})
-        os.kill(pids[1][1], signal.SIGKILL)
+        _kill_rank_mid_request(engine, pids[1][1])
         done = _finish_within(engine, 120)
         for rid in ("k1", "k3"):
             out = done[rid]
