@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU suite and every benchmark in one call.
-#   OUT=out bash perf/run_gpu.sh [tests|conformance|kernels|decode-attn|gemm-sweep|attn-sweep|engine|gaps|compile|spec|serving|fp8 ...]
+#   OUT=out bash perf/run_gpu.sh [tests|conformance|kernels|decode-attn|chain|gemm-sweep|attn-sweep|engine|gaps|compile|spec|serving|fp8 ...]
 #   (default: all but the sweeps; `tests` runs the GPU pytest suite and the conformance matrix side by
 #   side on the device, each with its own time limit, PART_TIMEOUT and CONF_TIMEOUT (default 480 s), so
 #   both fit one device call). Narrowing a part: TESTS_K (pytest -k for the GPU tests),
@@ -62,6 +62,9 @@ for part in $parts; do
     decode-attn)  # Decode attention at engine shapes beside cuDNN/FA2 SDPA and cuDNN's paged SDPA (RLT_DECODE_SWEEP=1: geometry sweep).
              timeout "$PART_TIMEOUT" python3 -m perf.bench_decode_attention --out "$WORK" ${RLT_DECODE_SWEEP:+--sweep} \
                > "$WORK/decode_attention.log" 2>&1; tail -n 14 "$WORK/decode_attention.log" ;;
+    chain)   # A decode step's layer-loops as one graph, launch variants against the weight floor (perf/bench_decode_chain.py).
+             timeout "$PART_TIMEOUT" python3 -m perf.bench_decode_chain --out "$WORK/chain" > "$WORK/chain.log" 2>&1
+             grep "^batch" "$WORK/chain.log" ;;
     engine)  timeout "$PART_TIMEOUT" python3 -m perf.bench_engine --out "$WORK" ${QUICK:+--quick} > "$WORK/engine.log" 2>&1
              tail -n 25 "$WORK/engine.log" ;;
     gaps)    # Per-step wall / host / device times, collections and idle gaps at batch 256 (perf/step_gaps.py).

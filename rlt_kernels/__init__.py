@@ -21,6 +21,7 @@ _EXPORTS = {
     "paged_attention": "attention",
     "attention_workspace_size": "attention",
     "new_attention_workspace": "attention",
+    "new_range_counters": "attention",
     "linear_config": "gemm",
     "kv_scatter": "kv_cache",
     "rope_kv_scatter": "kv_cache",

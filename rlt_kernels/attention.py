@@ -62,7 +62,8 @@ The Triton kernels (`paged_attention`)
     run in parallel programs that write fp32 partials to ``workspace`` and a combine kernel
     merges them in the same order with the same arithmetic (a tile whose keys fit one range
     writes its output directly), so the output bits are the same whether or not the launch
-    splits. Size the workspace with `attention_workspace_size`;
+    splits. Given ``range_counters`` (`new_range_counters`), a split decode launch needs no
+    combine kernel: the last range program of each row to finish merges the row itself. Size the workspace with `attention_workspace_size`;
     with ``out`` and a large enough ``workspace`` given the call allocates nothing (CUDA graph
     safe). Without a workspace the call allocates one when it decides to split. Results
     depend on ``split_size``: keep it fixed for a deployment (default `DEFAULT_SPLIT_SIZE`).
@@ -96,12 +97,12 @@ def paged_attention_reference(
     q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *,
     scale=None, out=None, workspace=None, seq_slots=None, query_depth=None, key_depth=None,
     plane_offset=0, plane_modulus=None, active_seqs=None, split_size=None, decode_from=None,
-    k_scale=None, v_scale=None,
+    k_scale=None, v_scale=None, range_counters=None,
 ):
-    """Torch reference of `paged_attention` (same arguments; `workspace`, `split_size` and
-    `decode_from` choose arithmetic, not results, and are unused). FP8 caches: scores are
-    q . k_stored * k_scale, outputs softmax @ v_stored * v_scale."""
-    del workspace, split_size, decode_from
+    """Torch reference of `paged_attention` (same arguments; `workspace`, `split_size`,
+    `decode_from` and `range_counters` choose arithmetic or launches, not results, and are
+    unused). FP8 caches: scores are q . k_stored * k_scale, outputs softmax @ v_stored * v_scale."""
+    del workspace, split_size, decode_from, range_counters
     t_total, h, d = q.shape
     _, bs, kvh, _ = k_cache.shape
     if h % kvh:
@@ -541,18 +542,20 @@ def _decode_attention_kernel(
     split_size, n_splits_max, ml_base, partial,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_co, stride_ch,
-    stride_tp, stride_ts, stride_tb, stride_kdb, stride_kdo,
+    stride_tp, stride_ts, stride_tb, stride_kdb, stride_kdo, counters_ptr,
     GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, HAS_ACTIVE: tl.constexpr, HAS_SLOTS: tl.constexpr, QDEPTH_TENSOR: tl.constexpr,
     HAS_KEY_DEPTH: tl.constexpr, DECODE_FROM_TENSOR: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr,
-    TILES: tl.constexpr,
+    TILES: tl.constexpr, MERGE_IN_PLACE: tl.constexpr,
 ):
     """The decode arithmetic: one program per (query token program_id(0), KV head program_id(1))
     and key range program_id(2) when splitting (partial != 0). Its GP query heads attend without
     tensor cores: every key lane n of a BLOCK_N tile keeps its own online-softmax state over keys
     n, n + BLOCK_N, ... of a range, folded across lanes at the range's end, so the loop needs no
     cross-thread exchange and a row's bits never depend on other rows. Tokens before their
-    sequence's ``decode_from`` position are left to `_paged_attention_kernel`."""
+    sequence's ``decode_from`` position are left to `_paged_attention_kernel`. MERGE_IN_PLACE: the
+    last range program of a row to finish (counted on counters_ptr[token * KVH + kvh], which it
+    puts back to zero) merges the row's partials itself, as `_decode_combine_kernel` would."""
     wait_for_inputs(PDL)
     seq, token, position, idle = _locate_row(qsl_ptr, active_ptr, seq_lens_ptr, n_seqs, HAS_ACTIVE)
     if idle:
@@ -564,8 +567,8 @@ def _decode_attention_kernel(
     n_ranges = (limit + split_size - 1) // split_size
     c_lo = tl.program_id(2)
     c_hi = tl.where(partial != 0, tl.minimum(c_lo + 1, n_ranges), n_ranges)
-    if (partial != 0) & (c_lo >= n_ranges):
-        return
+    if (partial != 0) & (c_lo >= tl.maximum(n_ranges, 1)):
+        return  # (range program 0 of a row that sees no key writes its zeros)
 
     g = tl.arange(0, GP)
     head = kvh * GROUP + g
@@ -642,6 +645,17 @@ def _decode_attention_kernel(
         tl.store(ws_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], acc_run, mask=ws_mask)
         tl.store(ws_ptr + ml_base + 2 * idx, m_run, mask=g_ok)
         tl.store(ws_ptr + ml_base + 2 * idx + 1, l_run, mask=g_ok)
+        if MERGE_IN_PLACE:
+            # Every thread's stores precede the count (barrier, then a release at GPU scope); the
+            # last program's acquire orders its reads, which bypass L1 (".cg"), after all of them.
+            tl.debug_barrier()
+            counter = counters_ptr + token * tl.num_programs(1) + kvh
+            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == n_ranges - 1:
+                l_all, acc_all = _merge_ranges(ws_ptr, ml_base, (token * n_heads + head) * n_splits_max, n_ranges,
+                                               g_ok, offs_d, io_mask, GP, HEAD_DIM, DP, ".cg")
+                _store_output(out_ptr, token + g * 0, head, stride_ot, stride_oh, offs_d, io_mask, l_all, acc_all,
+                              v_scale_ptr, kvh, KV_FP8)
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
     else:
         _store_output(out_ptr, token + g * 0, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run, v_scale_ptr,
                       kvh, KV_FP8)
@@ -672,18 +686,28 @@ def _decode_combine_kernel(
     g_ok = g < GROUP
     offs_d = tl.arange(0, DP)
     io_mask = _dim_mask(g_ok, offs_d, HEAD_DIM, DP)
+    l_run, acc_run = _merge_ranges(ws_ptr, ml_base, (token * n_heads + head) * n_splits_max, n_ranges, g_ok, offs_d,
+                                   io_mask, GP, HEAD_DIM, DP, "")
+    _store_output(out_ptr, token + g * 0, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run, v_scale_ptr, kvh,
+                  KV_FP8)
+
+
+@triton.jit
+def _merge_ranges(ws_ptr, ml_base, base, n_ranges, g_ok, offs_d, io_mask, GP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  DP: tl.constexpr, CACHE: tl.constexpr):
+    """(l, acc) of one decode row's GP heads: its key-range partials at workspace entries base + c
+    merged with `_merge` in order c = 0, 1, 2, ...; loads with cache modifier CACHE."""
     m_run = tl.full([GP], float("-inf"), tl.float32)
     l_run = tl.zeros([GP], tl.float32)
     acc_run = tl.zeros([GP, DP], tl.float32)
-    base = (token * n_heads + head) * n_splits_max
     for c in range(0, n_ranges):
         idx = base + c
-        m_part = tl.load(ws_ptr + ml_base + 2 * idx, mask=g_ok, other=float("-inf"))
-        l_part = tl.load(ws_ptr + ml_base + 2 * idx + 1, mask=g_ok, other=0.0)
-        acc_part = tl.load(ws_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], mask=io_mask, other=0.0)
+        m_part = tl.load(ws_ptr + ml_base + 2 * idx, mask=g_ok, other=float("-inf"), cache_modifier=CACHE)
+        l_part = tl.load(ws_ptr + ml_base + 2 * idx + 1, mask=g_ok, other=0.0, cache_modifier=CACHE)
+        acc_part = tl.load(ws_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], mask=io_mask, other=0.0,
+                           cache_modifier=CACHE)
         m_run, l_run, acc_run = _merge(m_run, l_run, acc_run, m_part, l_part, acc_part)
-    _store_output(out_ptr, token + g * 0, head, stride_ot, stride_oh, offs_d, io_mask, l_run, acc_run, v_scale_ptr, kvh,
-                  KV_FP8)
+    return l_run, acc_run
 
 
 # ---------------------------------------------------------------------------------------------
@@ -784,6 +808,17 @@ def attention_workspace_size(num_tokens: int, num_heads: int, head_dim: int, max
     return num_tokens * num_heads * num_ranges * (head_dim + 2)
 
 
+# Decode launches split their keys only while (tokens x KV heads) is below
+# SPLIT_BELOW_PROGRAMS_PER_SM per SM: counters for that many rows of the largest GPUs.
+RANGE_COUNTERS = 4096
+
+
+def new_range_counters(device=None) -> torch.Tensor:
+    """Zeroed int32 counters with which split decode launches merge their key ranges in place
+    (the last range program of a row merges; it puts its counter back to zero)."""
+    return torch.zeros(RANGE_COUNTERS, dtype=torch.int32, device=device)
+
+
 def new_attention_workspace(num_tokens: int, num_heads: int, head_dim: int, max_context_len: int, *,
                             split_size: int | None = None, device=None) -> torch.Tensor:
     """Allocate the workspace sized by `attention_workspace_size` (fp32, contiguous)."""
@@ -808,7 +843,7 @@ def paged_attention(
     q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *,
     scale=None, out=None, workspace=None, seq_slots=None, query_depth=None, key_depth=None,
     plane_offset=0, plane_modulus=None, active_seqs=None, split_size=None, decode_from=None,
-    k_scale=None, v_scale=None,
+    k_scale=None, v_scale=None, range_counters=None,
 ):
     """Paged attention (Triton). Same arguments and semantics as `paged_attention_reference`;
     see the module docstring for layouts, the loop-depth plane map, the two arithmetics and the
@@ -818,8 +853,12 @@ def paged_attention(
     block_tables int32 [S_rows, max_blocks] or [P, S_rows, max_blocks]; seq_lens int32 [S];
     query_start_loc int32 [S + 1]; out [T, H, D] (default: new, q's dtype); workspace fp32
     (see `attention_workspace_size`); decode_from None, an int or int32 [S]; k_scale, v_scale
-    fp32 [KVH] with float8_e4m3fn caches (else None). Returns out.
+    fp32 [KVH] with float8_e4m3fn caches (else None); range_counters int32 from
+    `new_range_counters` (zero between calls; one per stream) lets a split decode launch merge its
+    key ranges without the combine kernel. Returns out.
     """
+    if range_counters is not None and (range_counters.dtype != torch.int32 or range_counters.device != q.device):
+        raise ValueError("range_counters must be an int32 tensor on q's device (new_range_counters)")
     check_launchable(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, workspace,
                      seq_slots, key_depth, active_seqs, k_scale, v_scale,
                      query_depth if isinstance(query_depth, torch.Tensor) else None,
@@ -926,14 +965,17 @@ def paged_attention(
         ws = workspace if workspace is not None else torch.empty(0, dtype=torch.float32, device=q.device)
         grid = (programs, kvh, num_ranges if split_launch else 1)
         pdl = pdl_launch(out, grid[0] * grid[1] * grid[2])
+        merge_in_place = False
         if kernel is _decode_attention_kernel:
             small = grid[0] * grid[1] * grid[2] <= _sm_count(q.device)
-            extra = dict(TILES=DECODE_TILES_SMALL_LAUNCH if small else DECODE_TILES)
+            merge_in_place = split_launch and range_counters is not None and range_counters.numel() >= programs * kvh
+            extra = dict(TILES=DECODE_TILES_SMALL_LAUNCH if small else DECODE_TILES, MERGE_IN_PLACE=merge_in_place,
+                         counters_ptr=range_counters if merge_in_place else ws)
         kernel[grid](
             *ptrs[:4], ws, *ptrs[5:], *scalars, ml_base, int(split_launch), *strides,
             num_warps=num_warps, num_stages=num_stages, **cfg, **flags, **extra, PDL=pdl, launch_pdl=pdl,
         )
-        if split_launch:
+        if split_launch and not merge_in_place:
             combine_cfg = {k: v for k, v in cfg.items() if k not in ("BLOCK_N", "BLOCK_SIZE")}
             combine_pdl = pdl_launch(out, programs * kvh)
             combine[(programs, kvh)](

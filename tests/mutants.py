@@ -238,6 +238,20 @@ MUTANTS = (
         "the residual norm adds all but the last of a split-K linear's partials",
     ),
     Mutant(
+        "range-merge-before-the-last-range", "rlt_kernels/attention.py",
+        'if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == n_ranges - 1:',
+        'if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == n_ranges - 2:',
+        ("tests/kernels/test_attention.py::test_decode_ranges_merged_in_place",),
+        "a split decode row is merged by its next-to-last range program, before the last range's partial is stored",
+    ),
+    Mutant(
+        "keyless-decode-row-unwritten", "rlt_kernels/attention.py",
+        "if (partial != 0) & (c_lo >= tl.maximum(n_ranges, 1)):",
+        "if (partial != 0) & (c_lo >= n_ranges):",
+        ("tests/kernels/test_attention.py::test_decode_ranges_merged_in_place",),
+        "a split decode row that sees no key is left unwritten when ranges merge in place (no combine kernel zeroes it)",
+    ),
+    Mutant(
         "key-depths-never-recorded", "rlt_runtime/executor/model_runner.py",
         "if not self.layout.use_key_depth_reads:",
         "if True:",

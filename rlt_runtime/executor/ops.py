@@ -6,6 +6,7 @@ the model code is backend-agnostic. An explicit `attention_backend` never falls 
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 import torch
@@ -106,6 +107,10 @@ def select_ops(device: torch.device, attention_backend: str, batch_invariant: bo
         if attention_backend != "auto":
             raise ConfigError(f"attention_backend={attention_backend!r} needs the 'triton' package")
     ops = _triton_ops() if use_triton else _reference_ops()
+    if use_triton:  # split decode attention merges its key ranges in place (a namespace's calls share one stream)
+        from rlt_kernels.attention import new_range_counters
+
+        ops["paged_attention"] = functools.partial(ops["paged_attention"], range_counters=new_range_counters(device))
     if attention_backend == "torch" and on_cuda:
         ops["paged_attention"] = _reference_ops()["paged_attention"]
     if attention_backend == "flash":

@@ -16,6 +16,7 @@ from rlt_kernels.attention import (
     DEFAULT_SPLIT_SIZE,
     attention_workspace_size,
     new_attention_workspace,
+    new_range_counters,
     paged_attention,
     paged_attention_reference,
 )
@@ -441,7 +442,31 @@ def test_split_matches_unsplit_bitwise(device, monkeypatch, seqs, spanning, spli
                                         device=device)
     workspace.fill_(1e30)  # finite garbage: partials must be written before they are read
     assert_same_bits(run_kernel(b, split_size=split_size, workspace=workspace), unsplit)
+    counters = new_range_counters(device)  # decode rows merge their ranges in place: still the same bits
+    for _ in range(2):
+        assert_same_bits(run_kernel(b, split_size=split_size, workspace=workspace, range_counters=counters), unsplit)
+    assert not counters.any(), "the last range program of a row puts its counter back to zero"
     check_against_oracle(unsplit, b, dtype)
+
+
+def test_decode_ranges_merged_in_place(device, monkeypatch):
+    """A split decode launch given range counters merges each row's key ranges in its last range
+    program instead of the combine kernel: the bits of the combine kernel's launch, for rows of
+    one range, a range boundary and several ranges, and zeros for a row that sees no key (more
+    queries than keys), call after call (counters back at zero); close to the oracle."""
+    monkeypatch.setattr(attn, "_should_split", lambda *a: True)
+    contexts = [(1, n) for n in (1, 63, 64, 65, 130, 200)]
+    for seqs in (contexts, contexts + [(3, 2)]):
+        b = make_batch(seqs, heads=4, kv_heads=2, head_dim=64, dtype=torch.float32, device=device, seed=5)
+        combined = run_kernel(b, decode_from=0, split_size=64)
+        counters = new_range_counters(device)
+        for _ in range(2):
+            merged = run_kernel(b, decode_from=0, split_size=64, range_counters=counters)
+            assert_same_bits(merged, combined)
+            assert not counters.any()
+        if len(seqs) == len(contexts):
+            check_against_oracle(merged, b, torch.float32)
+    assert torch.equal(merged[len(contexts)], torch.zeros_like(merged[0]))  # the row that sees no key
 
 
 @pytest.mark.parametrize("split_size", [64, 1024])
@@ -620,6 +645,10 @@ def test_gpu_split_matches_unsplit_bitwise(monkeypatch):
         monkeypatch.setattr(attn, "_should_split", lambda *a: True)
         split = run_kernel(b, decode_from=decode)
         assert_same_bits(split, unsplit)
+        counters = new_range_counters("cuda")
+        for _ in range(3):
+            assert_same_bits(run_kernel(b, decode_from=decode, range_counters=counters), unsplit)
+        assert not counters.any()
         monkeypatch.undo()
         assert_same_bits(run_kernel(b, decode_from=decode), unsplit)  # whatever the real rule picks
         if decode == 0:  # the other tile depths

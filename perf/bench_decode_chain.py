@@ -1,0 +1,164 @@
+"""A decode step's layer-loops as one CUDA graph of rlt kernels, against the weight-byte floor.
+
+    python -m perf.bench_decode_chain --out out/decode_chain [--batches 1,16,64] [--variants ...]
+
+Ouro-1.4B shapes (hidden 2048, 16 x 128 heads, MLP 5632, 24 layers, 4 loops: 96 layer-loops), bf16,
+each layer its own weights, 192 keys per sequence in block tables as wide as 4,096 keys (so the
+attention splits its keys as the engine's graphs do at small batches): per layer-loop the engine's kernels -- qkv
+linear, RoPE + K/V scatter, decode attention (+ split combine), o linear + residual norm, SwiGLU
+linear, down linear + residual norm. No sampling, no exit gate: what is left is the chain whose
+kernel count and dependent launches decide a small batch's step.
+
+Each variant is a way of launching the same chain (dependent launches off or on, split decode
+attention merging its key ranges in place with range counters instead of a combine kernel);
+every variant must give the bits of plain
+stream order (checked), and each is timed as the median of graph replays. The floor
+is the layer weights' bytes over the copy bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import torch
+
+from perf.roofline import measure
+from rlt_kernels import attention, gemm, kv_cache, linear_norm, norms
+
+HIDDEN, HEADS, HEAD_DIM, FFN, LAYERS, LOOPS, KEYS, BLOCK, MAX_CONTEXT = 2048, 16, 128, 5632, 24, 4, 192, 16, 4096
+VARIANTS = {  # name: (launch environment, split decode attention merging its key ranges in place)
+    "stream order": ({"RLT_PDL": "0"}, False),
+    "dependent launches": ({}, False),
+    "dependent launches + in-place merge": ({}, True),
+}
+KNOBS = ("RLT_PDL",)
+
+
+class Chain:
+    """Weights, caches and buffers of the chain at one batch size (the caches hold random keys)."""
+
+    def __init__(self, batch: int, device="cuda", dtype=torch.bfloat16):
+        g = torch.Generator(device=device).manual_seed(0)
+
+        def rand(*shape, scale=1.0):
+            return (torch.randn(*shape, generator=g, device=device) * scale).to(dtype)
+
+        qkv = 3 * HEADS * HEAD_DIM
+        self.layers = [dict(qkv=rand(qkv, HIDDEN, scale=HIDDEN**-0.5), o=rand(HIDDEN, HIDDEN, scale=HIDDEN**-0.5),
+                            gate_up=rand(2 * FFN, HIDDEN, scale=HIDDEN**-0.5), down=rand(HIDDEN, FFN, scale=FFN**-0.5),
+                            norms=[rand(HIDDEN) + 1 for _ in range(4)]) for _ in range(LAYERS)]
+        blocks_per_seq = -(-(KEYS + 1) // BLOCK)
+        pages = torch.randperm(batch * blocks_per_seq, device=device, generator=g).to(torch.int32)
+        # Tables as wide as the engine's (MAX_CONTEXT keys), as the launch's split rule sees them.
+        self.tables = torch.zeros(1, batch, MAX_CONTEXT // BLOCK, dtype=torch.int32, device=device)
+        self.tables[0, :, :blocks_per_seq] = pages.view(batch, blocks_per_seq)
+        self.caches = [(rand(batch * blocks_per_seq, BLOCK, HEADS, HEAD_DIM),
+                        rand(batch * blocks_per_seq, BLOCK, HEADS, HEAD_DIM)) for _ in range(LAYERS)]
+        self.positions = torch.full((batch,), KEYS, dtype=torch.int64, device=device)
+        slot_block = self.tables[0, :, KEYS // BLOCK].long()
+        self.slots = slot_block * BLOCK + KEYS % BLOCK
+        self.seq_lens = (self.positions + 1).to(torch.int32)
+        self.qsl = torch.arange(batch + 1, dtype=torch.int32, device=device)
+        self.cos_sin = norms.rope_cos_sin(4096, HEAD_DIM, 10000.0, device=device)
+        self.workspace = attention.new_attention_workspace(batch, HEADS, HEAD_DIM, MAX_CONTEXT, device=device)
+        self.h0 = rand(batch, HIDDEN)
+        self.batch = batch
+        self.range_counters = attention.new_range_counters(device)
+        self.merge_in_place = False
+
+    def step(self) -> torch.Tensor:
+        """All layer-loops of one decode step; returns the last normed state [batch, hidden]."""
+        b, eps = self.batch, 1e-6
+        range_counters = self.range_counters if self.merge_in_place else None
+        h = self.h0
+        n = norms.rms_norm(h, self.layers[0]["norms"][0], eps)
+        for _ in range(LOOPS):
+            for i, w in enumerate(self.layers):
+                qkv = gemm.linear(n, w["qkv"])
+                q, k, v = (qkv[:, j * HEADS * HEAD_DIM:(j + 1) * HEADS * HEAD_DIM].view(b, HEADS, HEAD_DIM)
+                           for j in range(3))
+                kc, vc = self.caches[i]
+                q_rot = kv_cache.rope_kv_scatter(q, k, v, self.positions, self.cos_sin, kc, vc, self.slots)
+                attn = attention.paged_attention(q_rot, kc, vc, self.tables, self.seq_lens, self.qsl,
+                                                 workspace=self.workspace, decode_from=0,
+                                                 range_counters=range_counters).view(b, -1)
+                h, n = linear_norm.linear_residual_norm(attn, w["o"], h, w["norms"][1], w["norms"][2], eps)
+                act = gemm.linear(n, w["gate_up"], activation="swiglu")
+                h, n = linear_norm.linear_residual_norm(act, w["down"], h, w["norms"][3], w["norms"][0], eps)
+        return n
+
+
+def weight_bytes() -> int:
+    """Layer weight bytes one step reads (bf16, every layer-loop)."""
+    per_layer = (3 * HEADS * HEAD_DIM + HIDDEN + 2 * FFN) * HIDDEN + HIDDEN * FFN
+    return per_layer * 2 * LAYERS * LOOPS
+
+
+def time_variant(chain: Chain, variant: tuple, replays: int = 20) -> tuple[float, torch.Tensor]:
+    """(median ms per graph replay, the step's output) launched as `variant` (see VARIANTS)."""
+    env, chain.merge_in_place = variant
+    for key in KNOBS:
+        os.environ.pop(key, None)
+    os.environ.update(env)
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            chain.step()  # compile outside the capture
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = chain.step()
+        graph.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(replays):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        result = out.clone()
+        del graph
+        return sorted(times)[len(times) // 2], result
+    finally:
+        for key in KNOBS:
+            os.environ.pop(key, None)
+
+
+def run(batches: list[int], variants: list[str]) -> dict:
+    roof = measure()
+    floor = weight_bytes() / (roof["copy_gbps"] * 1e9) * 1e3
+    res = {"roofline": roof, "floor_ms": floor, "layer_loops": LAYERS * LOOPS, "batches": {}}
+    for b in batches:
+        chain = Chain(b)
+        rows, reference = {}, None
+        for name in variants:
+            ms, out = time_variant(chain, VARIANTS[name])
+            reference = out if reference is None else reference
+            rows[name] = {"ms": ms, "of_floor": floor / ms, "same_bits": bool(torch.equal(out, reference))}
+            print(f"batch {b:4d}  {name:32s} {ms:7.3f} ms  {floor / ms:5.1%} of floor  "
+                  f"bits {'same' if rows[name]['same_bits'] else 'DIFFER'}", flush=True)
+        res["batches"][b] = rows
+        del chain
+        torch.cuda.empty_cache()
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="out/decode_chain")
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS")
+    args = ap.parse_args()
+    res = run([int(b) for b in args.batches.split(",")], args.variants.split(","))
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "decode_chain.json"), "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

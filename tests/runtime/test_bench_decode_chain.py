@@ -1,0 +1,31 @@
+"""perf/bench_decode_chain: its floor counts Ouro-1.4B's layer weights once per layer-loop, and its
+chain runs (interpreter on CPU) with the same bits whichever way split attention is merged."""
+
+import math
+
+import torch
+
+from perf import bench_decode_chain as chain_bench
+from rlt_runtime.models.configs import hf_weight_shapes
+from rlt_runtime.models.presets import preset_config
+
+
+def test_floor_bytes_are_the_layer_weights_of_every_loop():
+    cfg = preset_config("ouro-1.4b")
+    shapes = hf_weight_shapes(cfg)
+    linear = sum(math.prod(s) for n, s in shapes.items() if ".layers." in n and len(s) == 2)
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size, cfg.num_hidden_layers) == (
+        chain_bench.HIDDEN, chain_bench.HEADS, chain_bench.FFN, chain_bench.LAYERS)
+    assert chain_bench.weight_bytes() == 2 * linear * chain_bench.LOOPS
+
+
+def test_tiny_chain_gives_one_result_whichever_way_ranges_merge(monkeypatch):
+    for name, value in dict(HIDDEN=64, HEADS=2, HEAD_DIM=32, FFN=128, LAYERS=1, LOOPS=2, KEYS=40,
+                            MAX_CONTEXT=128).items():
+        monkeypatch.setattr(chain_bench, name, value)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    chain = chain_bench.Chain(2, device=device, dtype=torch.float32)
+    combined = chain.step()
+    chain.merge_in_place = True
+    assert torch.equal(chain.step(), combined) and torch.isfinite(combined).all()
+    assert not chain.range_counters.any()
