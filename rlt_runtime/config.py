@@ -78,6 +78,7 @@ class EngineConfig:
     distributed_executor: str = "mp"  # where replicas run: "mp" (local processes) or "ray" (Ray actors)
     disaggregated_prefill: bool = False  # a prefill engine process and a decode engine process (docs/distributed.md)
     tensor_parallel_size: int = 1  # ranks one model is split over, one worker process each (one GPU each on CUDA)
+    step_timeout_s: Optional[float] = 300.0  # a rank or replica process silent this long mid-step is failed; None: wait
     num_loops: Optional[int] = None  # depth override (Huginn recurrences; Ouro loops)
     max_model_len: Optional[int] = None
     # Scheduling.
@@ -174,6 +175,10 @@ class EngineConfig:
             raise ConfigError(f"tensor_parallel_size={self.tensor_parallel_size} cannot be combined with "
                               "disaggregated_prefill=True yet (its K/V handoff moves whole planes between two engines); "
                               "set tensor_parallel_size=1 or disaggregated_prefill=False")
+        if self.step_timeout_s is not None and (isinstance(self.step_timeout_s, bool)
+                                                or not isinstance(self.step_timeout_s, (int, float))
+                                                or not self.step_timeout_s > 0):
+            raise _fail("step_timeout_s", "None or a number of seconds > 0", self.step_timeout_s)
         _int(self.num_loops, "num_loops", 1, 128, allow_none=True)
         _int(self.max_model_len, "max_model_len", 1, allow_none=True)
         _int(self.max_num_seqs, "max_num_seqs", 1, 4096, allow_none=True)

@@ -229,6 +229,10 @@ class DataParallelEngine:
 
     def _collect(self, final_only: bool, deltas: bool) -> list[RequestOutput]:
         outs = []
+        busy = {tracked.replica for tracked in self._tracked.values()}
+        for replica in self.replicas:
+            if replica.alive:
+                replica.check_responsive(replica.index in busy)
         for replica in self.replicas:
             if not replica.alive:
                 continue
@@ -361,8 +365,8 @@ def _start_replicas(model: str, cfg: EngineConfig, devices: list[str], backend: 
 
     context = torch.multiprocessing.get_context("spawn")
     threads = max(1, (os.cpu_count() or 1) // len(devices))
-    replicas = [ProcessReplica(i, model, _replica_options(cfg, i), device, threads, context)
-                for i, device in enumerate(devices)]
+    replicas = [ProcessReplica(i, model, _replica_options(cfg, i), device, threads, context,
+                               step_timeout_s=cfg.step_timeout_s) for i, device in enumerate(devices)]
     try:
         for replica in replicas:  # they load in parallel; wait for each in turn
             replica.wait_ready()

@@ -202,6 +202,10 @@ class DisaggregatedEngine:
 
     def _collect(self, final_only: bool, deltas: bool) -> list[RequestOutput]:
         outs = []
+        busy = {tracked.role for tracked in self._tracked.values()}
+        for worker in self.workers:
+            if worker.alive:
+                worker.check_responsive(worker.role in busy)
         if self.prefill.alive:  # only final outputs: a handed-off request never shows there
             outs += self._deliver(self.prefill.poll(True), deltas)
         self._forward_handoffs()
@@ -338,9 +342,11 @@ class ProcessRole(ProcessReplica):
     prefill child's "handoff" messages and the decode child's "import" command)."""
 
     def __init__(self, index: int, role: str, model: str, config: dict, device: str, num_threads: int, context,
-                 init_method: str):
-        super().__init__(index, model, config, device, num_threads, context, RoleHooks(role, device, init_method))
+                 init_method: str, step_timeout_s: Optional[float] = None):
+        super().__init__(index, model, config, device, num_threads, context, RoleHooks(role, device, init_method),
+                         step_timeout_s)
         self.role = role
+        self.label = f"the {role} engine"
         self.info["role"] = role
         self._handoffs: list[Handoff] = []
 
@@ -398,8 +404,8 @@ def _start_roles(model: str, cfg: EngineConfig, devices: tuple[str, str], backen
     context = torch.multiprocessing.get_context("spawn")
     threads = max(1, (os.cpu_count() or 1) // 2)
     init_method = f"tcp://127.0.0.1:{_free_port()}"
-    workers = [ProcessRole(i, role, model, role_options(cfg, role), device, threads, context, init_method)
-               for i, (role, device) in enumerate(zip(roles, devices))]
+    workers = [ProcessRole(i, role, model, role_options(cfg, role), device, threads, context, init_method,
+                           cfg.step_timeout_s) for i, (role, device) in enumerate(zip(roles, devices))]
     try:
         for worker in workers:  # they load in parallel; wait for each in turn
             worker.wait_ready()

@@ -43,10 +43,15 @@ class ProcessReplica(Replica):
     """Front-end side of a replica process. Construct, then `wait_ready()`."""
 
     def __init__(self, index: int, model: str, config: dict, device: str, num_threads: int, context,
-                 hooks: Optional["ChildHooks"] = None):
-        """hooks: what the child adds to a plain replica (picklable; default `ChildHooks()`)."""
+                 hooks: Optional["ChildHooks"] = None, step_timeout_s: Optional[float] = None):
+        """hooks: what the child adds to a plain replica (picklable; default `ChildHooks()`);
+        step_timeout_s: how long the child may stay silent while it has requests, or take to answer
+        a command, before it is failed as hung (None or inf: no limit)."""
         hooks = hooks or ChildHooks()
         self.index = index
+        self.label = f"data-parallel replica {index}"  # how failures name it
+        self.step_timeout_s = None if step_timeout_s == float("inf") else step_timeout_s
+        self._heard = time.monotonic()  # when the child last sent something (or was given work)
         self.info = {"device": device}
         self._conn, child = context.Pipe(duplex=True)
         self.process = context.Process(target=replica_main, args=(child, model, config, device, num_threads, hooks),
@@ -77,6 +82,15 @@ class ProcessReplica(Replica):
     # ---- requests -------------------------------------------------------------------------------------
     def add_request(self, request_id, prompt, params, *, arrival_time, arrival_index):
         self._call("add", request_id, prompt, params_to_dict(params), arrival_time, arrival_index)
+
+    def check_responsive(self, busy: bool) -> None:
+        """Fail the replica as hung when it has been silent for step_timeout_s while busy (it has
+        requests): a working child sends a stats snapshot at least every STATS_INTERVAL_S."""
+        if not busy:
+            self._heard = time.monotonic()
+        elif (self.alive and self.step_timeout_s is not None and not self._conn_ready()
+              and time.monotonic() - self._heard > self.step_timeout_s):
+            self._hung(f"sent nothing for {self.step_timeout_s:g} s while it had requests")
 
     def abort_request(self, request_id):
         out = self._call("abort", request_id)
@@ -119,6 +133,13 @@ class ProcessReplica(Replica):
             self._died()
             return False
 
+    def _readable(self, timeout: float) -> bool:
+        """Whether a message (or the pipe's end, which `_receive` then reports) arrives within timeout."""
+        try:
+            return self._conn.poll(timeout)
+        except (OSError, EOFError):
+            return True
+
     def _call(self, kind: str, *args):
         """Send a command and wait for its reply, keeping the outputs that arrive meanwhile."""
         if not self.alive:
@@ -127,7 +148,11 @@ class ProcessReplica(Replica):
         seq = self._seq
         if not self._send((kind, seq, *args)):
             raise errors.ReplicaError(self.failure)
+        deadline = None if self.step_timeout_s is None else time.monotonic() + self.step_timeout_s
         while True:
+            if deadline is not None and not self._readable(max(deadline - time.monotonic(), 0.0)):
+                self._hung(f"did not answer {kind!r} within {self.step_timeout_s:g} s")
+                raise errors.ReplicaError(self.failure)
             msg = self._receive()
             if msg is None:
                 raise errors.ReplicaError(self.failure)
@@ -149,10 +174,19 @@ class ProcessReplica(Replica):
     def _receive(self):
         """The next message, or None when the child is gone (the replica is then failed)."""
         try:
-            return self._conn.recv()
+            msg = self._conn.recv()
         except (EOFError, OSError):
             self._died()
             return None
+        self._heard = time.monotonic()
+        return msg
+
+    def _hung(self, what: str) -> None:
+        """Fail the replica as hung (step_timeout_s) and stop its process."""
+        self.failure = (f"{self.label} ({self.info['device']}, pid {self.process.pid}) {what} (step_timeout_s): "
+                        "hung, stopped")
+        self.process.kill()
+        self.process.join(5)
 
     def _handle(self, msg) -> None:
         if msg is None:

@@ -46,6 +46,11 @@ class Replica(abc.ABC):
     def abort_request(self, request_id: str) -> Optional[RequestOutput]:
         """Abort a request; returns its final output, or None if the replica does not hold it."""
 
+    def check_responsive(self, busy: bool) -> None:
+        """Fail the replica (set `failure`) if it is hung: busy (it has requests) yet silent past
+        the engine's step_timeout_s. Replicas in this process, or whose transport detects that
+        itself, need no check."""
+
     @abc.abstractmethod
     def poll(self, final_only: bool) -> list[RequestOutput]:
         """Outputs available now, without waiting (final_only: only those of finished requests)."""

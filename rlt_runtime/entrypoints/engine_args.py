@@ -31,6 +31,9 @@ HELP = {
     "tensor_parallel_size": "ranks one model is split over (attention heads and MLP columns), one worker process "
                             "each (cuda:0..N-1 on CUDA, else the CPU; per replica with --data-parallel-size, in "
                             "the replica's Ray actor with --distributed-executor ray)",
+    "step_timeout_s": "seconds a tensor-parallel rank may take to answer a step, and a data-parallel replica "
+                      "process may stay silent while it has requests, before it is failed as hung (its "
+                      "requests end with an error; default 300; inf: wait forever)",
     "num_loops": "override the model depth (Ouro loops 1..8, Huginn recurrences 1..128)",
     "max_model_len": "context length limit (default: the model's)",
     "max_num_seqs": "maximum running requests (default 256 on CUDA, 16 on CPU)",

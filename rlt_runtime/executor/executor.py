@@ -98,4 +98,4 @@ def build_executor(spec: WorkerSpec, cfg, weights=None) -> Executor:
         return UniprocExecutor(spec, weights)
     from .multiproc import MultiprocExecutor
 
-    return MultiprocExecutor(spec, cfg.tensor_parallel_size)
+    return MultiprocExecutor(spec, cfg.tensor_parallel_size, step_timeout_s=cfg.step_timeout_s)

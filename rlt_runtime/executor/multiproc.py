@@ -24,6 +24,7 @@ import dataclasses
 import datetime
 import queue
 import threading
+import time
 import traceback
 from typing import Optional
 
@@ -119,7 +120,7 @@ class RemoteStep:
 
     def result(self):
         if self._out is None:
-            self._out = self._executor._wait(self._seq)[0]
+            self._out = self._executor._wait(self._seq, self._executor.step_timeout_s)[0]
             o = self._out
             self.rows, self.prefills, self.prompt_rows, self.round_k = o.rows, o.prefills, o.prompt_rows, o.round_k
         return self._out.result
@@ -129,7 +130,11 @@ class RemoteStep:
 
 
 class MultiprocExecutor(Executor):
-    def __init__(self, spec: WorkerSpec, size: int):
+    """One worker process per tensor-parallel rank. step_timeout_s: how long a step (or a
+    speculative round's drafts) may take before the ranks that have not answered are reported as
+    hung (RuntimeError; None or inf: no limit). Loading, profiling and capture calls have no limit."""
+
+    def __init__(self, spec: WorkerSpec, size: int, step_timeout_s: Optional[float] = None):
         from ..models.tensor_parallel import check_tensor_parallel
 
         check_tensor_parallel(spec.model_config, size)
@@ -139,7 +144,8 @@ class MultiprocExecutor(Executor):
             if int(self.devices[-1].split(":")[1]) >= visible:
                 raise ConfigError(f"tensor_parallel_size={size} on {spec.device} needs {self.devices[0]}.."
                                   f"{self.devices[-1]} but {visible} GPUs are visible (CUDA_VISIBLE_DEVICES is honoured)")
-        self.size = size
+        self.size, self.step_timeout_s = size, None if step_timeout_s == float("inf") else step_timeout_s
+        self._failure: Optional[str] = None  # set when the group hung: every later call raises it
         self._sent = self._received = 0
         self._replies: dict[int, list] = {}
         ctx = torch.multiprocessing.get_context("spawn")
@@ -167,6 +173,8 @@ class MultiprocExecutor(Executor):
 
     # ---- calls -----------------------------------------------------------------------------------
     def _send(self, method: str, *args) -> int:
+        if self._failure is not None:  # replies of a hung group can no longer be matched to calls
+            raise RuntimeError(self._failure)
         for rank, (conn, proc) in enumerate(zip(self._conns, self._procs)):
             try:
                 conn.send((method, args))
@@ -187,11 +195,21 @@ class MultiprocExecutor(Executor):
                 return
             self._inbox.put((rank, msg))
 
-    def _collect(self, what: str) -> list:
+    def _collect(self, what: str, timeout: Optional[float] = None) -> list:
         """The next reply of every rank. The first error (or a rank that exits) is raised at once —
-        a ConfigError as itself — without waiting for ranks that may be stuck in a collective."""
+        a ConfigError as itself — without waiting for ranks that may be stuck in a collective; so is
+        a RuntimeError naming the ranks still silent after `timeout` seconds (None: wait)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while not all(self._pending):
-            rank, (status, value) = self._inbox.get()
+            try:
+                rank, (status, value) = self._inbox.get(
+                    timeout=None if deadline is None else max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                silent = [f"rank {r} (pid {p.pid}, {'alive' if p.is_alive() else 'exited'})"
+                          for r, (p, replies) in enumerate(zip(self._procs, self._pending)) if not replies]
+                self._failure = (f"tensor-parallel {', '.join(silent)} sent no reply to {what} within "
+                                 f"{timeout:g} s (step_timeout_s): hung")
+                raise RuntimeError(self._failure) from None
             if status == "error":
                 name, message, tb = value
                 if name == "ConfigError":
@@ -200,9 +218,9 @@ class MultiprocExecutor(Executor):
             self._pending[rank].append(value)
         return [replies.popleft() for replies in self._pending]
 
-    def _wait(self, seq: int) -> list:
+    def _wait(self, seq: int, timeout: Optional[float] = None) -> list:
         while self._received <= seq:
-            self._replies[self._received] = self._collect("a call")
+            self._replies[self._received] = self._collect("a call" if timeout is None else "a step", timeout)
             self._received += 1
         return self._replies.pop(seq)
 
@@ -227,7 +245,7 @@ class MultiprocExecutor(Executor):
     def execute(self, step: StepInput, guide=None) -> RemoteStep:
         seq = self._send("execute", step, guide is not None)
         if guide is not None:
-            drafted = self._wait(seq)[0]
+            drafted = self._wait(seq, self.step_timeout_s)[0]
             seq = self._send("verify_masks", guide(drafted))
         return RemoteStep(self, seq)
 
@@ -250,6 +268,9 @@ class MultiprocExecutor(Executor):
                 proc.join(timeout=10)
             if proc.is_alive():
                 proc.terminate()
+                proc.join(timeout=5)
+            if proc.is_alive():  # a stopped or hung rank ignores SIGTERM
+                proc.kill()
                 proc.join(timeout=5)
         self._conns, self._procs = [], []
         self._store = None
