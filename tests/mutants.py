@@ -245,6 +245,13 @@ MUTANTS = (
         "a split decode row is merged by its next-to-last range program, before the last range's partial is stored",
     ),
     Mutant(
+        "late-masks-not-written", "rlt_runtime/executor/model_runner.py",
+        "self.token_mask.write([], *late_masks())",
+        "late_masks()",
+        ("tests/runtime/test_guided_decoding.py::test_async_guided_steps_build_masks_while_the_forward_runs",),
+        "an async decode step after a guided step samples its guided rows under the masks of the step before",
+    ),
+    Mutant(
         "keyless-decode-row-unwritten", "rlt_kernels/attention.py",
         "if (partial != 0) & (c_lo >= tl.maximum(n_ranges, 1)):",
         "if (partial != 0) & (c_lo >= n_ranges):",

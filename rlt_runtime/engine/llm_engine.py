@@ -335,18 +335,36 @@ class LLMEngine:
                 raise RequestError(f"{params.guided.origin}: {exc}") from None
         return self._grammars.compile(params.guided)
 
-    def _fill_masks(self, sched) -> bool:
+    def _fill_masks(self, sched, skip=()) -> bool:
         """Write the next-token bitmasks of the step's guided rows (decode rows and prefill chunks
-        that sample) into `sched`, from their matchers' committed state. Returns whether any."""
-        rows = [r for r in sched.decodes if r.matcher is not None]
+        that sample, but not those in `skip`) into `sched`, from their matchers' committed state.
+        Returns whether any."""
+        skipped = {id(r) for r in skip}
+        rows = [r for r in sched.decodes if r.matcher is not None and id(r) not in skipped]
         rows += [c.request for c in sched.prefills if c.sample and c.request.matcher is not None]
         if not rows:
             return False
+        sched.guided_slots, sched.guided_masks = [r.slot for r in rows], self._masks(rows)
+        return True
+
+    def _masks(self, rows: list[Request]):
+        """int32 [len(rows), ceil(vocab / 32)] CPU bitmasks of the rows' next tokens; a request that
+        has finished allows every token (its row's sample is discarded)."""
         masks = self._grammars.new_bitmask(len(rows))
         for i, r in enumerate(rows):
-            self._grammars.fill(r.matcher, masks, i)
-        sched.guided_slots, sched.guided_masks = [r.slot for r in rows], masks
-        return True
+            if r.finished:
+                masks[i] = -1
+            else:
+                self._grammars.fill(r.matcher, masks, i)
+        return masks
+
+    def _late_masks(self, rows: list[Request], touched: dict) -> tuple:
+        """The executor's `late_masks` for guided decode rows: process the pending step (whose
+        tokens these masks follow) while the device runs this step's forward, then build them."""
+        slots = [r.slot for r in rows]  # as the step has them (a request that finishes now gives its slot up)
+        previous, self._pending = self._pending, None
+        self._process(previous, touched)
+        return slots, self._masks(rows)
 
     def _check_drafts(self, live: list[Request], drafted: dict[int, list[int]]) -> dict:
         """The bitmasks of guided rows' verify positions, {step key: int32 [k + 1, ceil(vocab / 32)]}
@@ -483,9 +501,9 @@ class LLMEngine:
         self._wait_s = 0.0
         self._profile_tick()
         touched: dict[str, None] = {}
-        if self._pending is not None and self._pending.guided:
-            # A guided row's next mask needs the token the pending step commits: learn it first
-            # (this step loses its overlap with the previous one).
+        if self._pending is not None and self._pending.guided and self.cfg.speculative_config is not None:
+            # A guided row's drafts and masks need the token the pending step commits: learn it
+            # first (this step loses its overlap with the previous one).
             previous, self._pending = self._pending, None
             self._process(previous, touched)
         sched = self.scheduler.schedule()
@@ -493,12 +511,17 @@ class LLMEngine:
         for r in sched.admitted:
             if r.metrics.first_scheduled_time is None:
                 r.metrics.first_scheduled_time = now
-        guided = self._fill_masks(sched)
+        # Without speculation, guided decode rows whose last token the pending step commits get their
+        # masks late: the executor asks for them after submitting the forward (`_late_masks`).
+        late_rows = [r for r in sched.decodes if r.matcher is not None] if self._pending is not None and (
+            self._pending.guided) else []
+        guided = self._fill_masks(sched, skip=late_rows) or bool(late_rows)
         handle = None
         if not sched.is_empty:
             step, live = self._steps.build(sched)
             guide = functools.partial(self._check_drafts, live) if step.guided_drafting() else None
-            handle = self.executor.execute(step, guide)
+            late = functools.partial(self._late_masks, late_rows, touched) if late_rows else None
+            handle = self.executor.execute(step, guide, late)
             handle.guided, handle.live = guided, live
         self.num_steps += 1
         if self.async_scheduling:

@@ -32,11 +32,14 @@ class Executor:
                          graph_sizes: Optional[list[int]]) -> None:
         raise NotImplementedError
 
-    def execute(self, step: StepInput, guide=None):
+    def execute(self, step: StepInput, guide=None, late_masks=None):
         """guide(drafted) -> masks, given exactly when `step.guided_drafting()` is not empty: called
         once, between the round's drafting and its verification, with {step key: drafted tokens
         y_1..y_k} of those rows; returns {step key: int32 [k + 1, ceil(vocab / 32)] CPU bitmask},
-        row j the tokens allowed after drafts y_1..y_j."""
+        row j the tokens allowed after drafts y_1..y_j.
+        late_masks() -> (slots, int32 [len(slots), ceil(vocab / 32)] CPU bitmasks), given for a
+        plain decode step whose guided rows' masks depend on the step before: called once, before
+        the step samples (as late as the executor can: after its forward is submitted)."""
         raise NotImplementedError
 
     def graph_stats(self) -> dict:
@@ -78,8 +81,8 @@ class UniprocExecutor(Executor):
                          graph_sizes: Optional[list[int]]) -> None:
         self.worker.init_speculation(num_speculative_tokens, draft_loops, synthetic_acceptance, graph_sizes)
 
-    def execute(self, step: StepInput, guide=None):
-        return self.worker.execute(step, guide)
+    def execute(self, step: StepInput, guide=None, late_masks=None):
+        return self.worker.execute(step, guide, late_masks)
 
     def graph_stats(self) -> dict:
         return self.worker.graph_stats()

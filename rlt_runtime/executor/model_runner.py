@@ -205,7 +205,7 @@ class ModelRunner:
                 continue
             if not fixed and self.fixed_steps and self.exit_rule.mode == "fixed":
                 continue  # rows leave early only under a loop cap below the depth: captured on first use
-            self.graphs.capture_all((False, 0, False, fixed))
+            self.graphs.capture_all((False, 0, False, fixed, False))
         self.prefill_graphs = DecodeGraphs(self.prefill_program, [self.pre_in["counts"]], token_sizes, mode=mode,
                                            static_tensors=static)
         self.prefill_graphs.capture_all((False, 0, False))
@@ -301,11 +301,14 @@ class ModelRunner:
         self.logit_proc.admit(admitted)
 
     # ---- a step ------------------------------------------------------------------------------
-    def execute(self, sched: StepInput, guide=None) -> StepHandle:
+    def execute(self, sched: StepInput, guide=None, late_masks=None) -> StepHandle:
         """Submit the step's device work; the handle's `result()` waits for the readback.
 
         guide: given when the step's round has guided rows that draft (`StepInput.guided_drafting`);
-        called once, between drafting and verification (see `SpeculativeRunner.run_round`)."""
+        called once, between drafting and verification (see `SpeculativeRunner.run_round`).
+        late_masks: given for a plain decode step whose guided rows' masks are not known yet;
+        called once after the decode forward is submitted and before its sampling, it returns
+        (slots, int32 [len(slots), ceil(vocab / 32)] CPU bitmasks) to write first."""
         handle = StepHandle()
         if self.record_device_time and self.device.type == "cuda":
             handle.start_event = torch.cuda.Event(enable_timing=True)
@@ -330,7 +333,8 @@ class ModelRunner:
                                              guided, guide))
             handle.rows += [(r.key, r.generation, "decode", k) for r, k in zip(reqs, drafts)]
         elif sched.decodes:
-            parts.append(self._run_decode(sched, want_lp, num_top, any(r.processes_logits for r in sched.decodes)))
+            parts.append(self._run_decode(sched, want_lp, num_top, any(r.processes_logits for r in sched.decodes),
+                                          late_masks))
             handle.rows += [(r.key, r.generation, "decode", 0) for r in sched.decodes]
         if sched.prefills:
             processed = any(c.sample and c.request.processes_logits for c in sched.prefills)
@@ -527,7 +531,7 @@ class ModelRunner:
         self.ops.scatter_rows(last_loop.to(torch.int32), slots0, self.kv.key_depth.view(-1), active_rows=batch.active)
 
     # ---- decode ------------------------------------------------------------------------------
-    def _run_decode(self, sched: StepInput, want_lp: bool, num_top: int, processed: bool):
+    def _run_decode(self, sched: StepInput, want_lp: bool, num_top: int, processed: bool, late_masks=None):
         rows = sched.decodes
         b = len(rows)
         st = self.dec_in
@@ -537,15 +541,24 @@ class ModelRunner:
         st.write("num_rows", np.asarray([b], np.int32))
         st.upload()
         fixed = self.fixed_steps and not any(self.slot_exits_early[r.slot] for r in rows)
-        res = run_bucketed(self.graphs, self.decode_program, b, (want_lp, num_top, processed, fixed))
+        # Compile mode would compile the whole model again for a forward-only variant: masks first there.
+        late = late_masks is not None and not (self.graphs is not None and self.graphs.mode == "compile")
+        if late_masks is not None and not late:
+            self.token_mask.write([], *late_masks())
+        res = run_bucketed(self.graphs, self.decode_program, b, (want_lp, num_top, processed, fixed, late))
+        if late:  # the forward is on the device: now the masks, then sampling (eager: a few kernels)
+            self.token_mask.write([], *late_masks())
+            res = self.decode_sampling(res, want_lp, num_top, processed)
         return {k: v[:b] for k, v in res.items()}
 
-    def decode_program(self, b: int, want_lp: bool, num_top: int, processed: bool = False, fixed: bool = False) -> dict:
+    def decode_program(self, b: int, want_lp: bool, num_top: int, processed: bool = False, fixed: bool = False,
+                       late: bool = False) -> dict:
         """All loops of `b` decode rows (static inputs in `dec_in`), LM head and sampling.
 
         Each row processes its request's pending token (slot_token) at its position (slot_pos);
         the sampled token and the advanced position go back into the slot pools. fixed: no row
-        leaves before the last loop (see `run_loops`).
+        leaves before the last loop (see `run_loops`). late: stop before sampling, returning the
+        logits (fp32 [b, vocab]) and depths for `decode_sampling`.
         """
         slots = self.dec_in["slots"][:b]
         active = self.dec_in["num_rows"]
@@ -555,9 +568,24 @@ class ModelRunner:
         out = RowResults.empty(b, rs.h, self.device)
         self.run_loops(rs, 0, self.depth, out, fixed)
         logits = self.head_logits(out, slots, pos, active)
+        if late:
+            return {"logits": logits, "depths": out.depth}
         res = self._sample(logits, slots, pos + 1, want_lp, num_top, active, processed)
         self.store_next(idx, active, res["tokens"], pos + 1)
         res["depths"] = out.depth
+        return res
+
+    def decode_sampling(self, forward: dict, want_lp: bool, num_top: int, processed: bool) -> dict:
+        """The sampling that `decode_program(..., late=True)` left out, on its outputs: the same
+        kernels on the same rows, so the same bits."""
+        b = forward["logits"].shape[0]
+        slots = self.dec_in["slots"][:b]
+        active = self.dec_in["num_rows"]
+        idx = slots.long()
+        pos = self.slot_pos.index_select(0, idx)
+        res = self._sample(forward["logits"], slots, pos + 1, want_lp, num_top, active, processed)
+        self.store_next(idx, active, res["tokens"], pos + 1)
+        res["depths"] = forward["depths"]
         return res
 
     def store_next(self, idx, active, tokens, positions=None) -> None:

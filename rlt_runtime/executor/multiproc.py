@@ -101,6 +101,11 @@ def _describe(exc: BaseException) -> tuple:
     return (type(exc).__name__, str(exc), traceback.format_exc())
 
 
+def _stacked(first, second):
+    """Bitmask rows `first` (or None) followed by `second` (int32 CPU tensors or arrays)."""
+    return second if first is None else torch.cat([torch.as_tensor(first), torch.as_tensor(second)])
+
+
 def _gone(proc) -> str:
     """How a rank's process ended, as a sentence tail."""
     proc.join(timeout=5)
@@ -242,7 +247,11 @@ class MultiprocExecutor(Executor):
                          graph_sizes: Optional[list[int]]) -> None:
         self._call("init_speculation", num_speculative_tokens, draft_loops, synthetic_acceptance, graph_sizes)
 
-    def execute(self, step: StepInput, guide=None) -> RemoteStep:
+    def execute(self, step: StepInput, guide=None, late_masks=None) -> RemoteStep:
+        if late_masks is not None:  # the ranks take the masks with the step (no overlap with the step before)
+            slots, masks = late_masks()
+            step = dataclasses.replace(step, guided_slots=list(step.guided_slots) + list(slots),
+                                       guided_masks=_stacked(step.guided_masks, masks))
         seq = self._send("execute", step, guide is not None)
         if guide is not None:
             drafted = self._wait(seq, self.step_timeout_s)[0]

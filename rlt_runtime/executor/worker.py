@@ -129,10 +129,10 @@ class Worker:
         """Hold host copies from another engine under swap_id until a step swaps them in."""
         self.runner.import_swapped(swap_id, saved)
 
-    def execute(self, step: StepInput, guide=None) -> StepHandle:
+    def execute(self, step: StepInput, guide=None, late_masks=None) -> StepHandle:
         """Submit the step's device work (swaps first); the handle's result() waits for it.
-        guide: see `ModelRunner.execute`."""
-        return self.runner.execute(step, guide)
+        guide, late_masks: see `ModelRunner.execute`."""
+        return self.runner.execute(step, guide, late_masks)
 
     def graph_stats(self) -> dict:
         r = self.runner

@@ -150,6 +150,44 @@ def test_guided_and_unguided_requests_in_an_async_crowd_match_running_alone():
     assert crowd[1] == guided_alone
 
 
+def test_async_guided_steps_build_masks_while_the_forward_runs(monkeypatch):
+    """With async steps and no speculation, a decode step after a guided step submits its forward,
+    then processes the step before and builds its guided rows' masks, then samples: the host work
+    overlaps the forward. Outputs (tokens and log-probabilities, guided rows finishing at
+    different steps among unguided ones) are those of synchronous steps, and parse."""
+    from rlt_runtime.engine.llm_engine import LLMEngine
+    from rlt_runtime.executor.model_runner import ModelRunner
+
+    events = []
+    program, sampling, process = ModelRunner.decode_program, ModelRunner.decode_sampling, LLMEngine._process
+
+    def logged(name, fn, late_arg=None):
+        def call(self, *args, **kwargs):
+            if late_arg is None or (len(args) > late_arg and args[late_arg]):
+                events.append(name)
+            return fn(self, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(ModelRunner, "decode_program", logged("forward before masks", program, late_arg=5))
+    monkeypatch.setattr(ModelRunner, "decode_sampling", logged("sample", sampling))
+    monkeypatch.setattr(LLMEngine, "_process", logged("process", process))
+    guided = [SamplingParams(max_tokens=64, temperature=t, seed=3 + i, logprobs=1, guided=g)
+              for i, (t, g) in enumerate([(0.9, {"regex": REGEX}), (0.0, {"choice": CHOICES}),
+                                          (0.8, {"json": SCHEMA})])]
+    plain = SamplingParams(max_tokens=9, temperature=0.9, seed=8, logprobs=1, ignore_eos=True)
+    work = [([9, 10, 11], guided[0], 0), ([40, 41], plain, 0), ([5, 6, 7], guided[1], 1), ([3, 3], guided[2], 2),
+            ([7, 7, 7], plain, 3)]
+    sync = _drive(LLM("ouro-tiny", dtype="float32", max_num_seqs=4, max_model_len=256), work)
+    assert "forward before masks" not in events
+    overlapped = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, max_model_len=256, async_scheduling=True)
+    assert _drive(overlapped, work) == sync
+    order = "".join({"forward before masks": "f", "process": "p", "sample": "s"}[e] for e in events)
+    assert "fps" in order, order
+    text = [overlapped.engine.tokenizer.decode(sync[i][0], skip_special_tokens=True) for i in (0, 2, 3)]
+    assert re.fullmatch(REGEX, text[0]) and text[1] in CHOICES
+    _check_schema(json.loads(text[2]))
+
+
 def _spec(policy="fixed", d=1):
     return {"num_speculative_tokens": 3, "draft_loops": d, "draft_policy": policy}
 

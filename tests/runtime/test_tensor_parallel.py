@@ -113,6 +113,20 @@ def test_guided_speculation_sends_the_drafts_to_the_engine_and_the_masks_to_ever
     assert spec.engine.stats()["speculative"]["accepted"] > 0
 
 
+def test_async_guided_steps_send_their_late_masks_with_the_step(engines):
+    """Without speculation an async decode step after a guided step gets its guided rows' masks
+    late (`late_masks`); the tensor-parallel executor asks for them before sending the step, and
+    stacks them after the masks of guided prompts sampling in the same step (staggered arrivals):
+    the outputs of synchronous steps."""
+    pytest.importorskip("xgrammar")
+    from test_logit_processing import _drive
+
+    guided = SamplingParams(max_tokens=10, temperature=0.9, seed=2, logprobs=1, guided={"regex": "[a-c]{2}-[0-9]{2}"})
+    work = [(PROMPTS[0], guided, 0), (PROMPTS[1], guided, 2), (PROMPTS[2], guided, 3)]
+    sync = _drive(engines("ouro-tiny", "float32"), work)
+    assert _drive(engines("ouro-tiny", "float32", async_scheduling=True), work) == sync
+
+
 def test_shards_partition_every_block():
     """Rank 0 and rank 1 shards, put back together, are the full weights (q, k, v rows by head,
     o and down columns, gate and up rows by MLP column, Huginn's q/k biases by head)."""
