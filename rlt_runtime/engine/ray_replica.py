@@ -25,7 +25,9 @@ local pipe (`wait_handles`). An actor that dies (killed, its node lost, its proc
 fails that call with a Ray actor error: the replica is then failed with a message naming it, its
 node and Ray's cause, and the front end ends its requests with an error. A step that fails (a
 tensor-parallel rank that died, say) fails the replica the same way; its actor stops its ranks
-and is killed, so its GPUs or CPUs go back to the cluster.
+and is killed, so its GPUs or CPUs go back to the cluster. An actor that answers no call for the
+engine's step_timeout_s (hung: the long-poll returns at least every POLL_S otherwise) is failed
+and killed too.
 """
 
 from __future__ import annotations
@@ -148,7 +150,7 @@ class EngineActor:
         return ("ready", {"model_name": engine.model_name, "max_model_len": engine.max_model_len,
                           "depth": engine.depth, "device": str(engine.device), "node": ray.util.get_node_ip_address(),
                           "node_id": context.get_node_id(), "actor_id": context.get_actor_id(),
-                          "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                          "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "pid": os.getpid(),
                           "workers": engine.executor.worker_processes(), "stats": engine.stats()})
 
     def add(self, request_id: str, prompt: dict, params: dict, arrival_time: float, arrival_index: int):
@@ -251,6 +253,9 @@ class RayReplica(Replica):
         self._closing = False
         self._final_only = False
         self._reader: Optional[threading.Thread] = None
+        timeout = options.get("step_timeout_s")
+        self.step_timeout_s = None if timeout == float("inf") else timeout
+        self._heard = time.monotonic()  # when an actor call last returned (the long-poll: at least every POLL_S)
 
     def _name(self) -> str:
         where = self.info["device"]
@@ -289,6 +294,13 @@ class RayReplica(Replica):
         if error is not None:
             raise _error(*error)
         return None if out is None else output_from_dict(out)
+
+    def check_responsive(self, busy: bool) -> None:
+        """Fail the replica as hung when its actor has answered no call for step_timeout_s (its
+        output long-poll returns at least every POLL_S, busy or not), and kill the actor."""
+        if (self.alive and self._death is None and self.step_timeout_s is not None
+                and time.monotonic() - self._heard > self.step_timeout_s):
+            self._hung(f"answered nothing for {self.step_timeout_s:g} s")
 
     def poll(self, final_only):
         if final_only != self._final_only and self.alive:
@@ -330,11 +342,24 @@ class RayReplica(Replica):
         if not self.alive:
             raise errors.ReplicaError(self.failure)
         try:
-            return self._ray.get(method.remote(*args))
+            result = self._ray.get(method.remote(*args), timeout=self.step_timeout_s)
+        except self._ray.exceptions.GetTimeoutError:
+            self._hung(f"did not answer {method._method_name!r} within {self.step_timeout_s:g} s")
+            raise errors.ReplicaError(self.failure) from None
         except self._ray.exceptions.RayError as exc:
             self._died(exc)
             self.failure = self._death
             raise errors.ReplicaError(self.failure) from exc
+        self._heard = time.monotonic()
+        return result
+
+    def _hung(self, what: str) -> None:
+        """Fail the replica as hung (step_timeout_s) and kill its actor."""
+        self.failure = f"{self._name()} {what} (step_timeout_s): hung, stopped"
+        try:
+            self._ray.kill(self.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone, or Ray shut down first
+            pass
 
     def _read(self) -> None:
         """Reader thread: long-poll the actor's outputs and wake the front end when some arrive."""
@@ -346,6 +371,7 @@ class RayReplica(Replica):
                     self._died(exc)
                     self._wake()
                 return
+            self._heard = time.monotonic()
             rebuilt = [output_from_dict(d) for d in outs]
             with self._lock:
                 self._outputs.extend(rebuilt)

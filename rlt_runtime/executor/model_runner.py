@@ -542,9 +542,11 @@ class ModelRunner:
         st.upload()
         fixed = self.fixed_steps and not any(self.slot_exits_early[r.slot] for r in rows)
         # Compile mode would compile the whole model again for a forward-only variant: masks first there.
-        late = late_masks is not None and not (self.graphs is not None and self.graphs.mode == "compile")
-        if late_masks is not None and not late:
-            self.token_mask.write([], *late_masks())
+        masks_first = late_masks if self.graphs is not None and self.graphs.mode == "compile" else None
+        if masks_first is not None:
+            self.token_mask.write([], *masks_first())
+            late_masks = None
+        late = late_masks is not None
         res = run_bucketed(self.graphs, self.decode_program, b, (want_lp, num_top, processed, fixed, late))
         if late:  # the forward is on the device: now the masks, then sampling (eager: a few kernels)
             self.token_mask.write([], *late_masks())

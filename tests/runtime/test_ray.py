@@ -10,6 +10,8 @@ and its actors take 20-30 s to start on two cores. Option and placement checks r
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 import types
@@ -225,6 +227,33 @@ def test_a_killed_ray_replica_fails_only_its_requests(ray_cluster):
         assert _signature(_finish_all(engine)["after"]) == _signature(reference["q1"])
     finally:
         engine.shutdown()
+
+
+@pytest.mark.slow
+def test_a_stopped_ray_replica_is_failed_as_hung(ray_cluster):
+    """Replica 1's actor process stops (SIGSTOP) mid-request: after step_timeout_s without an answer
+    its requests end with an error naming it as hung, its actor is killed (its CPUs go back), and
+    replica 0's requests keep one engine's bits."""
+    engine = DataParallelEngine("ouro-tiny", data_parallel_size=2, distributed_executor="ray", step_timeout_s=4,
+                                **OPTIONS)
+    try:
+        reference = _run(LLMEngine("ouro-tiny", **OPTIONS), SHORT_PROMPTS, [LONG] * 4)
+        for i, prompt in enumerate(SHORT_PROMPTS):
+            engine.add_request(f"q{i}", prompt, LONG)
+        streamed = {}
+        while "q1" not in streamed:  # replica 1 is mid-request when it stops
+            streamed.update({o.request_id: o for o in engine.step() if o.outputs[0].token_ids})
+        os.kill(engine.replicas[1].info["pid"], signal.SIGSTOP)
+        done = _finish_within(engine, 120)
+        for rid in ("q1", "q3"):
+            failed = done[rid]
+            assert failed.outputs[0].finish_reason == "error" and "replica 1" in failed.error
+            assert "answered nothing for 4 s (step_timeout_s): hung, stopped" in failed.error
+        for rid in ("q0", "q2"):
+            assert _signature(done[rid]) == _signature(reference[rid])
+    finally:
+        engine.shutdown()
+    _wait_for_cpus_back(ray_cluster)
 
 
 @pytest.mark.slow

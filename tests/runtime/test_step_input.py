@@ -18,9 +18,9 @@ PROMPTS = [list(range(5, 30)), [40, 41, 42], list(range(60, 95)), [7, 8, 9, 10, 
 def _record_steps(engine) -> list[StepInput]:
     steps, execute = [], engine.executor.execute
 
-    def recording(step, guide=None):
+    def recording(step, guide=None, late_masks=None):
         steps.append(step)
-        return execute(step, guide)
+        return execute(step, guide, late_masks)
 
     engine.executor.execute = recording
     return steps
