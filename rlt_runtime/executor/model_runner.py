@@ -157,6 +157,7 @@ class ModelRunner:
         self.graphs = None
         self.prefill_graphs = None
         self.fixed_steps = True  # steps whose rows all run every loop skip the exit rule before the last one
+        self.forward_only_steps = True  # async guided steps submit their forward before their masks exist
         self.spec = None  # SpeculativeRunner when speculative decoding is on
         self.swapped: dict[int, list] = {}  # swap id -> CPU copies (K, V, key depths) of a swapped-out sequence
         self.record_device_time = False
@@ -199,7 +200,7 @@ class ModelRunner:
                                    [s for s in sizes if s <= self.max_rows], mode=mode, static_tensors=static)
         # Steps whose rows all run every loop take the fixed-depth program (`run_loops`); compile mode
         # keeps one program per bucket (each variant is another compilation of the whole model).
-        self.fixed_steps = mode != "compile"
+        self.fixed_steps = self.forward_only_steps = mode != "compile"
         for fixed in (True, False):
             if fixed and not self.fixed_steps:
                 continue
@@ -542,7 +543,7 @@ class ModelRunner:
         st.upload()
         fixed = self.fixed_steps and not any(self.slot_exits_early[r.slot] for r in rows)
         # Compile mode would compile the whole model again for a forward-only variant: masks first there.
-        masks_first = late_masks if self.graphs is not None and self.graphs.mode == "compile" else None
+        masks_first = late_masks if not self.forward_only_steps else None
         if masks_first is not None:
             self.token_mask.write([], *masks_first())
             late_masks = None
