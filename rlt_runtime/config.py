@@ -62,6 +62,11 @@ class SpeculativeConfig:
             raise _fail("speculative_config.synthetic_acceptance", "None or a number in [0, 1]", self.synthetic_acceptance)
 
 
+def step_time_limit(seconds: Optional[float]) -> Optional[float]:
+    """`EngineConfig.step_timeout_s` as a wait limit in seconds: None (no limit) for None or inf."""
+    return None if seconds is None or seconds == float("inf") else float(seconds)
+
+
 @dataclass
 class EngineConfig:
     """All engine options. Defaults are the fastest correct choice for the device."""

@@ -335,12 +335,11 @@ class LLMEngine:
                 raise RequestError(f"{params.guided.origin}: {exc}") from None
         return self._grammars.compile(params.guided)
 
-    def _fill_masks(self, sched, skip=()) -> bool:
-        """Write the next-token bitmasks of the step's guided rows (decode rows and prefill chunks
-        that sample, but not those in `skip`) into `sched`, from their matchers' committed state.
-        Returns whether any."""
-        skipped = {id(r) for r in skip}
-        rows = [r for r in sched.decodes if r.matcher is not None and id(r) not in skipped]
+    def _fill_masks(self, sched, decode_rows: bool = True) -> bool:
+        """Write the next-token bitmasks of the step's guided rows (decode rows unless decode_rows
+        is False, and prefill chunks that sample) into `sched`, from their matchers' committed
+        state. Returns whether any."""
+        rows = [r for r in sched.decodes if r.matcher is not None] if decode_rows else []
         rows += [c.request for c in sched.prefills if c.sample and c.request.matcher is not None]
         if not rows:
             return False
@@ -515,7 +514,7 @@ class LLMEngine:
         # masks late: the executor asks for them after submitting the forward (`_late_masks`).
         late_rows = [r for r in sched.decodes if r.matcher is not None] if self._pending is not None and (
             self._pending.guided) else []
-        guided = self._fill_masks(sched, skip=late_rows) or bool(late_rows)
+        guided = self._fill_masks(sched, decode_rows=not late_rows) or bool(late_rows)
         handle = None
         if not sched.is_empty:
             step, live = self._steps.build(sched)

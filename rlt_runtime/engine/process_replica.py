@@ -29,6 +29,7 @@ import traceback
 from typing import Optional
 
 from .. import errors
+from ..config import step_time_limit
 from ..outputs import RequestOutput
 from .heap import freeze_heap
 from .replica import Replica
@@ -50,7 +51,7 @@ class ProcessReplica(Replica):
         hooks = hooks or ChildHooks()
         self.index = index
         self.label = f"data-parallel replica {index}"  # how failures name it
-        self.step_timeout_s = None if step_timeout_s == float("inf") else step_timeout_s
+        self.step_timeout_s = step_time_limit(step_timeout_s)
         self._heard = time.monotonic()  # when the child last sent something (or was given work)
         self.info = {"device": device}
         self._conn, child = context.Pipe(duplex=True)

@@ -40,7 +40,7 @@ import time
 from typing import Optional
 
 from .. import errors
-from ..config import EngineConfig
+from ..config import EngineConfig, step_time_limit
 from ..outputs import RequestOutput
 from .process_replica import STATS_INTERVAL_S, _error
 from .replica import Replica
@@ -253,8 +253,7 @@ class RayReplica(Replica):
         self._closing = False
         self._final_only = False
         self._reader: Optional[threading.Thread] = None
-        timeout = options.get("step_timeout_s")
-        self.step_timeout_s = None if timeout == float("inf") else timeout
+        self.step_timeout_s = step_time_limit(options.get("step_timeout_s"))
         self._heard = time.monotonic()  # when an actor call last returned (the long-poll: at least every POLL_S)
 
     def _name(self) -> str:

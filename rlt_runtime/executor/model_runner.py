@@ -573,22 +573,24 @@ class ModelRunner:
         logits = self.head_logits(out, slots, pos, active)
         if late:
             return {"logits": logits, "depths": out.depth}
-        res = self._sample(logits, slots, pos + 1, want_lp, num_top, active, processed)
-        self.store_next(idx, active, res["tokens"], pos + 1)
-        res["depths"] = out.depth
-        return res
+        return self._sample_decode_rows(logits, out.depth, slots, idx, pos, active, want_lp, num_top, processed)
 
     def decode_sampling(self, forward: dict, want_lp: bool, num_top: int, processed: bool) -> dict:
         """The sampling that `decode_program(..., late=True)` left out, on its outputs: the same
         kernels on the same rows, so the same bits."""
         b = forward["logits"].shape[0]
         slots = self.dec_in["slots"][:b]
-        active = self.dec_in["num_rows"]
         idx = slots.long()
         pos = self.slot_pos.index_select(0, idx)
-        res = self._sample(forward["logits"], slots, pos + 1, want_lp, num_top, active, processed)
+        return self._sample_decode_rows(forward["logits"], forward["depths"], slots, idx, pos, self.dec_in["num_rows"],
+                                        want_lp, num_top, processed)
+
+    def _sample_decode_rows(self, logits, depths, slots, idx, pos, active, want_lp, num_top, processed) -> dict:
+        """Sample the decode rows' next tokens, store them (and the advanced positions) in the slot
+        pools, and return the results with the rows' depths."""
+        res = self._sample(logits, slots, pos + 1, want_lp, num_top, active, processed)
         self.store_next(idx, active, res["tokens"], pos + 1)
-        res["depths"] = forward["depths"]
+        res["depths"] = depths
         return res
 
     def store_next(self, idx, active, tokens, positions=None) -> None:

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ..cache.memory import MemoryPlan
+from ..config import step_time_limit
 from ..errors import ConfigError
 from ..step import StepInput, StepOutput
 from .executor import Executor
@@ -149,7 +150,7 @@ class MultiprocExecutor(Executor):
             if int(self.devices[-1].split(":")[1]) >= visible:
                 raise ConfigError(f"tensor_parallel_size={size} on {spec.device} needs {self.devices[0]}.."
                                   f"{self.devices[-1]} but {visible} GPUs are visible (CUDA_VISIBLE_DEVICES is honoured)")
-        self.size, self.step_timeout_s = size, None if step_timeout_s == float("inf") else step_timeout_s
+        self.size, self.step_timeout_s = size, step_time_limit(step_timeout_s)
         self._failure: Optional[str] = None  # set when the group hung: every later call raises it
         self._sent = self._received = 0
         self._replies: dict[int, list] = {}
