@@ -102,10 +102,18 @@ WAVE_CTAS = 132
 # gate_up 14.9 -> 10.0 / 16.4 -> 13.5 (31.3 -> 20.4 / 31.5 -> 22.6), down 8.0 -> 6.2 / 9.5 -> 8.8
 # (14.5 -> 9.5 / 15.4 -> 14.8). At M = 64 only weights whose decode tile is already 64 columns wide
 # take it (o keeps its 16-column tile there: 32 transposed CTAs are too few, 6.1 -> 7.5 us).
+# Stages (2026-12-02 sweep, 24-32 rotating copies so every weight comes from HBM): a program keeps
+# up to SKINNY_BYTES_IN_FLIGHT of 16-bit tiles in flight, 3..6 stages, which is what the few
+# programs of a decode launch need to stream at bandwidth. us at M = 1 / 16, 3 stages -> this rule,
+# same bits: qkv 10.2 -> 8.9 / 9.2, o 8.5 -> 6.2, gate_up 15.8 (4 stages) -> 14.7, down 9.8 / 10.8
+# -> 8.6 / 9.8; Huginn proj 5280 x 5280 35.8 -> 19.3 (with 256-byte K steps, which an unsplit
+# weight always keeps: its one K range does not depend on the step). FP8 weights keep 3 stages.
 SKINNY_ROWS = 16
 SKINNY_BLOCK_N = 64
 SKINNY_K_STEP_BYTES = 256
 SKINNY_STAGES = 3
+SKINNY_MAX_STAGES = 6
+SKINNY_BYTES_IN_FLIGHT = 120 * 1024
 # Column tile of the middle row class.
 MID_BLOCK_N = 64
 # Split-K weights in the middle class take 128 x 64 tiles with 64-element K steps, 8 warps, 4 stages
@@ -157,6 +165,11 @@ class LinearConfig:
         steps = -(-k // self.block_k)
         return -(-steps // self.split_k) * self.block_k
 
+    def k_bounds(self, k: int) -> tuple:
+        """Where the K ranges of a launch start and end (0, ..., k): what decides the bits."""
+        r = self.k_range(k)
+        return (tuple(range(0, k, r)) if r else ()) + (k,)
+
 
 @functools.lru_cache(maxsize=None)
 def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = None,
@@ -207,11 +220,12 @@ def _skinny_config(decode: LinearConfig, k: int, elem: int, accumulators: int, b
     """The transposed decode tile: wide K steps unless they would move the weight's split ranges."""
     block_k = max(decode.block_k, min(SKINNY_K_STEP_BYTES // elem, triton.next_power_of_2(max(k, 1))))
     if -(-k // block_k) < decode.split_k or LinearConfig(block_m, SKINNY_BLOCK_N, block_k, 4, 1,
-                                                         split_k=decode.split_k).k_range(k) != decode.k_range(k):
+                                                         split_k=decode.split_k).k_bounds(k) != decode.k_bounds(k):
         block_k = decode.block_k
     stages = SKINNY_STAGES
-    if accumulators == 2 and block_m == SKINNY_ROWS:
-        stages = min(MAX_STAGES, SMEM_BUDGET_BYTES // ((block_m + 2 * SKINNY_BLOCK_N) * block_k * elem))
+    if elem >= 2:
+        stage_bytes = (block_m + accumulators * SKINNY_BLOCK_N) * block_k * elem
+        stages = max(SKINNY_STAGES, min(SKINNY_MAX_STAGES, SKINNY_BYTES_IN_FLIGHT // stage_bytes))
     return LinearConfig(block_m, SKINNY_BLOCK_N, block_k, 4, stages, split_k=decode.split_k, swap_ab=True)
 
 

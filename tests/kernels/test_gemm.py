@@ -7,6 +7,7 @@ invariance at real sizes.
 
 import pytest
 import torch
+import triton
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -191,8 +192,12 @@ def test_linear_config_fits_and_spreads(n, k, activation, dtype):
                  gemm.PREFILL_ROWS, 4096):
         cfg = gemm.linear_config(n, k, dtype, activation, rows)
         assert cfg.num_stages * (cfg.block_m + accumulators * cfg.block_n) * cfg.block_k * elem <= gemm.SMEM_BUDGET_BYTES
-        assert cfg.block_m in (gemm.SKINNY_ROWS, gemm.BLOCK_M, gemm.BLOCK_M_PREFILL) and 2 <= cfg.num_stages <= gemm.MAX_STAGES
-        assert (cfg.k_range(k), cfg.split_k) == (decode.k_range(k), decode.split_k)
+        max_stages = gemm.SKINNY_MAX_STAGES if cfg.swap_ab else gemm.MAX_STAGES
+        assert cfg.block_m in (gemm.SKINNY_ROWS, gemm.BLOCK_M, gemm.BLOCK_M_PREFILL) and 2 <= cfg.num_stages <= max_stages
+        assert (cfg.k_bounds(k), cfg.split_k) == (decode.k_bounds(k), decode.split_k)
+        if cfg.swap_ab and decode.split_k == 1:  # one K range: the skinny tile takes its wide K step
+            assert cfg.block_k == max(decode.block_k, min(gemm.SKINNY_K_STEP_BYTES // elem,
+                                                          triton.next_power_of_2(k)))
         if rows is None or dtype == torch.float32:
             assert cfg == decode
         elif rows <= gemm.DECODE_ROWS:  # transposed skinny tiles, or the decode tile itself
@@ -228,7 +233,7 @@ def test_linear_transposed_skinny_tiles_keep_the_bits(device, weight_dtype, acti
     H200 the same holds for wgmma (test_gpu_model_shapes_bf16, test_gpu_fp8_row_classes_keep_the_bits)."""
     skinny = gemm.linear_config(n, k, torch.bfloat16, activation, 1)
     decode = gemm.linear_config(n, k, torch.bfloat16, activation)
-    assert skinny.swap_ab and not decode.swap_ab and skinny.k_range(k) == decode.k_range(k)
+    assert skinny.swap_ab and not decode.swap_ab and skinny.k_bounds(k) == decode.k_bounds(k)
     gen = seeded(n + k, device)
     w, scale = linear_weight(n, k, weight_dtype, device, gen)
     x = randn((21, k), torch.bfloat16, device, gen)
