@@ -12,6 +12,7 @@ from HBM as in a real forward pass.
 
     pytest perf/test_bench_gemm.py --benchmark-json=out/gemm.json
     RLT_GEMM_SWEEP=1 pytest perf/test_bench_gemm.py -k sweep   # candidate configs, for tuning
+    RLT_GEMM_SWEEP=1 pytest perf/test_bench_gemm.py -k skinny_sweep   # the transposed decode tiles
 """
 
 import concurrent.futures
@@ -160,6 +161,32 @@ def _mid_candidates(n: int, k: int, activation) -> list:
     return found
 
 
+def _skinny_candidates(n: int, k: int, activation, block_m: int) -> list:
+    """Transposed decode tiles (out^T = W x^T, `block_m` batch rows) with the weight's reduction
+    plan: column widths, K steps, 2..6 stages (the bytes a program keeps in flight), 4 or 8 warps."""
+    accumulators = 2 if activation == "swiglu" else 1
+    split = gemm.linear_config(n, k, DTYPE, activation).split_k
+    found = []
+    for block_n, block_k, stages, warps in itertools.product((16, 32, 64, 128), (128, 256), (2, 3, 4, 5, 6), (4, 8)):
+        if warps == 8 and accumulators * block_n < 128:
+            continue
+        if stages * (block_m + accumulators * block_n) * block_k * DTYPE.itemsize > 200 * 1024:
+            continue
+        found.append(gemm.LinearConfig(block_m, block_n, block_k, warps, stages, split_k=split, swap_ab=True))
+    return found
+
+
+@pytest.mark.skipif(os.environ.get("RLT_GEMM_SWEEP") != "1", reason="tuning sweep: set RLT_GEMM_SWEEP=1")
+@pytest.mark.parametrize("block_m,rows", [(gemm.SKINNY_ROWS, (1, 16)), (gemm.BLOCK_M, (64,))], ids=["rows16", "rows64"])
+@pytest.mark.parametrize("name,n,k,activation", WEIGHTS[:4] + WEIGHTS[6:7], ids=[w[0] for w in WEIGHTS[:4] + WEIGHTS[6:7]])
+def test_bench_linear_skinny_sweep(benchmark, roofline, name, n, k, activation, block_m, rows):
+    """The transposed decode tiles (`_skinny_config`), with bits checked against the table's."""
+    chosen = gemm.linear_config(n, k, DTYPE, activation, rows[0])
+    candidates = _skinny_candidates(n, k, activation, block_m)
+    _sweep(benchmark, roofline, name, n, k, activation, candidates + [chosen] * (chosen not in candidates), rows,
+           f"skinny{block_m}", chosen=chosen)
+
+
 @pytest.mark.skipif(os.environ.get("RLT_GEMM_SWEEP") != "1", reason="tuning sweep: set RLT_GEMM_SWEEP=1")
 @pytest.mark.parametrize("name,n,k,activation", WEIGHTS, ids=[w[0] for w in WEIGHTS])
 def test_bench_linear_config_sweep(benchmark, roofline, name, n, k, activation):
@@ -173,21 +200,23 @@ def test_bench_linear_mid_sweep(benchmark, roofline, name, n, k, activation):
     _sweep(benchmark, roofline, name, n, k, activation, _mid_candidates(n, k, activation), MID_SWEEP_ROWS, "mid")
 
 
-def _sweep(benchmark, roofline, name, n, k, activation, candidates, sweep_rows, kind):
+def _sweep(benchmark, roofline, name, n, k, activation, candidates, sweep_rows, kind, chosen=None):
     """Times every candidate config at decode and prefill sizes; the JSON lists them so the
-    `linear_config` table can be re-tuned from one GPU run (a config is used for all M).
+    `linear_config` table can be re-tuned from one GPU run (a config is used for all M; `chosen`
+    marks the table's config, or the one given).
     `same_bits_as_chosen`: whether the candidate's M=256 output equals the table config's bit
     for bit (tells which tile shapes share one reduction order on this GPU)."""
     weights = _weights(n, k)
     n_out = n // 2 if activation == "swiglu" else n
     table = gemm.linear_config(n, k, DTYPE, activation)
+    in_use = chosen or table
     probe = torch.randn(256, k, dtype=DTYPE, device="cuda")
     chosen_bits = gemm._launch(probe, weights[0], torch.empty(256, n_out, dtype=DTYPE, device="cuda"), None,
                                activation, table).view(torch.int16)
     _warm_compile_cache(n, k, activation, candidates)
     results = []
     for cfg in candidates:
-        row = {"config": dataclasses.asdict(cfg), "chosen": cfg == table}
+        row = {"config": dataclasses.asdict(cfg), "chosen": cfg == in_use}
         for m in sweep_rows:
             x = torch.randn(m, k, dtype=DTYPE, device="cuda")
             out = torch.empty(m, n_out, dtype=DTYPE, device="cuda")
