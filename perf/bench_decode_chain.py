@@ -1,6 +1,6 @@
 """A decode step's layer-loops as one CUDA graph of rlt kernels, against the weight-byte floor.
 
-    python -m perf.bench_decode_chain --out out/decode_chain [--batches 1,16,64] [--variants ...]
+    python -m perf.bench_decode_chain --out out/decode_chain [--batches 1,16,64] [--variants ...] [--ablate]
 
 Ouro-1.4B shapes (hidden 2048, 16 x 128 heads, MLP 5632, 24 layers, 4 loops: 96 layer-loops), bf16,
 each layer its own weights, 192 keys per sequence in block tables as wide as 4,096 keys (so the
@@ -34,6 +34,10 @@ VARIANTS = {  # name: (launch environment, split decode attention merging its ke
     "dependent launches + in-place merge": ({}, True),
 }
 KNOBS = ("RLT_PDL",)
+# Ablations (--ablate): the engine's launch (dependent launches, in-place merge) with kernels left
+# out, each dropped kernel's output replaced by its input; what each kernel costs in the chain.
+ABLATIONS = {"full": (), "without RoPE + scatter": ("rope",), "without attention": ("attention",),
+             "without residual norms": ("norms",), "GEMVs only": ("rope", "attention", "norms")}
 
 
 class Chain:
@@ -67,6 +71,7 @@ class Chain:
         self.batch = batch
         self.range_counters = attention.new_range_counters(device)
         self.merge_in_place = False
+        self.drop = frozenset()  # ABLATIONS: kernels left out (timing only; the output is meaningless)
 
     def step(self) -> torch.Tensor:
         """All layer-loops of one decode step; returns the last normed state [batch, hidden]."""
@@ -80,13 +85,20 @@ class Chain:
                 q, k, v = (qkv[:, j * HEADS * HEAD_DIM:(j + 1) * HEADS * HEAD_DIM].view(b, HEADS, HEAD_DIM)
                            for j in range(3))
                 kc, vc = self.caches[i]
-                q_rot = kv_cache.rope_kv_scatter(q, k, v, self.positions, self.cos_sin, kc, vc, self.slots)
-                attn = attention.paged_attention(q_rot, kc, vc, self.tables, self.seq_lens, self.qsl,
-                                                 workspace=self.workspace, decode_from=0,
-                                                 range_counters=range_counters).view(b, -1)
-                h, n = linear_norm.linear_residual_norm(attn, w["o"], h, w["norms"][1], w["norms"][2], eps)
+                q_rot = q if "rope" in self.drop else kv_cache.rope_kv_scatter(
+                    q, k, v, self.positions, self.cos_sin, kc, vc, self.slots)
+                attn = q_rot.reshape(b, -1) if "attention" in self.drop else attention.paged_attention(
+                    q_rot, kc, vc, self.tables, self.seq_lens, self.qsl, workspace=self.workspace, decode_from=0,
+                    range_counters=range_counters).view(b, -1)
+                if "norms" in self.drop:
+                    h = n = gemm.linear(attn, w["o"])
+                else:
+                    h, n = linear_norm.linear_residual_norm(attn, w["o"], h, w["norms"][1], w["norms"][2], eps)
                 act = gemm.linear(n, w["gate_up"], activation="swiglu")
-                h, n = linear_norm.linear_residual_norm(act, w["down"], h, w["norms"][3], w["norms"][0], eps)
+                if "norms" in self.drop:
+                    h = n = gemm.linear(act, w["down"])
+                else:
+                    h, n = linear_norm.linear_residual_norm(act, w["down"], h, w["norms"][3], w["norms"][0], eps)
         return n
 
 
@@ -129,6 +141,24 @@ def time_variant(chain: Chain, variant: tuple, replays: int = 20) -> tuple[float
             os.environ.pop(key, None)
 
 
+def ablate(batches: list[int]) -> dict:
+    """µs per layer-loop of each ABLATIONS entry at each batch (timing only)."""
+    roof = measure()
+    res = {"roofline": roof, "floor_us_per_layer_loop": weight_bytes() / roof["copy_gbps"] / 1e3 / (LAYERS * LOOPS),
+           "batches": {}}
+    for b in batches:
+        chain, rows = Chain(b), {}
+        for name, drop in ABLATIONS.items():
+            chain.drop = frozenset(drop)
+            ms, _ = time_variant(chain, VARIANTS["dependent launches + in-place merge"])
+            rows[name] = ms * 1e3 / (LAYERS * LOOPS)
+            print(f"batch {b:4d}  {name:24s} {rows[name]:6.1f} us per layer-loop", flush=True)
+        res["batches"][b] = rows
+        del chain
+        torch.cuda.empty_cache()
+    return res
+
+
 def run(batches: list[int], variants: list[str]) -> dict:
     roof = measure()
     floor = weight_bytes() / (roof["copy_gbps"] * 1e9) * 1e3
@@ -153,10 +183,12 @@ def main() -> None:
     ap.add_argument("--out", default="out/decode_chain")
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS")
+    ap.add_argument("--ablate", action="store_true", help="time the chain with kernels left out (ABLATIONS)")
     args = ap.parse_args()
-    res = run([int(b) for b in args.batches.split(",")], args.variants.split(","))
+    batches = [int(b) for b in args.batches.split(",")]
+    res = ablate(batches) if args.ablate else run(batches, args.variants.split(","))
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "decode_chain.json"), "w") as f:
+    with open(os.path.join(args.out, "decode_chain_ablation.json" if args.ablate else "decode_chain.json"), "w") as f:
         json.dump(res, f, indent=1)
 
 

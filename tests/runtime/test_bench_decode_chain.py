@@ -29,3 +29,7 @@ def test_tiny_chain_gives_one_result_whichever_way_ranges_merge(monkeypatch):
     chain.merge_in_place = True
     assert torch.equal(chain.step(), combined) and torch.isfinite(combined).all()
     assert not chain.range_counters.any()
+    for drop in chain_bench.ABLATIONS.values():  # every ablation runs, and leaving a kernel out changes the result
+        chain.drop = frozenset(drop)
+        out = chain.step()
+        assert out.shape == combined.shape and (not drop or not torch.equal(out, combined))
