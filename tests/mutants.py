@@ -252,6 +252,13 @@ MUTANTS = (
         "an async decode step after a guided step samples its guided rows under the masks of the step before",
     ),
     Mutant(
+        "tp-ranks-drop-late-masks", "rlt_runtime/executor/multiproc.py",
+        "return slots, masks",
+        "return [], masks[:0]",
+        ("tests/runtime/test_tensor_parallel.py::test_async_guided_steps_send_their_late_masks_after_the_step",),
+        "tensor-parallel ranks sample an async step's guided rows without the masks the engine sent after the step",
+    ),
+    Mutant(
         "keyless-decode-row-unwritten", "rlt_kernels/attention.py",
         "if (partial != 0) & (c_lo >= tl.maximum(n_ranges, 1)):",
         "if (partial != 0) & (c_lo >= n_ranges):",

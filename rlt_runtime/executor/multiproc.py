@@ -12,7 +12,10 @@ sampling (identical seeds and, after each sum, identical bits), so all ranks sta
 Rank 0 sends the step's results back; the other ranks answer with None (or their error).
 A step whose round checks guided drafts is two calls: "execute" is answered (by rank 0) with the
 drafted tokens, in the middle of the step; the engine's masks come back as the call
-"verify_masks", which the ranks read inside the step and answer with the step's results.
+"verify_masks", which the ranks read inside the step and answer with the step's results. A decode
+step whose guided rows take their masks late is two calls too: "execute" is answered (with None)
+once each rank has submitted the forward; the engine builds the masks meanwhile and sends them as
+the call "late_masks", which the ranks read before sampling and answer with the step's results.
 One reader thread per rank empties its pipe as replies arrive; replies are matched to calls in
 the order the calls were sent, so steps may overlap (async scheduling).
 """
@@ -76,14 +79,25 @@ def _rank_main(rank: int, size: int, spec: WorkerSpec, store_port: int, num_thre
             method, args = msg
             try:
                 if method == "execute":
-                    step, guided = args
+                    step, mode = args
+                    taken = []
 
                     def guide(drafted):  # reply with the drafts, wait for the masks (the "verify_masks" call)
                         conn.send(("ok", drafted if rank == 0 else None))
                         _, (masks,) = conn.recv()
                         return masks
 
-                    handle = worker.execute(step, guide if guided else None)
+                    def late_masks():  # the forward is submitted: reply, wait for the masks (the "late_masks" call)
+                        conn.send(("ok", None))
+                        _, (slots, masks) = conn.recv()
+                        taken.append(True)
+                        return slots, masks
+
+                    handle = worker.execute(step, guide if mode == "guided" else None,
+                                            late_masks if mode == "late" else None)
+                    if mode == "late" and not taken:  # keep the pipe in step, then fail the step
+                        late_masks()
+                        raise RuntimeError("the step never asked for its late masks")
                     out = None
                     result = handle.result()
                     if rank == 0:
@@ -100,11 +114,6 @@ def _rank_main(rank: int, size: int, spec: WorkerSpec, store_port: int, num_thre
 
 def _describe(exc: BaseException) -> tuple:
     return (type(exc).__name__, str(exc), traceback.format_exc())
-
-
-def _stacked(first, second):
-    """Bitmask rows `first` (or None) followed by `second` (int32 CPU tensors or arrays)."""
-    return second if first is None else torch.cat([torch.as_tensor(first), torch.as_tensor(second)])
 
 
 def _gone(proc) -> str:
@@ -154,6 +163,7 @@ class MultiprocExecutor(Executor):
         self._failure: Optional[str] = None  # set when the group hung: every later call raises it
         self._sent = self._received = 0
         self._replies: dict[int, list] = {}
+        self._unread: set[int] = set()  # calls whose replies are dropped (an "execute" taking late masks)
         ctx = torch.multiprocessing.get_context("spawn")
         # The group's rendezvous: held here (port 0: the OS picks a free one) until shutdown.
         self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=RENDEZVOUS_TIMEOUT)
@@ -226,7 +236,11 @@ class MultiprocExecutor(Executor):
 
     def _wait(self, seq: int, timeout: Optional[float] = None) -> list:
         while self._received <= seq:
-            self._replies[self._received] = self._collect("a call" if timeout is None else "a step", timeout)
+            replies = self._collect("a call" if timeout is None else "a step", timeout)
+            if self._received in self._unread:
+                self._unread.discard(self._received)
+            else:
+                self._replies[self._received] = replies
             self._received += 1
         return self._replies.pop(seq)
 
@@ -249,11 +263,10 @@ class MultiprocExecutor(Executor):
         self._call("init_speculation", num_speculative_tokens, draft_loops, synthetic_acceptance, graph_sizes)
 
     def execute(self, step: StepInput, guide=None, late_masks=None) -> RemoteStep:
-        if late_masks is not None:  # the ranks take the masks with the step (no overlap with the step before)
-            slots, masks = late_masks()
-            step = dataclasses.replace(step, guided_slots=list(step.guided_slots) + list(slots),
-                                       guided_masks=_stacked(step.guided_masks, masks))
-        seq = self._send("execute", step, guide is not None)
+        if late_masks is not None:  # the masks follow the step: built while the ranks run its forward
+            self._unread.add(self._send("execute", step, "late"))
+            return RemoteStep(self, self._send("late_masks", *late_masks()))
+        seq = self._send("execute", step, "guided" if guide is not None else None)
         if guide is not None:
             drafted = self._wait(seq, self.step_timeout_s)[0]
             seq = self._send("verify_masks", guide(drafted))

@@ -113,18 +113,31 @@ def test_guided_speculation_sends_the_drafts_to_the_engine_and_the_masks_to_ever
     assert spec.engine.stats()["speculative"]["accepted"] > 0
 
 
-def test_async_guided_steps_send_their_late_masks_with_the_step(engines):
+def test_async_guided_steps_send_their_late_masks_after_the_step(engines):
     """Without speculation an async decode step after a guided step gets its guided rows' masks
-    late (`late_masks`); the tensor-parallel executor asks for them before sending the step, and
-    stacks them after the masks of guided prompts sampling in the same step (staggered arrivals):
-    the outputs of synchronous steps."""
+    late (`late_masks`): the tensor-parallel executor sends the step first and the masks, built
+    while the ranks run its forward, as the next call, beside guided prompts sampling in the same
+    step (staggered arrivals): the outputs of synchronous steps."""
     pytest.importorskip("xgrammar")
     from test_logit_processing import _drive
 
     guided = SamplingParams(max_tokens=10, temperature=0.9, seed=2, logprobs=1, guided={"regex": "[a-c]{2}-[0-9]{2}"})
     work = [(PROMPTS[0], guided, 0), (PROMPTS[1], guided, 2), (PROMPTS[2], guided, 3)]
     sync = _drive(engines("ouro-tiny", "float32"), work)
-    assert _drive(engines("ouro-tiny", "float32", async_scheduling=True), work) == sync
+    llm = engines("ouro-tiny", "float32", async_scheduling=True)
+    eng, sent_first = llm.engine, []
+    build = eng._late_masks
+
+    def late_masks(*args):  # the step's "execute" is already on its way to the ranks
+        sent_first.append(eng.executor._sent - 1 in eng.executor._unread)
+        return build(*args)
+
+    eng._late_masks = late_masks
+    try:
+        assert _drive(llm, work) == sync
+    finally:
+        del eng._late_masks
+    assert sent_first and all(sent_first)
 
 
 def test_shards_partition_every_block():
