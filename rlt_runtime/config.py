@@ -176,10 +176,6 @@ class EngineConfig:
             raise ConfigError(f"disaggregated_prefill=True starts its two engine processes on this host; it cannot be "
                               f"combined with distributed_executor={self.distributed_executor!r} (use 'mp')")
         _int(self.tensor_parallel_size, "tensor_parallel_size", 1)
-        if self.tensor_parallel_size > 1 and self.disaggregated_prefill:
-            raise ConfigError(f"tensor_parallel_size={self.tensor_parallel_size} cannot be combined with "
-                              "disaggregated_prefill=True yet (its K/V handoff moves whole planes between two engines); "
-                              "set tensor_parallel_size=1 or disaggregated_prefill=False")
         if self.step_timeout_s is not None and (isinstance(self.step_timeout_s, bool)
                                                 or not isinstance(self.step_timeout_s, (int, float))
                                                 or not self.step_timeout_s > 0):

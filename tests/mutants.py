@@ -259,6 +259,13 @@ MUTANTS = (
         "tensor-parallel ranks sample an async step's guided rows without the masks the engine sent after the step",
     ),
     Mutant(
+        "pd-tp-heads-joined-in-reverse", "rlt_runtime/executor/multiproc.py",
+        "return [[torch.cat([copies[i][0] for copies in per_rank], dim=3),",
+        "return [[torch.cat([copies[i][0] for copies in reversed(per_rank)], dim=3),",
+        ("tests/runtime/test_disaggregated_prefill.py::test_tensor_parallel_engines_hand_off_bit_for_bit[two requests-inprocess]",),
+        "a tensor-parallel prefill engine's handoff joins its ranks' K heads in the wrong order",
+    ),
+    Mutant(
         "keyless-decode-row-unwritten", "rlt_kernels/attention.py",
         "if (partial != 0) & (c_lo >= tl.maximum(n_ranges, 1)):",
         "if (partial != 0) & (c_lo >= n_ranges):",

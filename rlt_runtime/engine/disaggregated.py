@@ -59,21 +59,23 @@ PREFILL, DECODE = "prefill", "decode"
 
 
 def role_devices(cfg: EngineConfig) -> tuple[str, str]:
-    """(prefill device, decode device): cuda:0 and cuda:1 when CUDA is in use, else the CPU for both
-    (ConfigError for device='cuda:K', or CUDA with fewer than two devices)."""
-    device = cfg.device
+    """(prefill device, decode device): cuda:0 and cuda:T when CUDA is in use (each engine's T =
+    tensor_parallel_size ranks take T GPUs from there), else the CPU for both (ConfigError for
+    device='cuda:K', or CUDA with fewer than 2T devices)."""
+    device, tp = cfg.device, cfg.tensor_parallel_size
     if device == "cpu":
         return "cpu", "cpu"
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if device.startswith("cuda:"):
         raise ConfigError(f"device={device!r} names one GPU but disaggregated_prefill=True runs the prefill and the "
-                          "decode engine on two; use device='cuda' or 'auto' (cuda:0 and cuda:1) or device='cpu'")
+                          f"decode engine on GPUs of their own; use device='cuda' or 'auto' (cuda:0 and cuda:{tp}) "
+                          "or device='cpu'")
     if device == "auto" and count == 0:
         return "cpu", "cpu"
-    if count < 2:
-        raise ConfigError(f"disaggregated_prefill=True needs two CUDA devices with device={device!r}, found {count}; "
-                          "set device='cpu' or turn disaggregated_prefill off")
-    return "cuda:0", "cuda:1"
+    if count < 2 * tp:
+        raise ConfigError(f"disaggregated_prefill=True needs {2 * tp} CUDA devices (two engines of tensor_parallel_size="
+                          f"{tp}) with device={device!r}, found {count}; set device='cpu' or turn disaggregated_prefill off")
+    return "cuda:0", f"cuda:{tp}"
 
 
 def role_options(cfg: EngineConfig, role: str) -> dict:

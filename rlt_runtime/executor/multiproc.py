@@ -103,6 +103,8 @@ def _rank_main(rank: int, size: int, spec: WorkerSpec, store_port: int, num_thre
                     if rank == 0:
                         out = StepOutput(rows=handle.rows, prefills=handle.prefills, prompt_rows=handle.prompt_rows,
                                          round_k=handle.round_k, result=result, device_ms=handle.device_ms())
+                elif method == "export_swapped":  # host copies leave through shared memory, which pinned pages cannot join
+                    out = [[t.clone() if t.is_pinned() else t for t in copies] for copies in worker.export_swapped(*args)]
                 else:
                     out = getattr(worker, method)(*args)
                 conn.send(("ok", out))
@@ -189,9 +191,13 @@ class MultiprocExecutor(Executor):
 
     # ---- calls -----------------------------------------------------------------------------------
     def _send(self, method: str, *args) -> int:
+        return self._send_each(method, [args] * self.size)
+
+    def _send_each(self, method: str, per_rank: list) -> int:
+        """One call with arguments of its own for each rank (per_rank[r]: rank r's tuple)."""
         if self._failure is not None:  # replies of a hung group can no longer be matched to calls
             raise RuntimeError(self._failure)
-        for rank, (conn, proc) in enumerate(zip(self._conns, self._procs)):
+        for rank, (conn, proc), args in zip(range(self.size), zip(self._conns, self._procs), per_rank):
             try:
                 conn.send((method, args))
             except OSError as exc:
@@ -274,6 +280,21 @@ class MultiprocExecutor(Executor):
 
     def graph_stats(self) -> dict:
         return self._call("graph_stats")[0]
+
+    def export_swapped(self, step: StepInput) -> list:
+        """Every rank swaps out its heads; each sequence's copies (K, V, key depths) come back whole:
+        the ranks' K and V joined along the K/V heads (dim 3), as one engine would hold them."""
+        per_rank = self._call("export_swapped", step)
+        return [[torch.cat([copies[i][0] for copies in per_rank], dim=3),
+                 torch.cat([copies[i][1] for copies in per_rank], dim=3), per_rank[0][i][2]]
+                for i in range(len(step.swap_out))]
+
+    def import_swapped(self, swap_id: int, saved: list) -> None:
+        """Whole copies (K, V, key depths) from another engine: each rank holds its heads' share."""
+        k, v, depths = saved
+        shares = zip(k.chunk(self.size, dim=3), v.chunk(self.size, dim=3))
+        self._wait(self._send_each("import_swapped", [(swap_id, [ks.contiguous(), vs.contiguous(), depths])
+                                                      for ks, vs in shares]))
 
     def worker_processes(self) -> list[dict]:
         return [{"rank": rank, "pid": proc.pid, "device": device}

@@ -45,17 +45,17 @@ def _tp_reference(model: str) -> tuple[dict, dict]:
 
 # ---- devices and options -----------------------------------------------------------------------------
 
-def test_tensor_parallelism_combines_with_ray_but_still_refuses_disaggregated_prefill():
+def test_tensor_parallelism_combines_with_ray_and_disaggregated_prefill():
     """Ray places tensor-parallel replicas (test_ray.py); only the cluster's size can refuse them,
-    with an error naming both sizes and what the cluster has."""
+    with an error naming both sizes and what the cluster has. Disaggregated prefill takes
+    tensor-parallel engines (test_disaggregated_prefill.py)."""
     EngineConfig(tensor_parallel_size=2, data_parallel_size=2, distributed_executor="ray").validate_static()
     cluster = types.SimpleNamespace(cluster_resources=lambda: {"CPU": 3.0},
                                     nodes=lambda: [{"Alive": True, "Resources": {"CPU": 3.0}}])
     with pytest.raises(ConfigError, match=r"data_parallel_size \(2\) x tensor_parallel_size \(2\) needs 2 CPU "
                                           r"replicas of 2 CPUs each.*the Ray cluster has 3 CPUs"):
         placement("cpu", 2, 2, cluster)
-    with pytest.raises(ConfigError, match=r"tensor_parallel_size=2 cannot be combined with disaggregated_prefill=True"):
-        EngineConfig(tensor_parallel_size=2, disaggregated_prefill=True).validate_static()
+    EngineConfig(tensor_parallel_size=2, disaggregated_prefill=True).validate_static()
 
 
 # ---- outputs, stats and a failed rank ------------------------------------------------------------------

@@ -43,11 +43,15 @@ def test_role_devices(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert role_devices(EngineConfig(device="auto")) == ("cpu", "cpu")
-    with pytest.raises(ConfigError, match=r"needs two CUDA devices .* found 0"):
+    with pytest.raises(ConfigError, match=r"needs 2 CUDA devices .* found 0"):
         role_devices(EngineConfig(device="cuda"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert role_devices(EngineConfig(device="auto")) == ("cuda:0", "cuda:1")
+    with pytest.raises(ConfigError, match=r"needs 4 CUDA devices \(two engines of tensor_parallel_size=2\).* found 2"):
+        role_devices(EngineConfig(device="cuda", tensor_parallel_size=2))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert role_devices(EngineConfig(device="cuda", tensor_parallel_size=2)) == ("cuda:0", "cuda:2")
 
 
 # ---- bitwise equality with one engine ----------------------------------------------------------------
@@ -159,6 +163,39 @@ def test_handoff_across_engine_settings(model, options):
     if "num_blocks" in options:
         assert engine.stats()["disaggregated_prefill"][DECODE]["stats"]["preemptions"] > 0
     _check_pools_free(engine)
+
+
+@pytest.mark.parametrize("workload,backend", [("two requests", "inprocess"),
+                                              pytest.param("full", "inprocess", marks=pytest.mark.slow),
+                                              pytest.param("two requests", "process", marks=pytest.mark.slow)])
+def test_tensor_parallel_engines_hand_off_bit_for_bit(workload, backend):
+    """Both engines split over two gloo ranks: each prefill rank swaps out its heads, the handoff
+    joins them along the K/V heads, and each decode rank takes its share back. Outputs equal one
+    tensor-parallel engine's bit for bit and both pools end empty, with both engines in this process
+    or each in its own (its ranks its children, the K/V over gloo). Catches heads joined or split in
+    the wrong order (the decode ranks would attend over each other's heads)."""
+    options = dict(OPTIONS, tensor_parallel_size=2)
+    if workload == "full":
+        prompts, params = _workload()
+    else:
+        prompts = [list(range(3, 23)), [7, 8, 9]]
+        params = [SamplingParams(max_tokens=6, temperature=0, logprobs=2, ignore_eos=True, exit_threshold=0.6),
+                  SamplingParams(max_tokens=6, temperature=1.0, seed=4, logprobs=1, ignore_eos=True)]
+    reference = LLMEngine("ouro-tiny", **options)
+    try:
+        _add_all(reference, prompts, params)
+        expected = {rid: _signature(o) for rid, o in _finish_all(reference).items()}
+    finally:
+        reference.shutdown()
+    engine = DisaggregatedEngine("ouro-tiny", backend=backend, **options)
+    try:
+        _add_all(engine, prompts, params)
+        assert {rid: _signature(o) for rid, o in _finish_all(engine).items()} == expected
+        assert engine.stats()["disaggregated_prefill"]["handoffs"] == (HANDED_OFF if workload == "full" else 2)
+        if backend == "inprocess":
+            _check_pools_free(engine)
+    finally:
+        engine.shutdown()
 
 
 def test_delta_outputs_add_up_to_one_engines_outputs():
