@@ -96,18 +96,16 @@ PREFILL_ROWS = 512
 COLUMN_TILE_WIDTHS = (16, 32, 64, 128)
 WAVE_CTAS = 132
 # Skinny decode tiles (16-bit activations): out^T = W x^T with SKINNY_BLOCK_N weight rows against
-# 16 batch rows (SKINNY_ROWS; 64 when M > 16), 256-byte K steps, 3 stages (4-5 for SwiGLU at 16
-# rows). H200, Ouro-1.4B, us per call at M = 1 / M = 64, bf16 (FP8 weights), same bits throughout:
-# qkv 8.0 -> 6.1 / 7.5 -> 7.7 (16.6 -> 10.7 / 16.8 -> 12.6), o 6.0 -> 5.9 (10.0 -> 10.4),
-# gate_up 14.9 -> 10.0 / 16.4 -> 13.5 (31.3 -> 20.4 / 31.5 -> 22.6), down 8.0 -> 6.2 / 9.5 -> 8.8
-# (14.5 -> 9.5 / 15.4 -> 14.8). At M = 64 only weights whose decode tile is already 64 columns wide
-# take it (o keeps its 16-column tile there: 32 transposed CTAs are too few, 6.1 -> 7.5 us).
-# Stages (2026-12-02 sweep, 24-32 rotating copies so every weight comes from HBM): a program keeps
-# up to SKINNY_BYTES_IN_FLIGHT of 16-bit tiles in flight, 3..6 stages, which is what the few
-# programs of a decode launch need to stream at bandwidth. us at M = 1 / 16, 3 stages -> this rule,
-# same bits: qkv 10.2 -> 8.9 / 9.2, o 8.5 -> 6.2, gate_up 15.8 (4 stages) -> 14.7, down 9.8 / 10.8
-# -> 8.6 / 9.8; Huginn proj 5280 x 5280 35.8 -> 19.3 (with 256-byte K steps, which an unsplit
-# weight always keeps: its one K range does not depend on the step). FP8 weights keep 3 stages.
+# 16 batch rows (SKINNY_ROWS; 64 when M > 16), 256-byte K steps, same bits as the untransposed
+# tile. At M = 64 only weights whose decode tile is already 64 columns wide take it (o keeps its
+# 16-column tile there: 32 transposed CTAs are too few). Stages (H200 sweep, 24-32 rotating copies
+# so every weight comes from HBM, docs/perf/kernels.md): a program keeps up to
+# SKINNY_BYTES_IN_FLIGHT of 16-bit tiles in flight, 3..6 stages, which is what the 32-128 programs
+# of a decode launch need to stream near bandwidth. us at M = 1, 3 stages -> this rule, same bits:
+# qkv 10.2 -> 8.9, o 8.5 -> 6.2, gate_up 15.8 (4 stages) -> 14.7, down 9.8 -> 8.6; Huginn proj
+# 5280 x 5280 35.8 -> 19.3 (with 256-byte K steps, which an unsplit weight always keeps: its one K
+# range does not depend on the step). FP8 weights keep 3 stages (their tiles are limited by the
+# FP8 load path, not by bytes in flight).
 SKINNY_ROWS = 16
 SKINNY_BLOCK_N = 64
 SKINNY_K_STEP_BYTES = 256
