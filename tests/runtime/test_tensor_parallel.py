@@ -140,6 +140,34 @@ def test_async_guided_steps_send_their_late_masks_after_the_step(engines):
     assert sent_first and all(sent_first)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["ouro-tiny", "huginn-tiny"])
+def test_four_ranks_give_one_engines_greedy_tokens(tmp_path, preset):
+    """tensor_parallel_size=4 (one K/V head per rank, a quarter of the MLP columns each) on a tiny
+    checkpoint with four K/V heads: the greedy tokens and exit depths of one engine on the same
+    checkpoint, in fp32, with early exit."""
+    from rlt_runtime.models.checkpoint import save_checkpoint
+
+    cfg = dataclasses.replace(preset_config(preset), num_key_value_heads=4)
+    save_checkpoint(str(tmp_path), cfg, dict(preset_weights(cfg, seed=0)))
+    options = dict(dtype="float32", device="cpu", max_num_seqs=4, enable_prefix_caching=False)
+    if preset == "ouro-tiny":
+        params = SamplingParams(max_tokens=8, temperature=0, exit_threshold=0.55, ignore_eos=True)
+    else:
+        options.update(exit_mode="latent-diff", exit_criterion_threshold=1.2)
+        params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    runs = []
+    for size in (1, 4):
+        llm = LLM(str(tmp_path), tensor_parallel_size=size, **options)
+        try:
+            assert len(llm.engine.executor.worker_processes()) == (size if size > 1 else 0)
+            outs = llm.generate(PROMPTS[:3], params, use_tqdm=False)
+            runs.append([(o.outputs[0].token_ids, o.outputs[0].exit_depths) for o in outs])
+        finally:
+            llm.engine.shutdown()
+    assert runs[0] == runs[1]
+
+
 def test_shards_partition_every_block():
     """Rank 0 and rank 1 shards, put back together, are the full weights (q, k, v rows by head,
     o and down columns, gate and up rows by MLP column, Huginn's q/k biases by head)."""
