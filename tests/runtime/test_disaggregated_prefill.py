@@ -244,11 +244,20 @@ def _roles(engine) -> dict:
     return {rid: t.role for rid, t in engine._tracked.items()}
 
 
-def test_aborts_free_blocks_on_both_engines_wherever_the_request_is():
+@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_aborts_free_blocks_on_both_engines_wherever_the_request_is(tp):
     """Abort during decode, during prefill, and between the two (exported by the prefill engine, not
-    yet imported): every request ends "abort" and both pools return to their free count."""
+    yet imported): every request ends "abort" and both pools return to their free count, with
+    single-process engines and with tensor-parallel ones."""
     engine = DisaggregatedEngine("ouro-tiny", backend="inprocess", **dict(OPTIONS, max_num_batched_tokens=16,
-                                                                        prefill_chunk_size=8))
+                                                                        prefill_chunk_size=8, tensor_parallel_size=tp))
+    try:
+        _abort_everywhere(engine)
+    finally:
+        engine.shutdown()
+
+
+def _abort_everywhere(engine) -> None:
     engine.add_request("dec", [1, 2, 3], LONG)
     while _roles(engine)["dec"] != DECODE:
         engine.step()
