@@ -75,6 +75,35 @@ def test_huginn_fp64_matches_the_reference(engines, mode, threshold):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("preset,layout,ref_layout,mode,threshold", [
+    ("ouro-tiny", "shared", "shared", "ouro", 0.55),
+    ("huginn-tiny", "compress-s2", "compress-s2", "latent-diff", 1.2),
+    ("huginn-tiny", "shared", "compress-s2", "kl", 1.0),
+], ids=["ouro-shared", "huginn-compress-s2", "huginn-shared"])
+def test_other_kv_layouts_match_the_reference(engines, preset, layout, ref_layout, mode, threshold):
+    """Each rank's planes hold its heads in the plane-sharing and compressed layouts too: fp64
+    greedy tokens and exit depths equal the dense reference's (as test_engine_reference checks
+    one engine)."""
+    llm = engines(preset, "float64", kv_layout=layout, exit_mode=mode, exit_criterion_threshold=None
+                  if preset == "ouro-tiny" else threshold)
+    exit_threshold = {"exit_threshold": threshold} if preset == "ouro-tiny" else {}
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, seed=SEED, **exit_threshold)
+    check(llm, preset, PROMPTS[:3], params, mode=mode, threshold=threshold, layout=ref_layout)
+
+
+@pytest.mark.slow
+def test_fp8_weights_and_kv_give_one_fp8_engines_tokens(engines):
+    """FP8 weights (per-channel scales sharded with their rows) and FP8 K/V planes (per-head
+    scales with their heads): greedy tokens and exit depths of one engine with the same options."""
+    options = dict(quantization="fp8", kv_cache_dtype="fp8", exit_mode="ouro")
+    params = SamplingParams(max_tokens=8, temperature=0, exit_threshold=0.55, ignore_eos=True)
+    one = LLM("ouro-tiny", dtype="float32", **dict(TP, tensor_parallel_size=1), **options)
+    expected = [(o.outputs[0].token_ids, o.outputs[0].exit_depths) for o in one.generate(PROMPTS, params, use_tqdm=False)]
+    got = engines("ouro-tiny", "float32", **options).generate(PROMPTS, params, use_tqdm=False)
+    assert [(o.outputs[0].token_ids, o.outputs[0].exit_depths) for o in got] == expected
+
+
+@pytest.mark.slow
 def test_swap_preemption_speculation_and_async_steps_change_no_output(engines):
     """Swapped K/V stays with each rank under its swap id; a speculative round runs the same sums;
     overlapping steps (async scheduling) read the ranks' replies in order."""
