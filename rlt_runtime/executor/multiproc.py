@@ -197,7 +197,7 @@ class MultiprocExecutor(Executor):
         """One call with arguments of its own for each rank (per_rank[r]: rank r's tuple)."""
         if self._failure is not None:  # replies of a hung group can no longer be matched to calls
             raise RuntimeError(self._failure)
-        for rank, (conn, proc), args in zip(range(self.size), zip(self._conns, self._procs), per_rank):
+        for rank, (conn, proc, args) in enumerate(zip(self._conns, self._procs, per_rank)):
             try:
                 conn.send((method, args))
             except OSError as exc:
@@ -271,7 +271,13 @@ class MultiprocExecutor(Executor):
     def execute(self, step: StepInput, guide=None, late_masks=None) -> RemoteStep:
         if late_masks is not None:  # the masks follow the step: built while the ranks run its forward
             self._unread.add(self._send("execute", step, "late"))
-            return RemoteStep(self, self._send("late_masks", *late_masks()))
+            try:
+                slots, masks = late_masks()
+            except BaseException as exc:  # the ranks wait inside the step for masks that will not come
+                self._failure = f"a step's late masks could not be built ({type(exc).__name__}: {exc}); " \
+                                "the tensor-parallel ranks are stuck in that step"
+                raise
+            return RemoteStep(self, self._send("late_masks", slots, masks))
         seq = self._send("execute", step, "guided" if guide is not None else None)
         if guide is not None:
             drafted = self._wait(seq, self.step_timeout_s)[0]
