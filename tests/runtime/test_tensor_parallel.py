@@ -170,6 +170,29 @@ def test_async_guided_steps_send_their_late_masks_after_the_step(engines):
 
 
 @pytest.mark.slow
+def test_late_masks_that_cannot_be_built_fail_the_group():
+    """The ranks wait inside the step for its masks: when the engine cannot build them, the step
+    raises and so does every later call (nothing else may be read as the masks)."""
+    pytest.importorskip("xgrammar")
+    llm = LLM("ouro-tiny", dtype="float32", async_scheduling=True, **TP)
+    eng = llm.engine
+
+    def broken(*args):
+        raise ValueError("no grammar today")
+
+    eng._late_masks = broken
+    try:
+        eng.add_request("g", PROMPTS[0], SamplingParams(max_tokens=6, guided={"regex": "[a-c]{4}"}))
+        with pytest.raises(ValueError, match="no grammar today"):
+            for _ in range(10):
+                eng.step()
+        with pytest.raises(RuntimeError, match="late masks could not be built .*no grammar today"):
+            eng.step()
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["ouro-tiny", "huginn-tiny"])
 def test_four_ranks_give_one_engines_greedy_tokens(tmp_path, preset):
     """tensor_parallel_size=4 (one K/V head per rank, a quarter of the MLP columns each) on a tiny
