@@ -5,7 +5,7 @@
 #   side on the device, each with its own time limit, PART_TIMEOUT and CONF_TIMEOUT (default 480 s), so
 #   both fit one device call). Narrowing a part: TESTS_K (pytest -k for the GPU tests),
 #   CONF_CASES, CONF_SEED, CONF_WORKERS, CONF_BUDGET, CONF_ONLY, CONF_FIRST (the conformance matrix: perf/conformance.py),
-#   RLT_SWEEP_K (weights of gemm-sweep), RLT_SPEC_CONFIGS (fixed2,fixed4,adaptive), RLT_SPEC_BATCHES,
+#   RLT_SWEEP_K (weights and sweeps of gemm-sweep, e.g. "skinny and ouro.o" for the transposed decode tiles), RLT_SPEC_CONFIGS (fixed2,fixed4,adaptive), RLT_SPEC_BATCHES,
 #   RLT_SPEC_ACCEPTANCE (measured,0.7,0.9),
 #   RLT_SERVING_MODES (native,speculative), RLT_SERVING_RATES (request rates, e.g. 16,32,inf),
 #   RLT_FP8_PARTS (fp8: "speed fidelity" by default; "fidelity" alone measures KL and agreement only).
