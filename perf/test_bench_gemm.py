@@ -24,6 +24,7 @@ import os
 
 import pytest
 import torch
+from triton.runtime.errors import OutOfResources
 
 from perf.conftest import cuda_time_ms, record, requires_cuda
 from rlt_kernels import gemm
@@ -122,23 +123,30 @@ def _candidates(n: int, k: int, activation) -> list:
     return found
 
 
-def _compile_one(n: int, k: int, activation, cfg) -> None:
-    """Compile one candidate for the sweep's launch specialisations (M = 1 and M % 16 == 0)."""
+def _compile_one(n: int, k: int, activation, cfg) -> bool:
+    """Compile one candidate for the sweep's launch specialisations (M = 1 and M % 16 == 0);
+    False when it needs more shared memory than the GPU has."""
     w = torch.empty(n, k, dtype=DTYPE, device="cuda")
     n_out = n // 2 if activation == "swiglu" else n
-    for m in (1, 16):
-        gemm._launch(torch.zeros(m, k, dtype=DTYPE, device="cuda"), w,
-                     torch.empty(m, n_out, dtype=DTYPE, device="cuda"), None, activation, cfg)
+    try:
+        for m in (1, 16):
+            gemm._launch(torch.zeros(m, k, dtype=DTYPE, device="cuda"), w,
+                         torch.empty(m, n_out, dtype=DTYPE, device="cuda"), None, activation, cfg)
+    except OutOfResources:
+        return False
     torch.cuda.synchronize()
+    return True
 
 
-def _warm_compile_cache(n: int, k: int, activation, candidates) -> None:
+def _warm_compile_cache(n: int, k: int, activation, candidates) -> list:
     """Compile every candidate in parallel worker processes first (Triton's on-disk cache is
-    shared), so the timed loop below is not serialised behind one compiler per candidate."""
+    shared), so the timed loop below is not serialised behind one compiler per candidate;
+    returns the candidates that fit the GPU."""
     workers = min(len(candidates), max(1, (os.cpu_count() or 2) - 2), 12)
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        list(pool.map(functools.partial(_compile_one, n, k, activation), candidates))
+        fits = list(pool.map(functools.partial(_compile_one, n, k, activation), candidates))
+    return [cfg for cfg, ok in zip(candidates, fits) if ok]
 
 
 SWEEP_ROWS = (1, 16, 256, 2048)
@@ -204,7 +212,7 @@ def _sweep(benchmark, roofline, name, n, k, activation, candidates, sweep_rows, 
     """Times every candidate config at decode and prefill sizes; the JSON lists them so the
     `linear_config` table can be re-tuned from one GPU run (a config is used for all M; `chosen`
     marks the table's config, or the one given).
-    `same_bits_as_chosen`: whether the candidate's M=256 output equals the table config's bit
+    `same_bits_as_chosen`: whether the candidate's M=256 output equals the chosen config's bit
     for bit (tells which tile shapes share one reduction order on this GPU)."""
     weights = _weights(n, k)
     n_out = n // 2 if activation == "swiglu" else n
@@ -212,8 +220,8 @@ def _sweep(benchmark, roofline, name, n, k, activation, candidates, sweep_rows, 
     in_use = chosen or table
     probe = torch.randn(256, k, dtype=DTYPE, device="cuda")
     chosen_bits = gemm._launch(probe, weights[0], torch.empty(256, n_out, dtype=DTYPE, device="cuda"), None,
-                               activation, table).view(torch.int16)
-    _warm_compile_cache(n, k, activation, candidates)
+                               activation, in_use).view(torch.int16)
+    candidates = _warm_compile_cache(n, k, activation, candidates)
     results = []
     for cfg in candidates:
         row = {"config": dataclasses.asdict(cfg), "chosen": cfg == in_use}
