@@ -336,7 +336,7 @@ class InProcessRole(Replica):
         return self.engine.stats()
 
     def shutdown(self):
-        pass
+        self.engine.shutdown()  # a tensor-parallel engine's rank processes
 
 
 class ProcessRole(ProcessReplica):

@@ -372,7 +372,7 @@ def test_decode_verify_prefill_same_bits(device, context, verify_len, prefill_le
     assert_same_bits(single_seq(verify_len), prefill_out[pos - context])
 
 
-@settings(max_examples=5)
+@settings(max_examples=3)
 @given(
     context=st.integers(0, 150),
     prefill_len=st.integers(2, 90),

@@ -9,6 +9,8 @@ count on both engines after finishing, aborting and failing.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -195,7 +197,19 @@ def test_tensor_parallel_engines_hand_off_bit_for_bit(workload, backend):
         if backend == "inprocess":
             _check_pools_free(engine)
     finally:
+        ranks = [r["pid"] for w in engine.workers if backend == "inprocess"
+                 for r in w.engine.executor.worker_processes()]
         engine.shutdown()
+    assert len(ranks) == (4 if backend == "inprocess" else 0)
+    assert not any(_alive(pid) for pid in ranks)  # shutdown stops both engines' ranks
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] == "Z"
 
 
 def test_delta_outputs_add_up_to_one_engines_outputs():

@@ -14,8 +14,9 @@ PROMPTS = [list(range(5, 22)), [40, 41, 42]]
 
 @pytest.mark.parametrize("model,options,temperature", [
     ("huginn-tiny", {"exit_mode": "latent-diff", "exit_criterion_threshold": 1.2}, 0.8),
-    ("ouro-tiny", {"speculative_config": {"num_speculative_tokens": 2, "draft_loops": 1, "draft_policy": "fixed"},
-                   "exit_mode": "ouro"}, 0.8),
+    pytest.param("ouro-tiny", {"speculative_config": {"num_speculative_tokens": 2, "draft_loops": 1,
+                                                      "draft_policy": "fixed"}, "exit_mode": "ouro"}, 0.8,
+                 marks=pytest.mark.slow),  # ~26 s; the acceptance kernel runs unmarked in tests/kernels/test_acceptance.py
     pytest.param("ouro-tiny", {"quantization": "fp8", "kv_cache_dtype": "fp8", "exit_mode": "ouro"}, 0.8,
                  marks=pytest.mark.slow),  # FP8 weights and K/V: ~80 s under the interpreter
 ])
