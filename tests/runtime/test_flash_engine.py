@@ -38,7 +38,8 @@ def flash_llm(preset, version, **options):
 @pytest.mark.parametrize("standin,preset,options,mode,threshold,ref_layout", [
     pytest.param("fa2", "ouro-tiny", {"exit_mode": "ouro"}, "ouro", 0.55, None,
                  marks=pytest.mark.slow),  # ~25 s; FA2's calls stay in the default run in tests/kernels/test_flash.py
-    ("fa3", "ouro-tiny", {"exit_mode": "ouro"}, "ouro", 0.55, None),
+    pytest.param("fa3", "ouro-tiny", {"exit_mode": "ouro"}, "ouro", 0.55, None,
+                 marks=pytest.mark.slow),  # ~27 s; FA3's calls stay in the default run in tests/kernels/test_flash.py
     pytest.param("fa3", "ouro-tiny", {"exit_mode": "ouro", "kv_layout": "shared"}, "ouro", 0.55, "shared",
                  marks=pytest.mark.slow),  # ~30 s: a prefill step per prompt token
     pytest.param("fa2", "huginn-tiny", {"exit_mode": "latent-diff", "exit_criterion_threshold": 1.2}, "latent-diff", 1.2,

@@ -66,7 +66,8 @@ def test_config_at_the_edges_generates(tmp_path, name):
     _generate(str(tmp_path), EDGES[name])
 
 
-@pytest.mark.parametrize("name, loops", [("ouro-high", {"total_ut_steps": 1}), ("huginn-high", {"mean_recurrence": 1})])
+@pytest.mark.parametrize("name, loops", [("ouro-high", {"total_ut_steps": 1}),
+                                         pytest.param("huginn-high", {"mean_recurrence": 1}, marks=pytest.mark.slow)])  # ~19 s
 def test_widest_heads_run_the_triton_kernels(tmp_path, name, loops):
     """The widest head the ranges allow through the Triton kernels (the interpreter on CPU), one loop."""
     _generate(str(tmp_path), dataclasses.replace(EDGES[name], **loops), attention_backend="triton")
