@@ -188,11 +188,11 @@ def _skinny_candidates(n: int, k: int, activation, block_m: int) -> list:
 @pytest.mark.parametrize("block_m,rows", [(gemm.SKINNY_ROWS, (1, 16)), (gemm.BLOCK_M, (64,))], ids=["rows16", "rows64"])
 @pytest.mark.parametrize("name,n,k,activation", WEIGHTS[:4] + WEIGHTS[6:7], ids=[w[0] for w in WEIGHTS[:4] + WEIGHTS[6:7]])
 def test_bench_linear_skinny_sweep(benchmark, roofline, name, n, k, activation, block_m, rows):
-    """The transposed decode tiles (`_skinny_config`), with bits checked against the table's."""
-    chosen = gemm.linear_config(n, k, DTYPE, activation, rows[0])
+    """The transposed decode tiles (`_skinny_config`), with bits checked against the tile in use."""
+    in_use = gemm.linear_config(n, k, DTYPE, activation, rows[0])
     candidates = _skinny_candidates(n, k, activation, block_m)
-    _sweep(benchmark, roofline, name, n, k, activation, candidates + [chosen] * (chosen not in candidates), rows,
-           f"skinny{block_m}", chosen=chosen)
+    _sweep(benchmark, roofline, name, n, k, activation, candidates + [in_use] * (in_use not in candidates), rows,
+           f"skinny{block_m}", in_use=in_use)
 
 
 @pytest.mark.skipif(os.environ.get("RLT_GEMM_SWEEP") != "1", reason="tuning sweep: set RLT_GEMM_SWEEP=1")
@@ -208,16 +208,16 @@ def test_bench_linear_mid_sweep(benchmark, roofline, name, n, k, activation):
     _sweep(benchmark, roofline, name, n, k, activation, _mid_candidates(n, k, activation), MID_SWEEP_ROWS, "mid")
 
 
-def _sweep(benchmark, roofline, name, n, k, activation, candidates, sweep_rows, kind, chosen=None):
+def _sweep(benchmark, roofline, name, n, k, activation, candidates, sweep_rows, kind, in_use=None):
     """Times every candidate config at decode and prefill sizes; the JSON lists them so the
     `linear_config` table can be re-tuned from one GPU run (a config is used for all M; `chosen`
-    marks the table's config, or the one given).
+    marks the table's config, or `in_use` when given).
     `same_bits_as_chosen`: whether the candidate's M=256 output equals the chosen config's bit
     for bit (tells which tile shapes share one reduction order on this GPU)."""
     weights = _weights(n, k)
     n_out = n // 2 if activation == "swiglu" else n
     table = gemm.linear_config(n, k, DTYPE, activation)
-    in_use = chosen or table
+    in_use = in_use or table
     probe = torch.randn(256, k, dtype=DTYPE, device="cuda")
     chosen_bits = gemm._launch(probe, weights[0], torch.empty(256, n_out, dtype=DTYPE, device="cuda"), None,
                                activation, in_use).view(torch.int16)
