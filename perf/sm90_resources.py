@@ -26,6 +26,8 @@ from triton.compiler import ASTSource
 from rlt_kernels import attention, gemm
 
 TARGET = GPUTarget("cuda", 90, 32)
+# Global-memory reads counted in each kernel's PTX: 16-byte vectors, 2-byte elements, 16-byte async copies.
+GLOBAL_LOADS = ("ld.global.v4.b32", "ld.global.b16", "cp.async.cg.shared.global")
 OURO_WEIGHTS = [("qkv", 6144, 2048, None), ("o", 2048, 2048, None), ("gate_up", 11264, 2048, "swiglu"),
                 ("down", 2048, 5632, None), ("lm_head", 49152, 2048, None)]
 
@@ -55,8 +57,9 @@ def compile_sm90(fn, pointers: dict, constexprs: dict, floats=(), **options) -> 
         kernel = triton.compile(src, target=TARGET, options=options)
     except Exception as exc:  # noqa: BLE001 - reported: which construct fails to lower is the finding
         return {"error": str(exc).strip().splitlines()[-1][:200]}
-    return {"shared_bytes": kernel.metadata.shared, "wgmma": "wgmma" in kernel.asm["ptx"],
-            "cp_async": "cp.async" in kernel.asm["ptx"], **_resources(kernel.asm["cubin"])}
+    ptx = kernel.asm["ptx"]
+    return {"shared_bytes": kernel.metadata.shared, "wgmma": "wgmma" in ptx, "cp_async": "cp.async" in ptx,
+            "loads": {op: ptx.count(op) for op in GLOBAL_LOADS}, **_resources(kernel.asm["cubin"])}
 
 
 def linear_reports() -> dict:
@@ -91,9 +94,9 @@ def attention_reports() -> dict:
                 "v_ptr": "*fp8e4nv" if cache == "fp8" else "*bf16"}
         ptrs.update({n: "*i32" for n in ("tables_ptr", "seq_lens_ptr", "qsl_ptr", "slots_ptr", "qdepth_ptr",
                                          "key_depth_ptr", "active_ptr", "decode_from_ptr")},
-                    ws_ptr="*fp32", k_scale_ptr="*fp32", v_scale_ptr="*fp32")
+                    ws_ptr="*fp32", k_scale_ptr="*fp32", v_scale_ptr="*fp32", counters_ptr="*i32")
         flags = dict(BLOCK_SIZE=16, HAS_ACTIVE=True, HAS_SLOTS=True, QDEPTH_TENSOR=True, HAS_KEY_DEPTH=True,
-                     DECODE_FROM_TENSOR=True, KV_FP8=cache == "fp8", PDL=True)
+                     DECODE_FROM_TENSOR=True, KV_FP8=cache == "fp8", PDL=True, KV_ALIGNED=True)
         for warps, few_queries in ((4, False), (4, True), (8, False)):
             cfg = attention._tile_shape(16, 16, 128, torch.bfloat16, few_queries)  # Ouro: 16 heads of 128, MHA
             cfg.pop("num_warps")
@@ -105,7 +108,7 @@ def attention_reports() -> dict:
         cfg = attention._decode_shape(16, 16, 128)
         warps = cfg.pop("num_warps")
         out[f"decode attention {cache} depth-aware, {warps} warps"] = compile_sm90(
-            attention._decode_attention_kernel, ptrs, dict(cfg, TILES=attention.DECODE_TILES_SMALL_LAUNCH, **flags), floats=("qk_scale",),
+            attention._decode_attention_kernel, ptrs, dict(cfg, TILES=attention.DECODE_TILES_SMALL_LAUNCH, MERGE_IN_PLACE=True, **flags), floats=("qk_scale",),
             num_warps=warps,
             num_stages=attention.DECODE_STAGES)
     return out

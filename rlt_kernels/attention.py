@@ -323,7 +323,7 @@ def _paged_attention_kernel(
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HAS_ACTIVE: tl.constexpr, HAS_SLOTS: tl.constexpr, QDEPTH_TENSOR: tl.constexpr,
     HAS_KEY_DEPTH: tl.constexpr, DECODE_FROM_TENSOR: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    EXACT_DOT: tl.constexpr, PDL: tl.constexpr,
+    EXACT_DOT: tl.constexpr, PDL: tl.constexpr, KV_ALIGNED: tl.constexpr,
 ):
     """One program: KV head program_id(1), a tile of BLOCK_M (query, head) rows, and either
     every key range (partial == 0: writes out) or range program_id(2) only (partial != 0:
@@ -381,6 +381,8 @@ def _paged_attention_kernel(
                 blk = tl.load(table + plane.to(tl.int64) * stride_tp + (pos // BLOCK_SIZE) * stride_tb,
                               mask=early, other=0)
                 kv_row = tl.where(early, blk.to(tl.int64) * stride_cb + within.to(tl.int64) * stride_co, kv_row)
+            if KV_ALIGNED:  # 16-byte loads (and copies into the pipeline's buffers); a dot's bits never depend on them
+                kv_row = tl.multiple_of(kv_row, 16)
             k = tl.load(k_head + kv_row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(v_head + kv_row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
             if KV_FP8:
@@ -496,7 +498,7 @@ def _decode_from(decode_from_ptr, seq, decode_from_value, DECODE_FROM_TENSOR: tl
 @triton.jit
 def _decode_kv_tile(k_head, v_head, table, blk_own, kd, qd, start, range_end, offs_n, offs_d, plane_offset,
                     plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, BLOCK_SIZE: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, DP: tl.constexpr, HAS_KEY_DEPTH: tl.constexpr):
+                    HEAD_DIM: tl.constexpr, DP: tl.constexpr, HAS_KEY_DEPTH: tl.constexpr, KV_ALIGNED: tl.constexpr):
     """K and V of key tile ``start`` as [1, BLOCK_N, DP] (keys at or past range_end read nothing and
     give zeros), loaded straight into the decode kernel's 3-D layout. ``blk_own``/``kd`` come from
     `_tile_keys` for the same tile."""
@@ -509,6 +511,8 @@ def _decode_kv_tile(k_head, v_head, table, blk_own, kd, qd, start, range_end, of
         plane = plane_offset + kd % plane_modulus
         blk = tl.load(table + plane.to(tl.int64) * stride_tp + (pos // BLOCK_SIZE) * stride_tb, mask=early, other=0)
         kv_row = tl.where(early, blk.to(tl.int64) * stride_cb + within * stride_co, kv_row)
+    if KV_ALIGNED:  # every key row starts 16 elements aligned: 16-byte loads along the head dimension
+        kv_row = tl.multiple_of(kv_row, 16)
     offs = kv_row[None, :, None] + offs_d[None, None, :]
     mask = key_ok[None, :, None]
     if HEAD_DIM != DP:
@@ -546,7 +550,7 @@ def _decode_attention_kernel(
     GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, HAS_ACTIVE: tl.constexpr, HAS_SLOTS: tl.constexpr, QDEPTH_TENSOR: tl.constexpr,
     HAS_KEY_DEPTH: tl.constexpr, DECODE_FROM_TENSOR: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr,
-    TILES: tl.constexpr, MERGE_IN_PLACE: tl.constexpr,
+    TILES: tl.constexpr, MERGE_IN_PLACE: tl.constexpr, KV_ALIGNED: tl.constexpr,
 ):
     """The decode arithmetic: one program per (query token program_id(0), KV head program_id(1))
     and key range program_id(2) when splitting (partial != 0). Its GP query heads attend without
@@ -600,7 +604,7 @@ def _decode_attention_kernel(
                                  BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
         k_a, v_a = _decode_kv_tile(k_head, v_head, table, blk_a, kd_a, qd, range_start, range_end, offs_n, offs_d,
                                    plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb,
-                                   BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH)
+                                   BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
         blk_a, kd_a = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + TILES * BLOCK_N, range_end,
                                  offs_n, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
         if TILES == 2:
@@ -608,21 +612,21 @@ def _decode_attention_kernel(
                                      BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
             k_b, v_b = _decode_kv_tile(k_head, v_head, table, blk_b, kd_b, qd, range_start + BLOCK_N, range_end,
                                        offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp,
-                                       stride_tb, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH)
+                                       stride_tb, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
             blk_b, kd_b = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + 3 * BLOCK_N, range_end,
                                      offs_n, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
         for start in range(range_start, range_end, TILES * BLOCK_N):
             ahead = start + TILES * BLOCK_N
             k_next, v_next = _decode_kv_tile(k_head, v_head, table, blk_a, kd_a, qd, ahead, range_end,
                                              offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co,
-                                             stride_tp, stride_tb, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH)
+                                             stride_tp, stride_tb, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
             blk_a, kd_a = _tile_keys(own_plane_table, table, key_depth_ptr, ahead + TILES * BLOCK_N, range_end,
                                      offs_n, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
             if TILES == 2:
                 k_next_b, v_next_b = _decode_kv_tile(k_head, v_head, table, blk_b, kd_b, qd, ahead + BLOCK_N,
                                                      range_end, offs_n, offs_d, plane_offset, plane_modulus,
                                                      stride_cb, stride_co, stride_tp, stride_tb, BLOCK_SIZE,
-                                                     HEAD_DIM, DP, HAS_KEY_DEPTH)
+                                                     HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
                 blk_b, kd_b = _tile_keys(own_plane_table, table, key_depth_ptr, ahead + 3 * BLOCK_N, range_end,
                                          offs_n, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
             m_i, l_i, acc = _lane_update(q, k_a, v_a, start, range_end, offs_n, m_i, l_i, acc)
@@ -791,6 +795,14 @@ def _should_split(programs: int, num_ranges: int, needed: int, workspace, device
     return needed * 4 <= AUTO_WORKSPACE_BYTES
 
 
+def _kv_rows_aligned(k_cache: torch.Tensor) -> bool:
+    """Whether every key row of the cache [blocks, block_size, KVH, D] (and each head's part of
+    it) starts at a multiple of 16 elements, so that the attention kernels may load K/V tiles in
+    16-byte vectors (Triton 3.9 cannot infer it through the block-table lookups: it read them 2
+    bytes at a time and left the tile kernel's K/V out of its copy pipeline)."""
+    return all(s % 16 == 0 for s in k_cache.stride()[:3])
+
+
 def _check_split_size(split_size) -> int:
     split = DEFAULT_SPLIT_SIZE if split_size is None else int(split_size)
     if split <= 0 or split % KEY_TILE:
@@ -940,7 +952,7 @@ def paged_attention(
                key_depth.stride(1) if key_depth is not None else 0)
     flags = dict(BLOCK_SIZE=block_size, HAS_ACTIVE=active_seqs is not None, HAS_SLOTS=seq_slots is not None,
                  QDEPTH_TENSOR=qdepth_tensor, HAS_KEY_DEPTH=key_depth is not None, DECODE_FROM_TENSOR=decode_tensor,
-                 KV_FP8=kv_fp8)
+                 KV_FP8=kv_fp8, KV_ALIGNED=_kv_rows_aligned(k_cache))
     ml_base = t_total * h * num_ranges * d
     combine_args = (out, None, seq_lens, query_start_loc, active, ptrs[12], ptrs[14], n_seqs, h, decode_value, split,
                     num_ranges, ml_base, out.stride(0), out.stride(1))

@@ -83,6 +83,7 @@ class EngineConfig:
     distributed_executor: str = "mp"  # where replicas run: "mp" (local processes) or "ray" (Ray actors)
     disaggregated_prefill: bool = False  # a prefill engine process and a decode engine process (docs/distributed.md)
     tensor_parallel_size: int = 1  # ranks one model is split over, one worker process each (one GPU each on CUDA)
+    prefill_tensor_parallel_size: Optional[int] = None  # disaggregated prefill: the prefill engine's ranks (None: same)
     step_timeout_s: Optional[float] = 300.0  # a rank or replica process silent this long mid-step is failed; None: wait
     num_loops: Optional[int] = None  # depth override (Huginn recurrences; Ouro loops)
     max_model_len: Optional[int] = None
@@ -176,6 +177,10 @@ class EngineConfig:
             raise ConfigError(f"disaggregated_prefill=True starts its two engine processes on this host; it cannot be "
                               f"combined with distributed_executor={self.distributed_executor!r} (use 'mp')")
         _int(self.tensor_parallel_size, "tensor_parallel_size", 1)
+        _int(self.prefill_tensor_parallel_size, "prefill_tensor_parallel_size", 1, allow_none=True)
+        if self.prefill_tensor_parallel_size is not None and not self.disaggregated_prefill:
+            raise ConfigError(f"prefill_tensor_parallel_size={self.prefill_tensor_parallel_size} sizes the prefill engine "
+                              "of disaggregated prefill; set disaggregated_prefill=True or leave it None")
         if self.step_timeout_s is not None and (isinstance(self.step_timeout_s, bool)
                                                 or not isinstance(self.step_timeout_s, (int, float))
                                                 or not self.step_timeout_s > 0):

@@ -266,6 +266,20 @@ MUTANTS = (
         "a tensor-parallel prefill engine's handoff joins its ranks' K heads in the wrong order",
     ),
     Mutant(
+        "pd-tp-import-shares-reversed", "rlt_runtime/executor/multiproc.py",
+        "shares = zip(k.chunk(self.size, dim=3), v.chunk(self.size, dim=3))",
+        "shares = zip(reversed(k.chunk(self.size, dim=3)), reversed(v.chunk(self.size, dim=3)))",
+        ("tests/runtime/test_disaggregated_prefill.py::test_engines_of_different_tensor_parallel_sizes_hand_off[1-2]",),
+        "a tensor-parallel decode engine gives each rank another rank's share of the K/V heads handed to it",
+    ),
+    Mutant(
+        "attention-hints-unaligned-key-rows", "rlt_kernels/attention.py",
+        "return all(s % 16 == 0 for s in k_cache.stride()[:3])",
+        "return True",
+        ("tests/kernels/test_sm90_codegen.py::test_alignment_hint_only_where_every_key_row_is_aligned",),
+        "the attention kernels are told every key row is 16-element aligned when it is not (wrong vector loads on a GPU)",
+    ),
+    Mutant(
         "keyless-decode-row-unwritten", "rlt_kernels/attention.py",
         "if (partial != 0) & (c_lo >= tl.maximum(n_ranges, 1)):",
         "if (partial != 0) & (c_lo >= n_ranges):",

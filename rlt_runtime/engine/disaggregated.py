@@ -58,30 +58,43 @@ BACKENDS = ("process", "inprocess")
 PREFILL, DECODE = "prefill", "decode"
 
 
+def role_sizes(cfg: EngineConfig) -> tuple[int, int]:
+    """(prefill, decode) tensor-parallel sizes: prefill_tensor_parallel_size (default: the same)
+    and tensor_parallel_size. The handoff carries whole K/V heads, so they may differ."""
+    tp = cfg.tensor_parallel_size
+    return (cfg.prefill_tensor_parallel_size or tp), tp
+
+
 def role_devices(cfg: EngineConfig) -> tuple[str, str]:
-    """(prefill device, decode device): cuda:0 and cuda:T when CUDA is in use (each engine's T =
-    tensor_parallel_size ranks take T GPUs from there), else the CPU for both (ConfigError for
-    device='cuda:K', or CUDA with fewer than 2T devices)."""
-    device, tp = cfg.device, cfg.tensor_parallel_size
+    """(prefill device, decode device): cuda:0 and cuda:P when CUDA is in use (the prefill
+    engine's P ranks take cuda:0..P-1, the decode engine's T ranks the T GPUs from cuda:P; see
+    `role_sizes`), else the CPU for both (ConfigError for device='cuda:K', or CUDA with fewer than
+    P + T devices)."""
+    device = cfg.device
+    prefill_tp, decode_tp = role_sizes(cfg)
     if device == "cpu":
         return "cpu", "cpu"
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if device.startswith("cuda:"):
         raise ConfigError(f"device={device!r} names one GPU but disaggregated_prefill=True runs the prefill and the "
-                          f"decode engine on GPUs of their own; use device='cuda' or 'auto' (cuda:0 and cuda:{tp}) "
-                          "or device='cpu'")
+                          f"decode engine on GPUs of their own; use device='cuda' or 'auto' (cuda:0 and "
+                          f"cuda:{prefill_tp}) or device='cpu'")
     if device == "auto" and count == 0:
         return "cpu", "cpu"
-    if count < 2 * tp:
-        raise ConfigError(f"disaggregated_prefill=True needs {2 * tp} CUDA devices (two engines of tensor_parallel_size="
-                          f"{tp}) with device={device!r}, found {count}; set device='cpu' or turn disaggregated_prefill off")
-    return "cuda:0", f"cuda:{tp}"
+    if count < prefill_tp + decode_tp:
+        raise ConfigError(f"disaggregated_prefill=True needs {prefill_tp + decode_tp} CUDA devices (a prefill engine of "
+                          f"{prefill_tp} and a decode engine of {decode_tp} tensor-parallel ranks) with "
+                          f"device={device!r}, found {count}; set device='cpu' or turn disaggregated_prefill off")
+    return "cuda:0", f"cuda:{prefill_tp}"
 
 
 def role_options(cfg: EngineConfig, role: str) -> dict:
-    """One role's engine options as plain data: one engine, no speculation on the prefill side."""
+    """One role's engine options as plain data: one engine of its own tensor-parallel size (`role_sizes`),
+    no speculation on the prefill side."""
     out = _replica_options(cfg, 0 if role == PREFILL else 1)
     out["disaggregated_prefill"] = False
+    out["prefill_tensor_parallel_size"] = None
+    out["tensor_parallel_size"] = role_sizes(cfg)[0 if role == PREFILL else 1]
     if role == PREFILL:
         out["speculative_config"] = None
     if cfg.profile_dir:
@@ -110,7 +123,7 @@ class DisaggregatedEngine:
     """
 
     def __init__(self, model: str, cfg: Optional[EngineConfig] = None, *, backend: str = "process", **kwargs):
-        cfg = cfg or EngineConfig.from_kwargs(**kwargs)
+        cfg = cfg or EngineConfig.from_kwargs(**dict(kwargs, disaggregated_prefill=True))
         cfg.validate_static()
         if backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")

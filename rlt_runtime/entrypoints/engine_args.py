@@ -31,6 +31,8 @@ HELP = {
     "tensor_parallel_size": "ranks one model is split over (attention heads and MLP columns), one worker process "
                             "each (cuda:0..N-1 on CUDA, else the CPU; per replica with --data-parallel-size, in "
                             "the replica's Ray actor with --distributed-executor ray)",
+    "prefill_tensor_parallel_size": "with --disaggregated-prefill: the prefill engine's tensor-parallel ranks "
+                                    "(default: --tensor-parallel-size, which sizes the decode engine)",
     "step_timeout_s": "seconds a tensor-parallel rank may take to answer a step, and a data-parallel replica "
                       "process may stay silent while it has requests, before it is failed as hung (its "
                       "requests end with an error; default 300; inf: wait forever)",

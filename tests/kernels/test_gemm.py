@@ -210,6 +210,19 @@ def test_linear_config_fits_and_spreads(n, k, activation, dtype):
     assert all(ctas(w) > gemm.WAVE_CTAS for w in widths if w < decode.block_n)  # the narrowest that fits
 
 
+@pytest.mark.parametrize("rows,expected", [
+    (1, {"qkv": 6, "o": 6, "gate_up": 3, "down": 6}),
+    (gemm.DECODE_ROWS, {"qkv": 5, "o": 5, "gate_up": 3, "down": 5})])
+def test_decode_tile_stages_at_ouro_shapes(rows, expected):
+    """The pipeline depths the H200 sweeps chose for Ouro's bf16 weights (docs/perf/kernels.md):
+    the 16-row transposed tiles keep about 120 KB in flight, the 64-row ones about 160 KB (o keeps
+    its untransposed 16-column tile at 64 rows, as deep as shared memory allows)."""
+    shapes = {"qkv": (6144, 2048, None), "o": (2048, 2048, None), "gate_up": (11264, 2048, "swiglu"),
+              "down": (2048, 5632, None)}
+    stages = {name: gemm.linear_config(n, k, torch.bfloat16, act, rows).num_stages for name, (n, k, act) in shapes.items()}
+    assert stages == expected
+
+
 @pytest.mark.parametrize("rows", [gemm.DECODE_ROWS + 1, gemm.PREFILL_ROWS + 1])
 @pytest.mark.parametrize("activation,n,k", [(None, 2 * 136, 80), ("swiglu", 2 * 136, 80), (None, 24, gemm.SPLIT_MIN_K)])
 def test_linear_row_class_tiles(device, rows, activation, n, k):

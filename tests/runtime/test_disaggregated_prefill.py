@@ -16,7 +16,7 @@ import torch
 
 from rlt_runtime import ConfigError, EngineConfig, SamplingParams
 from rlt_runtime.engine.data_parallel import build_engine
-from rlt_runtime.engine.disaggregated import DECODE, PREFILL, DisaggregatedEngine, role_devices
+from rlt_runtime.engine.disaggregated import DECODE, PREFILL, DisaggregatedEngine, role_devices, role_options
 from rlt_runtime.engine.llm_engine import LLMEngine
 from rlt_runtime.errors import ReplicaError
 from rlt_runtime.outputs import OutputAccumulator
@@ -50,10 +50,19 @@ def test_role_devices(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert role_devices(EngineConfig(device="auto")) == ("cuda:0", "cuda:1")
-    with pytest.raises(ConfigError, match=r"needs 4 CUDA devices \(two engines of tensor_parallel_size=2\).* found 2"):
+    with pytest.raises(ConfigError, match=r"needs 4 CUDA devices \(a prefill engine of 2 and a decode engine of 2 "
+                                          r"tensor-parallel ranks\).* found 2"):
         role_devices(EngineConfig(device="cuda", tensor_parallel_size=2))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     assert role_devices(EngineConfig(device="cuda", tensor_parallel_size=2)) == ("cuda:0", "cuda:2")
+    uneven = EngineConfig(device="cuda", disaggregated_prefill=True, prefill_tensor_parallel_size=1, tensor_parallel_size=2)
+    assert role_devices(uneven) == ("cuda:0", "cuda:1")  # the decode engine's two ranks take cuda:1 and cuda:2
+    assert (role_options(uneven, PREFILL)["tensor_parallel_size"], role_options(uneven, DECODE)["tensor_parallel_size"]) \
+        == (1, 2)
+    with pytest.raises(ConfigError, match=r"needs 5 CUDA devices \(a prefill engine of 4 and a decode engine of 1"):
+        role_devices(EngineConfig(device="cuda", disaggregated_prefill=True, prefill_tensor_parallel_size=4))
+    with pytest.raises(ConfigError, match="prefill_tensor_parallel_size=2 sizes the prefill engine"):
+        EngineConfig(prefill_tensor_parallel_size=2).validate_static()
 
 
 # ---- bitwise equality with one engine ----------------------------------------------------------------
@@ -202,6 +211,35 @@ def test_tensor_parallel_engines_hand_off_bit_for_bit(workload, backend):
         engine.shutdown()
     assert len(ranks) == (4 if backend == "inprocess" else 0)
     assert not any(_alive(pid) for pid in ranks)  # shutdown stops both engines' ranks
+
+
+@pytest.mark.parametrize("prefill_tp,decode_tp", [(1, 2), pytest.param(2, 1, marks=pytest.mark.slow)])
+def test_engines_of_different_tensor_parallel_sizes_hand_off(prefill_tp, decode_tp):
+    """A prefill engine of one size hands whole K/V heads to a decode engine of another, which cuts
+    them into its own ranks' shares. Different reduction trees on the two sides make bitwise
+    equality with any one engine impossible, so in fp64 the greedy tokens and exit depths must be
+    one engine's (as tensor-parallel engines against the dense reference), both pools end empty and
+    every rank stops. Catches a decode rank given another rank's heads, or all of them."""
+    options = dict(OPTIONS, dtype="float64")
+    prompts = [list(range(3, 23)), [7, 8, 9], list(range(40, 75))]
+    params = [SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, exit_threshold=0.6),
+              SamplingParams(max_tokens=8, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, exit_threshold=0.9)]
+    expected = {rid: [(tokens, depths) for _, tokens, depths, *_ in sig[0]] for rid, sig in
+                _reference("ouro-tiny", prompts, params, dtype="float64").items()}
+    engine = DisaggregatedEngine("ouro-tiny", backend="inprocess", prefill_tensor_parallel_size=prefill_tp,
+                                 **dict(options, tensor_parallel_size=decode_tp))
+    try:
+        assert [w.engine.cfg.tensor_parallel_size for w in engine.workers] == [prefill_tp, decode_tp]
+        _add_all(engine, prompts, params)
+        done = _finish_all(engine)
+        assert {rid: [(c.token_ids, c.exit_depths) for c in out.outputs] for rid, out in done.items()} == expected
+        assert engine.stats()["disaggregated_prefill"]["handoffs"] == 3
+        _check_pools_free(engine)
+    finally:
+        ranks = [r["pid"] for w in engine.workers for r in w.engine.executor.worker_processes()]
+        engine.shutdown()
+    assert len(ranks) == 2 and not any(_alive(pid) for pid in ranks)
 
 
 def _alive(pid: int) -> bool:

@@ -1,0 +1,59 @@
+"""What the attention kernels compile to for Hopper (sm_90), checked on any machine.
+
+Triton compiles for a GPU target without one (`perf.sm90_resources`, run in a fresh process: the
+suite's kernels run under the interpreter, which cannot compile). These tests read the global loads
+in the PTX of the decode and tile attention kernels at Ouro's shape (16 x 128 heads, block size 16,
+key-depth table), as the engine launches them: K/V tiles must move in 16-byte vectors. Without the
+alignment hint on the key rows, Triton 3.9 read them 2 bytes per instruction (65 `ld.global.b16` per
+key tile in the decode kernel) and left the tile kernel's K/V out of its copy pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rlt_kernels import attention as attn
+
+pytest.importorskip("triton")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict:
+    """perf.sm90_resources' attention reports, compiled in a process without the interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = "import json; from perf import sm90_resources as s; print(json.dumps(s.attention_reports()))"
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0 and "GPUTarget" in done.stderr:
+        pytest.skip("this Triton cannot compile for a target without its GPU")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+def test_decode_kernel_reads_key_rows_in_16_byte_vectors(reports, cache):
+    loads = reports[f"decode attention {cache} depth-aware, 4 warps"]["loads"]
+    assert loads["ld.global.v4.b32"] >= 4, loads  # K and V of the tiles in flight
+    assert loads["ld.global.b16"] <= 1, loads  # q's load, nothing per key
+
+
+@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+def test_tile_kernel_pipelines_key_rows_in_16_byte_copies(reports, cache):
+    loads = reports[f"paged_attention {cache} depth-aware, 4 warps, 3 stages"]["loads"]
+    assert loads["cp.async.cg.shared.global"] >= 8, loads  # K and V tiles staged 16 bytes per copy
+    assert loads["ld.global.b16"] == 0, loads
+
+
+@pytest.mark.parametrize("head_dim,aligned", [(128, True), (96, True), (64, True), (40, False), (20, False)])
+def test_alignment_hint_only_where_every_key_row_is_aligned(head_dim, aligned):
+    """The hint promises 16-element aligned key rows; a cache whose rows break that must not get it
+    (on a GPU the vector loads would read the wrong elements)."""
+    cache = torch.zeros(4, 16, 2, head_dim, dtype=torch.bfloat16)
+    assert attn._kv_rows_aligned(cache) is aligned
+    assert attn._kv_rows_aligned(cache[:, :, :1]) is aligned  # one head of a wider cache keeps its strides
