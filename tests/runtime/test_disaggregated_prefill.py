@@ -220,15 +220,14 @@ def test_engines_of_different_tensor_parallel_sizes_hand_off(prefill_tp, decode_
     equality with any one engine impossible, so in fp64 the greedy tokens and exit depths must be
     one engine's (as tensor-parallel engines against the dense reference), both pools end empty and
     every rank stops. Catches a decode rank given another rank's heads, or all of them."""
-    options = dict(OPTIONS, dtype="float64")
     prompts = [list(range(3, 23)), [7, 8, 9], list(range(40, 75))]
     params = [SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, exit_threshold=0.6),
               SamplingParams(max_tokens=8, temperature=0, ignore_eos=True),
               SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, exit_threshold=0.9)]
     expected = {rid: [(tokens, depths) for _, tokens, depths, *_ in sig[0]] for rid, sig in
                 _reference("ouro-tiny", prompts, params, dtype="float64").items()}
-    engine = DisaggregatedEngine("ouro-tiny", backend="inprocess", prefill_tensor_parallel_size=prefill_tp,
-                                 **dict(options, tensor_parallel_size=decode_tp))
+    engine = DisaggregatedEngine("ouro-tiny", backend="inprocess", **dict(OPTIONS, dtype="float64"),
+                                 prefill_tensor_parallel_size=prefill_tp, tensor_parallel_size=decode_tp)
     try:
         assert [w.engine.cfg.tensor_parallel_size for w in engine.workers] == [prefill_tp, decode_tp]
         _add_all(engine, prompts, params)
