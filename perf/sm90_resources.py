@@ -24,6 +24,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from rlt_kernels import attention, gemm
+from rlt_kernels.fp8 import FP8_DTYPE
 
 TARGET = GPUTarget("cuda", 90, 32)
 # Global-memory reads counted in each kernel's PTX: 16-byte vectors, 2-byte elements, 16-byte async copies.
@@ -72,8 +73,8 @@ def linear_reports() -> dict:
             if weight == "fp8" and name == "lm_head":
                 continue  # the LM head stays bf16
             for rows in (1, 64, 256, 2048):  # the skinny and full decode, middle and prefill row classes
-                cfg = gemm.linear_config(n, k, torch.bfloat16, act, rows)
-                const = dict(HAS_ACTIVE=True, SWIGLU=act == "swiglu", HAS_SCALE=weight == "fp8", EXACT_DOT=False,
+                cfg = gemm.linear_config(n, k, torch.bfloat16, act, rows, FP8_DTYPE if weight == "fp8" else None)
+                const = dict(HAS_ACTIVE=True, SWIGLU=act == "swiglu", HAS_SCALE=weight == "fp8", WIDEN_INLINE=True, EXACT_DOT=False,
                              PRECISION="tf32", EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                              BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k, SWAP_AB=cfg.swap_ab,
                              PDL=True)

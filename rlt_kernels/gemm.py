@@ -43,6 +43,7 @@ from ._rows import active_count, by_row_chunks, compute_dtype
 from ._dot import exact_dots, mma
 from ._pdl import pdl_launch, wait_for_inputs
 from ._triton import check_launchable, interpreter_active, tl, triton
+from ._widen import inline_widening, widen_fp8
 from .fp8 import FP8_DTYPE
 from .norms import silu_mul
 from .split_partials import SplitPartials
@@ -104,8 +105,11 @@ WAVE_CTAS = 132
 # of a decode launch need to stream near bandwidth. us at M = 1, 3 stages -> this rule, same bits:
 # qkv 10.2 -> 8.9, o 8.5 -> 6.2, gate_up 15.8 (4 stages) -> 14.7, down 9.8 -> 8.6; Huginn proj
 # 5280 x 5280 35.8 -> 19.3 (with 256-byte K steps, which an unsplit weight always keeps: its one K
-# range does not depend on the step). FP8 weights keep 3 stages (their tiles are limited by the
-# FP8 load path, not by bytes in flight). The 64-row tile (M = 17..64) keeps up to
+# range does not depend on the step). FP8 weights are limited by widening the tile in registers,
+# not by bytes in flight: they keep FP8_SKINNY_BYTES_IN_FLIGHT, and one-accumulator weights up to
+# FP8_WIDE_STEP_MAX_K take 256-element K steps (H200 sweep with the integer widening, same bits, us
+# at M = 1: qkv 11.0 -> 10.0, o 10.6 -> 9.5 with 256 x 3 stages; gate_up 18.0, down 9.6 and Huginn
+# proj 23.5 with 128 x 3-4 stages, where 256-element steps were 3-17% slower). The 64-row tile (M = 17..64) keeps up to
 # SKINNY_WIDE_BYTES_IN_FLIGHT: us at M = 64, 3 stages -> this rule, same bits: qkv 11.4 -> 9.8,
 # down 12.4 -> 11.0 (5 stages each), gate_up 16.7 (3 stages, unchanged).
 SKINNY_ROWS = 16
@@ -115,6 +119,8 @@ SKINNY_STAGES = 3
 SKINNY_MAX_STAGES = 6
 SKINNY_BYTES_IN_FLIGHT = 120 * 1024
 SKINNY_WIDE_BYTES_IN_FLIGHT = 160 * 1024
+FP8_SKINNY_BYTES_IN_FLIGHT = 48 * 1024
+FP8_WIDE_STEP_MAX_K = 4096
 # Column tile of the middle row class.
 MID_BLOCK_N = 64
 # Split-K weights in the middle class take 128 x 64 tiles with 64-element K steps, 8 warps, 4 stages
@@ -174,9 +180,10 @@ class LinearConfig:
 
 @functools.lru_cache(maxsize=None)
 def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = None,
-                  rows: int | None = None) -> LinearConfig:
-    """The launch configuration for a weight [n, k] of ``dtype`` (n = 2F for swiglu) and a launch
-    of ``rows`` rows on the GPU (None: the decode tile). block_k and split_k depend on the
+                  rows: int | None = None, weight_dtype: torch.dtype | None = None) -> LinearConfig:
+    """The launch configuration for a weight [n, k] against activations of ``dtype`` (n = 2F for
+    swiglu; ``weight_dtype`` float8_e4m3fn for FP8 weights, None: ``dtype``) and a launch of ``rows``
+    rows on the GPU (None: the decode tile). block_k and split_k depend on the
     weight alone, which is what makes `linear` batch invariant. Examples (bf16, decode / M = 256 /
     M = 2048): Ouro qkv 64x64x64 s5 / 64x64 s4 / 128x128 s3; o 64x16x128 s5 / 64x64 s3;
     down 64x64x128 split 4 / 128x64x64 s4 split 4; gate_up swiglu 64x(2x64)x64 s5 / s3 / 128x(2x64) s3."""
@@ -202,7 +209,8 @@ def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = N
     if rows is None or dtype == torch.float32:
         return decode
     if rows <= SKINNY_ROWS or (rows <= DECODE_ROWS and block_n >= SKINNY_BLOCK_N):
-        return _skinny_config(decode, k, elem, accumulators, SKINNY_ROWS if rows <= SKINNY_ROWS else BLOCK_M)
+        w_elem = elem if weight_dtype is None else weight_dtype.itemsize
+        return _skinny_config(decode, k, elem, w_elem, accumulators, SKINNY_ROWS if rows <= SKINNY_ROWS else BLOCK_M)
     if rows <= DECODE_ROWS:
         return decode
     if split_k > 1 and rows <= PREFILL_ROWS:  # same K ranges, 128-row tiles: one weight pass per 128 rows
@@ -217,17 +225,24 @@ def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = N
     return LinearConfig(BLOCK_M, MID_BLOCK_N, block_k, warps(MID_BLOCK_N), stages, split_k=split_k)
 
 
-def _skinny_config(decode: LinearConfig, k: int, elem: int, accumulators: int, block_m: int) -> LinearConfig:
-    """The transposed decode tile: wide K steps unless they would move the weight's split ranges."""
-    block_k = max(decode.block_k, min(SKINNY_K_STEP_BYTES // elem, triton.next_power_of_2(max(k, 1))))
+def _skinny_config(decode: LinearConfig, k: int, elem: int, w_elem: int, accumulators: int,
+                   block_m: int) -> LinearConfig:
+    """The transposed decode tile: K steps of SKINNY_K_STEP_BYTES of 16-bit weight row (FP8: twice
+    the elements for one-accumulator weights up to FP8_WIDE_STEP_MAX_K) unless they would move the
+    weight's split ranges; stages as many as keep the tile's bytes in flight (x in ``elem`` bytes,
+    the weight in ``w_elem``)."""
+    step = SKINNY_K_STEP_BYTES // elem
+    if w_elem == 1 and accumulators == 1 and k <= FP8_WIDE_STEP_MAX_K:
+        step *= 2
+    block_k = max(decode.block_k, min(step, triton.next_power_of_2(max(k, 1))))
     if -(-k // block_k) < decode.split_k or LinearConfig(block_m, SKINNY_BLOCK_N, block_k, 4, 1,
                                                          split_k=decode.split_k).k_bounds(k) != decode.k_bounds(k):
         block_k = decode.block_k
-    stages = SKINNY_STAGES
-    if elem >= 2:
-        stage_bytes = (block_m + accumulators * SKINNY_BLOCK_N) * block_k * elem
-        in_flight = SKINNY_BYTES_IN_FLIGHT if block_m == SKINNY_ROWS else SKINNY_WIDE_BYTES_IN_FLIGHT
-        stages = max(SKINNY_STAGES, min(SKINNY_MAX_STAGES, in_flight // stage_bytes))
+    stage_bytes = (block_m * elem + accumulators * SKINNY_BLOCK_N * w_elem) * block_k
+    in_flight = SKINNY_BYTES_IN_FLIGHT if block_m == SKINNY_ROWS else SKINNY_WIDE_BYTES_IN_FLIGHT
+    if w_elem == 1:
+        in_flight = FP8_SKINNY_BYTES_IN_FLIGHT
+    stages = max(SKINNY_STAGES, min(SKINNY_MAX_STAGES, in_flight // stage_bytes))
     return LinearConfig(block_m, SKINNY_BLOCK_N, block_k, 4, stages, split_k=decode.split_k, swap_ab=True)
 
 
@@ -286,8 +301,8 @@ def _tile_product(a, w, acc, SWAP_AB: tl.constexpr, PRECISION: tl.constexpr, EXA
 @triton.jit(do_not_specialize=["m"])
 def _linear_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr, ws_ptr, active_ptr, m, n_out, k, k_range, stride_x, stride_w, stride_out,
-    HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr, EXACT_DOT: tl.constexpr, PRECISION: tl.constexpr,
-    EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr, WIDEN_INLINE: tl.constexpr,
+    EXACT_DOT: tl.constexpr, PRECISION: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, PDL: tl.constexpr,
 ):
     # Grouped launch order: GROUP_M row tiles walk the column tiles together.
@@ -346,12 +361,12 @@ def _linear_kernel(
         a = tl.load(x_ptrs, mask=x_mask, other=0.0)
         g = tl.load(g_ptrs, mask=w_mask, other=0.0)
         if HAS_SCALE:
-            g = g.to(a.dtype)  # FP8 tile widened exactly; its scale is applied in the epilogue
+            g = widen_fp8(g, a, WIDEN_INLINE)  # FP8 tile widened exactly; its scale is applied in the epilogue
         acc_g = _tile_product(a, g, acc_g, SWAP_AB, PRECISION, EXACT_DOT)
         if SWIGLU:
             u = tl.load(u_ptrs, mask=w_mask, other=0.0)
             if HAS_SCALE:
-                u = u.to(a.dtype)
+                u = widen_fp8(u, a, WIDEN_INLINE)
             acc_u = _tile_product(a, u, acc_u, SWAP_AB, PRECISION, EXACT_DOT)
             u_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
@@ -454,7 +469,7 @@ def _checked(x, weight, out, active_rows, activation, weight_scale) -> tuple[tor
         raise ValueError("active_rows must be an int32 tensor of shape [1]")
     check_launchable(x, weight, out, active_rows, weight_scale)
     rows = m if x.is_cuda and not interpreter_active() else None
-    return out, linear_config(n, k, x.dtype, activation, rows)
+    return out, linear_config(n, k, x.dtype, activation, rows, None if weight.dtype == x.dtype else weight.dtype)
 
 
 def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_scale=None, reduce=True):
@@ -476,7 +491,8 @@ def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_s
     pdl = pdl_launch(out, grid[0] * grid[1])
     _linear_kernel[grid](
         x, weight, scale, out, ws, active, m, n_out, k, k_range, x.stride(0), weight.stride(0), out.stride(0),
-        HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu, HAS_SCALE=has_scale, EXACT_DOT=exact_dots(),
+        HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu, HAS_SCALE=has_scale, WIDEN_INLINE=inline_widening(),
+        EXACT_DOT=exact_dots(),
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, SPLIT_K=split, SWAP_AB=cfg.swap_ab, PDL=pdl, num_warps=cfg.num_warps,

@@ -223,6 +223,22 @@ def test_decode_tile_stages_at_ouro_shapes(rows, expected):
     assert stages == expected
 
 
+@pytest.mark.parametrize("rows,expected", [
+    (1, {"qkv": (256, 3), "o": (256, 3), "gate_up": (128, 3), "down": (128, 4), "huginn proj": (128, 4)}),
+    (gemm.DECODE_ROWS, {"qkv": (256, 3), "o": (128, 5), "gate_up": (128, 3), "down": (128, 3), "huginn proj": (128, 3)})])
+def test_fp8_decode_tiles_at_model_shapes(rows, expected):
+    """FP8 weights' decode tiles (K step, stages) as the H200 sweep chose them (docs/perf/kernels.md),
+    with the K ranges of the weight's plan unchanged: what keeps FP8 rows batch invariant."""
+    shapes = {"qkv": (6144, 2048, None), "o": (2048, 2048, None), "gate_up": (11264, 2048, "swiglu"),
+              "down": (2048, 5632, None), "huginn proj": (5280, 5280, None)}
+    found = {}
+    for name, (n, k, act) in shapes.items():
+        cfg = gemm.linear_config(n, k, torch.bfloat16, act, rows, FP8_DTYPE)
+        assert cfg.k_bounds(k) == gemm.linear_config(n, k, torch.bfloat16, act).k_bounds(k)
+        found[name] = (cfg.block_k, cfg.num_stages)
+    assert found == expected
+
+
 @pytest.mark.parametrize("rows", [gemm.DECODE_ROWS + 1, gemm.PREFILL_ROWS + 1])
 @pytest.mark.parametrize("activation,n,k", [(None, 2 * 136, 80), ("swiglu", 2 * 136, 80), (None, 24, gemm.SPLIT_MIN_K)])
 def test_linear_row_class_tiles(device, rows, activation, n, k):
