@@ -1,6 +1,6 @@
 """A decode step's layer-loops as one CUDA graph of rlt kernels, against the weight-byte floor.
 
-    python -m perf.bench_decode_chain --out out/decode_chain [--batches 1,16,64] [--variants ...] [--ablate]
+    python -m perf.bench_decode_chain --out out/decode_chain [--batches 1,16,64] [--variants ...] [--ablate] [--fp8]
 
 Ouro-1.4B shapes (hidden 2048, 16 x 128 heads, MLP 5632, 24 layers, 4 loops: 96 layer-loops), bf16,
 each layer its own weights, 192 keys per sequence in block tables as wide as 4,096 keys (so the
@@ -13,7 +13,8 @@ Each variant is a way of launching the same chain (dependent launches off or on,
 attention merging its key ranges in place with range counters instead of a combine kernel);
 every variant must give the bits of plain
 stream order (checked), and each is timed as the median of graph replays. The floor
-is the layer weights' bytes over the copy bandwidth measured in the same run.
+is the layer weights' bytes over the copy bandwidth measured in the same run. --fp8: the layer
+weights as FP8 with per-channel scales (quantization="fp8"), the floor at one byte a weight.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 
 from perf.roofline import measure
 from rlt_kernels import attention, gemm, kv_cache, linear_norm, norms
+from rlt_kernels.fp8 import quantize_weight_fp8
 
 HIDDEN, HEADS, HEAD_DIM, FFN, LAYERS, LOOPS, KEYS, BLOCK, MAX_CONTEXT = 2048, 16, 128, 5632, 24, 4, 192, 16, 4096
 VARIANTS = {  # name: (launch environment, split decode attention merging its key ranges in place)
@@ -41,9 +43,10 @@ ABLATIONS = {"full": (), "without RoPE + scatter": ("rope",), "without attention
 
 
 class Chain:
-    """Weights, caches and buffers of the chain at one batch size (the caches hold random keys)."""
+    """Weights, caches and buffers of the chain at one batch size (the caches hold random keys);
+    fp8: the four linear weights of every layer as FP8 with per-channel scales."""
 
-    def __init__(self, batch: int, device="cuda", dtype=torch.bfloat16):
+    def __init__(self, batch: int, device="cuda", dtype=torch.bfloat16, fp8: bool = False):
         g = torch.Generator(device=device).manual_seed(0)
 
         def rand(*shape, scale=1.0):
@@ -53,6 +56,11 @@ class Chain:
         self.layers = [dict(qkv=rand(qkv, HIDDEN, scale=HIDDEN**-0.5), o=rand(HIDDEN, HIDDEN, scale=HIDDEN**-0.5),
                             gate_up=rand(2 * FFN, HIDDEN, scale=HIDDEN**-0.5), down=rand(HIDDEN, FFN, scale=FFN**-0.5),
                             norms=[rand(HIDDEN) + 1 for _ in range(4)]) for _ in range(LAYERS)]
+        self.scales = [{} for _ in self.layers]  # FP8 weights' scales by name
+        if fp8:
+            for w, scales in zip(self.layers, self.scales):
+                for name in ("qkv", "o", "gate_up", "down"):
+                    w[name], scales[name] = quantize_weight_fp8(w[name])
         blocks_per_seq = -(-(KEYS + 1) // BLOCK)
         pages = torch.randperm(batch * blocks_per_seq, device=device, generator=g).to(torch.int32)
         # Tables as wide as the engine's (MAX_CONTEXT keys), as the launch's split rule sees them.
@@ -81,7 +89,8 @@ class Chain:
         n = norms.rms_norm(h, self.layers[0]["norms"][0], eps)
         for _ in range(LOOPS):
             for i, w in enumerate(self.layers):
-                qkv = gemm.linear(n, w["qkv"])
+                sc = self.scales[i]
+                qkv = gemm.linear(n, w["qkv"], weight_scale=sc.get("qkv"))
                 q, k, v = (qkv[:, j * HEADS * HEAD_DIM:(j + 1) * HEADS * HEAD_DIM].view(b, HEADS, HEAD_DIM)
                            for j in range(3))
                 kc, vc = self.caches[i]
@@ -91,21 +100,23 @@ class Chain:
                     q_rot, kc, vc, self.tables, self.seq_lens, self.qsl, workspace=self.workspace, decode_from=0,
                     range_counters=range_counters).view(b, -1)
                 if "norms" in self.drop:
-                    h = n = gemm.linear(attn, w["o"])
+                    h = n = gemm.linear(attn, w["o"], weight_scale=sc.get("o"))
                 else:
-                    h, n = linear_norm.linear_residual_norm(attn, w["o"], h, w["norms"][1], w["norms"][2], eps)
-                act = gemm.linear(n, w["gate_up"], activation="swiglu")
+                    h, n = linear_norm.linear_residual_norm(attn, w["o"], h, w["norms"][1], w["norms"][2], eps,
+                                                            weight_scale=sc.get("o"))
+                act = gemm.linear(n, w["gate_up"], activation="swiglu", weight_scale=sc.get("gate_up"))
                 if "norms" in self.drop:
-                    h = n = gemm.linear(act, w["down"])
+                    h = n = gemm.linear(act, w["down"], weight_scale=sc.get("down"))
                 else:
-                    h, n = linear_norm.linear_residual_norm(act, w["down"], h, w["norms"][3], w["norms"][0], eps)
+                    h, n = linear_norm.linear_residual_norm(act, w["down"], h, w["norms"][3], w["norms"][0], eps,
+                                                            weight_scale=sc.get("down"))
         return n
 
 
-def weight_bytes() -> int:
-    """Layer weight bytes one step reads (bf16, every layer-loop)."""
+def weight_bytes(fp8: bool = False) -> int:
+    """Layer weight bytes one step reads (bf16, or FP8 with fp8, every layer-loop)."""
     per_layer = (3 * HEADS * HEAD_DIM + HIDDEN + 2 * FFN) * HIDDEN + HIDDEN * FFN
-    return per_layer * 2 * LAYERS * LOOPS
+    return per_layer * (1 if fp8 else 2) * LAYERS * LOOPS
 
 
 def time_variant(chain: Chain, variant: tuple, replays: int = 20) -> tuple[float, torch.Tensor]:
@@ -141,13 +152,13 @@ def time_variant(chain: Chain, variant: tuple, replays: int = 20) -> tuple[float
             os.environ.pop(key, None)
 
 
-def ablate(batches: list[int]) -> dict:
+def ablate(batches: list[int], fp8: bool = False) -> dict:
     """µs per layer-loop of each ABLATIONS entry at each batch (timing only)."""
     roof = measure()
-    res = {"roofline": roof, "floor_us_per_layer_loop": weight_bytes() / roof["copy_gbps"] / 1e3 / (LAYERS * LOOPS),
-           "batches": {}}
+    res = {"roofline": roof, "fp8": fp8,
+           "floor_us_per_layer_loop": weight_bytes(fp8) / roof["copy_gbps"] / 1e3 / (LAYERS * LOOPS), "batches": {}}
     for b in batches:
-        chain, rows = Chain(b), {}
+        chain, rows = Chain(b, fp8=fp8), {}
         for name, drop in ABLATIONS.items():
             chain.drop = frozenset(drop)
             ms, _ = time_variant(chain, VARIANTS["dependent launches + in-place merge"])
@@ -159,12 +170,12 @@ def ablate(batches: list[int]) -> dict:
     return res
 
 
-def run(batches: list[int], variants: list[str]) -> dict:
+def run(batches: list[int], variants: list[str], fp8: bool = False) -> dict:
     roof = measure()
-    floor = weight_bytes() / (roof["copy_gbps"] * 1e9) * 1e3
-    res = {"roofline": roof, "floor_ms": floor, "layer_loops": LAYERS * LOOPS, "batches": {}}
+    floor = weight_bytes(fp8) / (roof["copy_gbps"] * 1e9) * 1e3
+    res = {"roofline": roof, "fp8": fp8, "floor_ms": floor, "layer_loops": LAYERS * LOOPS, "batches": {}}
     for b in batches:
-        chain = Chain(b)
+        chain = Chain(b, fp8=fp8)
         rows, reference = {}, None
         for name in variants:
             ms, out = time_variant(chain, VARIANTS[name])
@@ -184,11 +195,13 @@ def main() -> None:
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS")
     ap.add_argument("--ablate", action="store_true", help="time the chain with kernels left out (ABLATIONS)")
+    ap.add_argument("--fp8", action="store_true", help="FP8 layer weights (quantization='fp8')")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    res = ablate(batches) if args.ablate else run(batches, args.variants.split(","))
+    res = ablate(batches, args.fp8) if args.ablate else run(batches, args.variants.split(","), args.fp8)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "decode_chain_ablation.json" if args.ablate else "decode_chain.json"), "w") as f:
+    name = ("decode_chain_ablation" if args.ablate else "decode_chain") + ("_fp8" if args.fp8 else "")
+    with open(os.path.join(args.out, name + ".json"), "w") as f:
         json.dump(res, f, indent=1)
 
 

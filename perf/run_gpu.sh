@@ -8,7 +8,8 @@
 #   RLT_SWEEP_K (weights and sweeps of gemm-sweep, e.g. "skinny and ouro.o" for the transposed decode tiles), RLT_SPEC_CONFIGS (fixed2,fixed4,adaptive), RLT_SPEC_BATCHES,
 #   RLT_SPEC_ACCEPTANCE (measured,0.7,0.9),
 #   RLT_SERVING_MODES (native,speculative), RLT_SERVING_RATES (request rates, e.g. 16,32,inf),
-#   RLT_FP8_PARTS (fp8: "speed fidelity" by default; "fidelity" alone measures KL and agreement only).
+#   RLT_FP8_PARTS (fp8: "speed fidelity" by default; "fidelity" alone measures KL and agreement only),
+#   RLT_CHAIN_ARGS (chain: e.g. "--fp8 --ablate" for FP8 weights, kernel by kernel).
 # Each part gets a time limit (PART_TIMEOUT seconds, default 900); every log, JSON, table and plot
 # is collected in $OUT/results.tgz (and left unpacked in $WORK). On a bare GPU image, install the
 # wheels perf/fetch_gpu_wheels.sh downloads first.
@@ -63,7 +64,7 @@ for part in $parts; do
              timeout "$PART_TIMEOUT" python3 -m perf.bench_decode_attention --out "$WORK" ${RLT_DECODE_SWEEP:+--sweep} \
                > "$WORK/decode_attention.log" 2>&1; tail -n 14 "$WORK/decode_attention.log" ;;
     chain)   # A decode step's layer-loops as one graph, launch variants against the weight floor (perf/bench_decode_chain.py).
-             timeout "$PART_TIMEOUT" python3 -m perf.bench_decode_chain --out "$WORK/chain" > "$WORK/chain.log" 2>&1
+             timeout "$PART_TIMEOUT" python3 -m perf.bench_decode_chain --out "$WORK/chain" ${RLT_CHAIN_ARGS:-} > "$WORK/chain.log" 2>&1
              grep "^batch" "$WORK/chain.log" ;;
     engine)  timeout "$PART_TIMEOUT" python3 -m perf.bench_engine --out "$WORK" ${QUICK:+--quick} > "$WORK/engine.log" 2>&1
              tail -n 25 "$WORK/engine.log" ;;

@@ -29,6 +29,9 @@ from rlt_kernels.fp8 import FP8_DTYPE
 TARGET = GPUTarget("cuda", 90, 32)
 # Global-memory reads counted in each kernel's PTX: 16-byte vectors, 2-byte elements, 16-byte async copies.
 GLOBAL_LOADS = ("ld.global.v4.b32", "ld.global.b16", "cp.async.cg.shared.global")
+# FP8 -> bf16 widening in the PTX: Triton's cast (one f16 -> bf16 conversion per element) and the
+# integer path of rlt_kernels/_widen.py (its exact bf16x2 multiply).
+WIDENING = ("cvt.bf16.f16", "fma.rn.bf16x2")
 OURO_WEIGHTS = [("qkv", 6144, 2048, None), ("o", 2048, 2048, None), ("gate_up", 11264, 2048, "swiglu"),
                 ("down", 2048, 5632, None), ("lm_head", 49152, 2048, None)]
 
@@ -60,7 +63,20 @@ def compile_sm90(fn, pointers: dict, constexprs: dict, floats=(), **options) -> 
         return {"error": str(exc).strip().splitlines()[-1][:200]}
     ptx = kernel.asm["ptx"]
     return {"shared_bytes": kernel.metadata.shared, "wgmma": "wgmma" in ptx, "cp_async": "cp.async" in ptx,
-            "loads": {op: ptx.count(op) for op in GLOBAL_LOADS}, **_resources(kernel.asm["cubin"])}
+            "loads": {op: ptx.count(op) for op in GLOBAL_LOADS}, "widening": {op: ptx.count(op) for op in WIDENING},
+            **_resources(kernel.asm["cubin"])}
+
+
+def fp8_linear_report(n: int, k: int, activation, rows: int, widen_inline: bool = True) -> dict:
+    """The linear kernel over an FP8 weight [n, k] at the tile of a `rows`-row launch."""
+    cfg = gemm.linear_config(n, k, torch.bfloat16, activation, rows, FP8_DTYPE)
+    ptrs = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "out_ptr": "*bf16", "ws_ptr": "*fp32",
+            "active_ptr": "*i32"}
+    const = dict(HAS_ACTIVE=True, SWIGLU=activation == "swiglu", HAS_SCALE=True, WIDEN_INLINE=widen_inline,
+                 EXACT_DOT=False, PRECISION="tf32", EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m,
+                 BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k,
+                 SWAP_AB=cfg.swap_ab, PDL=True)
+    return compile_sm90(gemm._linear_kernel, ptrs, const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def linear_reports() -> dict:

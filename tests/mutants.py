@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COPIED = ("rlt_kernels", "rlt_runtime", "tests", "pytest.ini")
+COPIED = ("rlt_kernels", "rlt_runtime", "perf", "tests", "pytest.ini")
 IGNORED = shutil.ignore_patterns("__pycache__", ".hypothesis", ".pytest_cache", "*.egg-info")
 
 
@@ -271,6 +271,13 @@ MUTANTS = (
         "shares = zip(reversed(k.chunk(self.size, dim=3)), reversed(v.chunk(self.size, dim=3)))",
         ("tests/runtime/test_disaggregated_prefill.py::test_engines_of_different_tensor_parallel_sizes_hand_off[1-2]",),
         "a tensor-parallel decode engine gives each rank another rank's share of the K/V heads handed to it",
+    ),
+    Mutant(
+        "fp8-widening-through-the-cast", "rlt_kernels/_widen.py",
+        "if INLINE and like.dtype == tl.bfloat16:",
+        "if False:",
+        ("tests/kernels/test_sm90_codegen.py::test_fp8_linear_widens_with_integer_instructions",),
+        "FP8 weight tiles are widened by Triton's cast again (a slow f16 -> bf16 conversion per element on the GPU)",
     ),
     Mutant(
         "fp8-wide-steps-for-every-weight", "rlt_kernels/gemm.py",

@@ -1,11 +1,14 @@
-"""What the attention kernels compile to for Hopper (sm_90), checked on any machine.
+"""What the attention and FP8 linear kernels compile to for Hopper (sm_90), checked on any machine.
 
 Triton compiles for a GPU target without one (`perf.sm90_resources`, run in a fresh process: the
 suite's kernels run under the interpreter, which cannot compile). These tests read the global loads
 in the PTX of the decode and tile attention kernels at Ouro's shape (16 x 128 heads, block size 16,
 key-depth table), as the engine launches them: K/V tiles must move in 16-byte vectors. Without the
 alignment hint on the key rows, Triton 3.9 read them 2 bytes per instruction (65 `ld.global.b16` per
-key tile in the decode kernel) and left the tile kernel's K/V out of its copy pipeline.
+key tile in the decode kernel) and left the tile kernel's K/V out of its copy pipeline. The linear
+kernel over FP8 weights must widen its tiles with `rlt_kernels/_widen.py`'s integer instructions,
+not with Triton's cast (one slow f16 -> bf16 conversion per element, which set the pace of FP8
+decode: docs/perf/fp8.md).
 """
 
 from __future__ import annotations
@@ -24,16 +27,26 @@ pytest.importorskip("triton")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(scope="module")
-def reports() -> dict:
-    """perf.sm90_resources' attention reports, compiled in a process without the interpreter."""
+def _compiled(call: str):
+    """perf.sm90_resources' `call`, run in a process without the interpreter; its JSON result."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = "import json; from perf import sm90_resources as s; print(json.dumps(s.attention_reports()))"
+    code = f"import json; from perf import sm90_resources as s; print(json.dumps({call}))"
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     if done.returncode != 0 and "GPUTarget" in done.stderr:
         pytest.skip("this Triton cannot compile for a target without its GPU")
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def reports() -> dict:
+    return _compiled("s.attention_reports()")
+
+
+@pytest.fixture(scope="module")
+def fp8_linear() -> dict:
+    """Ouro's qkv over FP8 weights at the decode (transposed) and prefill tiles."""
+    return _compiled("{rows: s.fp8_linear_report(6144, 2048, None, rows) for rows in (1, 2048)}")
 
 
 @pytest.mark.parametrize("cache", ["bf16", "fp8"])
@@ -57,3 +70,10 @@ def test_alignment_hint_only_where_every_key_row_is_aligned(head_dim, aligned):
     cache = torch.zeros(4, 16, 2, head_dim, dtype=torch.bfloat16)
     assert attn._kv_rows_aligned(cache) is aligned
     assert attn._kv_rows_aligned(cache[:, :, :1]) is aligned  # one head of a wider cache keeps its strides
+
+
+@pytest.mark.parametrize("rows", ["1", "2048"])
+def test_fp8_linear_widens_with_integer_instructions(fp8_linear, rows):
+    widening = fp8_linear[rows]["widening"]
+    assert widening["cvt.bf16.f16"] == 0, widening
+    assert widening["fma.rn.bf16x2"] > 0, widening

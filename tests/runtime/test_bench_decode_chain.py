@@ -17,6 +17,7 @@ def test_floor_bytes_are_the_layer_weights_of_every_loop():
     assert (cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size, cfg.num_hidden_layers) == (
         chain_bench.HIDDEN, chain_bench.HEADS, chain_bench.FFN, chain_bench.LAYERS)
     assert chain_bench.weight_bytes() == 2 * linear * chain_bench.LOOPS
+    assert chain_bench.weight_bytes(fp8=True) == linear * chain_bench.LOOPS
 
 
 def test_tiny_chain_gives_one_result_whichever_way_ranges_merge(monkeypatch):
@@ -33,3 +34,16 @@ def test_tiny_chain_gives_one_result_whichever_way_ranges_merge(monkeypatch):
         chain.drop = frozenset(drop)
         out = chain.step()
         assert out.shape == combined.shape and (not drop or not torch.equal(out, combined))
+
+
+def test_tiny_fp8_chain_reads_fp8_weights(monkeypatch):
+    """--fp8: the chain's linears take FP8 weights with their scales (close to the bf16 chain's result)."""
+    for name, value in dict(HIDDEN=64, HEADS=2, HEAD_DIM=32, FFN=128, LAYERS=1, LOOPS=1, KEYS=40,
+                            MAX_CONTEXT=128).items():
+        monkeypatch.setattr(chain_bench, name, value)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    chain = chain_bench.Chain(2, device=device, dtype=torch.float32, fp8=True)
+    assert chain.layers[0]["qkv"].dtype == torch.float8_e4m3fn and chain.scales[0]["down"].dtype == torch.float32
+    out, ref = chain.step(), chain_bench.Chain(2, device=device, dtype=torch.float32).step()
+    assert torch.isfinite(out).all() and not torch.equal(out, ref)
+    torch.testing.assert_close(out, ref, rtol=0.2, atol=0.2)
