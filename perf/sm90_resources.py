@@ -118,7 +118,8 @@ def attention_reports() -> dict:
             cfg = attention._tile_shape(16, 16, 128, torch.bfloat16, few_queries)  # Ouro: 16 heads of 128, MHA
             cfg.pop("num_warps")
             stages = cfg.pop("num_stages")
-            const = dict(cfg, BLOCK_N=attention.KEY_TILE, DOT_PRECISION="tf32", EXACT_DOT=False, **flags)
+            const = dict(cfg, BLOCK_N=attention.KEY_TILE, DOT_PRECISION="tf32", EXACT_DOT=False, WIDEN_INLINE=True,
+                         **flags)
             out[f"paged_attention {cache} depth-aware, {warps} warps, {stages} stages"] = compile_sm90(
                 attention._paged_attention_kernel, ptrs, const, floats=("qk_scale",), num_warps=warps,
                 num_stages=stages)

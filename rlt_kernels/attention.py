@@ -82,6 +82,7 @@ from ._dot import exact_dots, mma
 from ._rows import active_count, compute_dtype
 from ._pdl import pdl_launch, wait_for_inputs
 from ._triton import check_launchable, tl, triton
+from ._widen import inline_widening, widen_fp8
 from .fp8 import FP8_DTYPE, check_kv_scales
 
 KEY_TILE = 64
@@ -323,7 +324,7 @@ def _paged_attention_kernel(
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HAS_ACTIVE: tl.constexpr, HAS_SLOTS: tl.constexpr, QDEPTH_TENSOR: tl.constexpr,
     HAS_KEY_DEPTH: tl.constexpr, DECODE_FROM_TENSOR: tl.constexpr, KV_FP8: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    EXACT_DOT: tl.constexpr, PDL: tl.constexpr, KV_ALIGNED: tl.constexpr,
+    EXACT_DOT: tl.constexpr, PDL: tl.constexpr, KV_ALIGNED: tl.constexpr, WIDEN_INLINE: tl.constexpr,
 ):
     """One program: KV head program_id(1), a tile of BLOCK_M (query, head) rows, and either
     every key range (partial == 0: writes out) or range program_id(2) only (partial != 0:
@@ -386,8 +387,8 @@ def _paged_attention_kernel(
             k = tl.load(k_head + kv_row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
             v = tl.load(v_head + kv_row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
             if KV_FP8:
-                k = k.to(q.dtype)
-                v = v.to(q.dtype)
+                k = widen_fp8(k, q, WIDEN_INLINE)  # exact; integer instructions for bf16 q on the GPU
+                v = widen_fp8(v, q, WIDEN_INLINE)
             blk_own, kd = _tile_keys(own_plane_table, table, key_depth_ptr, start + BLOCK_N, range_end, offs_n,
                                      BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
 
@@ -963,7 +964,7 @@ def paged_attention(
         programs = t_total // cfg["QPT"] + n_seqs
         launches.append((_paged_attention_kernel, _combine_kernel, programs, cfg,
                          dict(BLOCK_N=KEY_TILE, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-                              EXACT_DOT=exact_dots())))
+                              EXACT_DOT=exact_dots(), WIDEN_INLINE=inline_widening())))
     if decode_rows:
         cfg = _decode_shape(h, kvh, d)
         cfg["num_stages"] = DECODE_STAGES

@@ -276,8 +276,9 @@ MUTANTS = (
         "fp8-widening-through-the-cast", "rlt_kernels/_widen.py",
         "if INLINE and like.dtype == tl.bfloat16:",
         "if False:",
-        ("tests/kernels/test_sm90_codegen.py::test_fp8_linear_widens_with_integer_instructions",),
-        "FP8 weight tiles are widened by Triton's cast again (a slow f16 -> bf16 conversion per element on the GPU)",
+        ("tests/kernels/test_sm90_codegen.py::test_fp8_linear_widens_with_integer_instructions",
+         "tests/kernels/test_sm90_codegen.py::test_tile_attention_widens_fp8_keys_with_integer_instructions"),
+        "FP8 weight and K/V tiles are widened by Triton's cast again (a slow f16 -> bf16 conversion per element on the GPU)",
     ),
     Mutant(
         "fp8-wide-steps-for-every-weight", "rlt_kernels/gemm.py",

@@ -6,7 +6,8 @@ in the PTX of the decode and tile attention kernels at Ouro's shape (16 x 128 he
 key-depth table), as the engine launches them: K/V tiles must move in 16-byte vectors. Without the
 alignment hint on the key rows, Triton 3.9 read them 2 bytes per instruction (65 `ld.global.b16` per
 key tile in the decode kernel) and left the tile kernel's K/V out of its copy pipeline. The linear
-kernel over FP8 weights must widen its tiles with `rlt_kernels/_widen.py`'s integer instructions,
+kernel over FP8 weights and the tile attention kernel over FP8 caches must widen their tiles with
+`rlt_kernels/_widen.py`'s integer instructions,
 not with Triton's cast (one slow f16 -> bf16 conversion per element, which set the pace of FP8
 decode: docs/perf/fp8.md).
 """
@@ -75,5 +76,12 @@ def test_alignment_hint_only_where_every_key_row_is_aligned(head_dim, aligned):
 @pytest.mark.parametrize("rows", ["1", "2048"])
 def test_fp8_linear_widens_with_integer_instructions(fp8_linear, rows):
     widening = fp8_linear[rows]["widening"]
+    assert widening["cvt.bf16.f16"] == 0, widening
+    assert widening["fma.rn.bf16x2"] > 0, widening
+
+
+@pytest.mark.parametrize("config", ["4 warps, 3 stages", "8 warps, 3 stages"])
+def test_tile_attention_widens_fp8_keys_with_integer_instructions(reports, config):
+    widening = reports[f"paged_attention fp8 depth-aware, {config}"]["widening"]
     assert widening["cvt.bf16.f16"] == 0, widening
     assert widening["fma.rn.bf16x2"] > 0, widening
