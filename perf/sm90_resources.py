@@ -67,36 +67,31 @@ def compile_sm90(fn, pointers: dict, constexprs: dict, floats=(), **options) -> 
             **_resources(kernel.asm["cubin"])}
 
 
-def fp8_linear_report(n: int, k: int, activation, rows: int, widen_inline: bool = True) -> dict:
-    """The linear kernel over an FP8 weight [n, k] at the tile of a `rows`-row launch."""
-    cfg = gemm.linear_config(n, k, torch.bfloat16, activation, rows, FP8_DTYPE)
-    ptrs = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "out_ptr": "*bf16", "ws_ptr": "*fp32",
-            "active_ptr": "*i32"}
-    const = dict(HAS_ACTIVE=True, SWIGLU=activation == "swiglu", HAS_SCALE=True, WIDEN_INLINE=widen_inline,
-                 EXACT_DOT=False, PRECISION="tf32", EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m,
-                 BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k,
-                 SWAP_AB=cfg.swap_ab, PDL=True)
-    return compile_sm90(gemm._linear_kernel, ptrs, const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+def linear_report(n: int, k: int, activation, rows: int, weight: str = "bf16") -> tuple:
+    """(tile, report) of the linear kernel over a bf16 or FP8 ("fp8") weight [n, k] at the tile of a
+    `rows`-row launch."""
+    fp8 = weight == "fp8"
+    cfg = gemm.linear_config(n, k, torch.bfloat16, activation, rows, FP8_DTYPE if fp8 else None)
+    ptrs = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv" if fp8 else "*bf16", "scale_ptr": "*fp32", "out_ptr": "*bf16",
+            "ws_ptr": "*fp32", "active_ptr": "*i32"}
+    const = dict(HAS_ACTIVE=True, SWIGLU=activation == "swiglu", HAS_SCALE=fp8, WIDEN_INLINE=True, EXACT_DOT=False,
+                 PRECISION="tf32", EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                 BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k, SWAP_AB=cfg.swap_ab, PDL=True)
+    return cfg, compile_sm90(gemm._linear_kernel, ptrs, const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def linear_reports() -> dict:
     """bf16 weights, and FP8 weights (quantization="fp8": fp8 tiles widened to bf16, scales in the epilogue)."""
     out = {}
     for weight in ("bf16", "fp8"):
-        ptrs = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv" if weight == "fp8" else "*bf16", "scale_ptr": "*fp32",
-                "out_ptr": "*bf16", "ws_ptr": "*fp32", "active_ptr": "*i32"}
         for name, n, k, act in OURO_WEIGHTS:
             if weight == "fp8" and name == "lm_head":
                 continue  # the LM head stays bf16
             for rows in (1, 64, 256, 2048):  # the skinny and full decode, middle and prefill row classes
-                cfg = gemm.linear_config(n, k, torch.bfloat16, act, rows, FP8_DTYPE if weight == "fp8" else None)
-                const = dict(HAS_ACTIVE=True, SWIGLU=act == "swiglu", HAS_SCALE=weight == "fp8", WIDEN_INLINE=True, EXACT_DOT=False,
-                             PRECISION="tf32", EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                             BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k, SWAP_AB=cfg.swap_ab,
-                             PDL=True)
+                cfg, report = linear_report(n, k, act, rows, weight)
                 out[f"linear {weight} {name} M={rows} {cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.num_stages} "
-                    f"split {cfg.split_k}{' transposed' if cfg.swap_ab else ''}"] = compile_sm90(gemm._linear_kernel, ptrs, const, num_warps=cfg.num_warps,
-                                                           num_stages=cfg.num_stages)
+                    f"split {cfg.split_k}{' transposed' if cfg.swap_ab else ''}"] = report
+        ptrs = {"ws_ptr": "*fp32", "scale_ptr": "*fp32", "out_ptr": "*bf16", "active_ptr": "*i32"}
         const = dict(HAS_ACTIVE=True, SWIGLU=True, HAS_SCALE=weight == "fp8", SPLIT_K=2, BLOCK_M=gemm.REDUCE_BLOCK_M,
                      BLOCK_N=gemm.REDUCE_BLOCK_N, PDL=True)
         out[f"linear {weight} split-K reduction"] = compile_sm90(gemm._split_reduce_kernel, ptrs, const, num_warps=4)

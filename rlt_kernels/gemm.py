@@ -109,9 +109,9 @@ WAVE_CTAS = 132
 # not by bytes in flight: they keep FP8_SKINNY_BYTES_IN_FLIGHT, and one-accumulator weights up to
 # FP8_WIDE_STEP_MAX_K take 256-element K steps (H200 sweep with the integer widening, same bits, us
 # at M = 1: qkv 11.0 -> 10.0, o 10.6 -> 9.5 with 256 x 3 stages; gate_up 18.0, down 9.6 and Huginn
-# proj 23.5 with 128 x 3-4 stages, where 256-element steps were 3-17% slower). The 64-row tile (M = 17..64) keeps up to
-# SKINNY_WIDE_BYTES_IN_FLIGHT: us at M = 64, 3 stages -> this rule, same bits: qkv 11.4 -> 9.8,
-# down 12.4 -> 11.0 (5 stages each), gate_up 16.7 (3 stages, unchanged).
+# proj 23.5 with 128 x 3-4 stages, where 256-element steps were 3-17% slower). The 64-row tile
+# (M = 17..64) keeps up to SKINNY_WIDE_BYTES_IN_FLIGHT: us at M = 64, 3 stages -> this rule, same
+# bits: qkv 11.4 -> 9.8, down 12.4 -> 11.0 (5 stages each), gate_up 16.7 (3 stages, unchanged).
 SKINNY_ROWS = 16
 SKINNY_BLOCK_N = 64
 SKINNY_K_STEP_BYTES = 256

@@ -47,7 +47,7 @@ def reports() -> dict:
 @pytest.fixture(scope="module")
 def fp8_linear() -> dict:
     """Ouro's qkv over FP8 weights at the decode (transposed) and prefill tiles."""
-    return _compiled("{rows: s.fp8_linear_report(6144, 2048, None, rows) for rows in (1, 2048)}")
+    return _compiled("{rows: s.linear_report(6144, 2048, None, rows, 'fp8')[1] for rows in (1, 2048)}")
 
 
 @pytest.mark.parametrize("cache", ["bf16", "fp8"])
