@@ -27,8 +27,9 @@ from rlt_kernels import attention, gemm
 from rlt_kernels.fp8 import FP8_DTYPE
 
 TARGET = GPUTarget("cuda", 90, 32)
-# Global-memory reads counted in each kernel's PTX: 16-byte vectors, 2-byte elements, 16-byte async copies.
-GLOBAL_LOADS = ("ld.global.v4.b32", "ld.global.b16", "cp.async.cg.shared.global")
+# Global-memory reads counted in each kernel's PTX: 16-byte vectors, 2-byte elements, 16-byte async
+# copies, tensor-memory-accelerator copies.
+GLOBAL_LOADS = ("ld.global.v4.b32", "ld.global.b16", "cp.async.cg.shared.global", "cp.async.bulk.tensor")
 # FP8 -> bf16 widening in the PTX: Triton's cast (one f16 -> bf16 conversion per element) and the
 # integer path of rlt_kernels/_widen.py (its exact bf16x2 multiply).
 WIDENING = ("cvt.bf16.f16", "fma.rn.bf16x2")
@@ -72,6 +73,16 @@ def linear_report(n: int, k: int, activation, rows: int, weight: str = "bf16") -
     `rows`-row launch."""
     fp8 = weight == "fp8"
     cfg = gemm.linear_config(n, k, torch.bfloat16, activation, rows, FP8_DTYPE if fp8 else None)
+    if cfg.tma:
+        w_type = "fp8e4nv" if fp8 else "bf16"
+        descs = {"x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
+                 "w_desc": f"tensordesc<{w_type}[{cfg.block_n}, {cfg.block_k}]>", "scale_ptr": "*fp32",
+                 "out_ptr": "*bf16", "ws_ptr": "*fp32", "active_ptr": "*i32"}
+        const = dict(HAS_ACTIVE=True, SWIGLU=activation == "swiglu", HAS_SCALE=fp8, WIDEN_INLINE=True, EXACT_DOT=False,
+                     BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+                     SPLIT_K=cfg.split_k, STAGES=cfg.num_stages, PDL=True)
+        return cfg, compile_sm90(gemm._linear_tma_kernel, descs, const, num_warps=cfg.num_warps,
+                                 num_stages=cfg.num_stages)
     ptrs = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv" if fp8 else "*bf16", "scale_ptr": "*fp32", "out_ptr": "*bf16",
             "ws_ptr": "*fp32", "active_ptr": "*i32"}
     const = dict(HAS_ACTIVE=True, SWIGLU=activation == "swiglu", HAS_SCALE=fp8, WIDEN_INLINE=True, EXACT_DOT=False,
@@ -90,7 +101,7 @@ def linear_reports() -> dict:
             for rows in (1, 64, 256, 2048):  # the skinny and full decode, middle and prefill row classes
                 cfg, report = linear_report(n, k, act, rows, weight)
                 out[f"linear {weight} {name} M={rows} {cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.num_stages} "
-                    f"split {cfg.split_k}{' transposed' if cfg.swap_ab else ''}"] = report
+                    f"split {cfg.split_k}{' transposed' if cfg.swap_ab else ''}{' TMA' if cfg.tma else ''}"] = report
         ptrs = {"ws_ptr": "*fp32", "scale_ptr": "*fp32", "out_ptr": "*bf16", "active_ptr": "*i32"}
         const = dict(HAS_ACTIVE=True, SWIGLU=True, HAS_SCALE=weight == "fp8", SPLIT_K=2, BLOCK_M=gemm.REDUCE_BLOCK_M,
                      BLOCK_N=gemm.REDUCE_BLOCK_N, PDL=True)

@@ -15,6 +15,7 @@ import torch
 try:  # pragma: no cover - exercised implicitly on every import
     import triton
     import triton.language as tl
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
     HAS_TRITON = True
 except ImportError:  # pragma: no cover - only on hosts without triton
@@ -49,6 +50,7 @@ except ImportError:  # pragma: no cover - only on hosts without triton
 
     triton = _Missing()
     tl = _Missing()
+    TensorDescriptor = _Missing()
 
 
 def interpreter_active() -> bool:
@@ -71,4 +73,4 @@ def check_launchable(*tensors: torch.Tensor) -> None:
             )
 
 
-__all__ = ["triton", "tl", "HAS_TRITON", "interpreter_active", "check_launchable"]
+__all__ = ["triton", "tl", "TensorDescriptor", "HAS_TRITON", "interpreter_active", "check_launchable"]

@@ -23,6 +23,9 @@ Contract shared by the Triton kernel and the torch reference:
   already SKINNY_BLOCK_N columns wide) the GPU computes each tile transposed, out^T = W x^T, so
   the weight tile is the tensor-core product's 64-row side and the batch rows its narrow side.
   Products and their order over K are those of the untransposed tile (same bits, GPU-tested).
+* Middle and prefill rows (M > DECODE_ROWS) with 16-bit weights on Hopper: the tiles are fetched
+  by the tensor memory accelerator (`_linear_tma_kernel`, TMA descriptors over x and the weight)
+  into a deeper pipeline; same K steps and ranges, same bits. Unaligned tensors take the cp.async tile.
 * ``active_rows`` (int32 [1] on the device): rows at or past the count are not written and
   their tiles are skipped inside the kernel, so a CUDA graph captured at a large bucket only
   pays for the live rows.
@@ -42,7 +45,7 @@ import torch
 from ._rows import active_count, by_row_chunks, compute_dtype
 from ._dot import exact_dots, mma
 from ._pdl import pdl_launch, wait_for_inputs
-from ._triton import check_launchable, interpreter_active, tl, triton
+from ._triton import TensorDescriptor, check_launchable, interpreter_active, tl, triton
 from ._widen import inline_widening, widen_fp8
 from .fp8 import FP8_DTYPE
 from .norms import silu_mul
@@ -143,6 +146,23 @@ SMEM_BUDGET_BYTES = 160 * 1024
 MAX_STAGES = 5
 MID_STAGE_BYTES = 72 * 1024
 PREFILL_STAGES = 3
+# Middle and prefill row classes with 16-bit weights: tiles fetched by TMA (`_linear_tma_kernel`).
+# Candidates (block_m, block_n, block_k, warps, stages) by accumulators, widest first; a launch takes
+# the first whose programs fill at least TMA_WAVE_FILL of one wave of WAVE_CTAS and of their last wave
+# (counting the programs that share an SM's shared memory), else the last. H200 sweep (same bits as
+# every other tile, docs/perf/kernels.md), Ouro weights, us at M = 128 / 256 / 512 / 2048, cp.async
+# tiles -> TMA tiles: qkv 13.5 / 17.7 / 33.5 / 93.0 -> 10.8 / 14.1 / 26.3 / 73.6, o 10.0 / 10.0 / 13.4 /
+# 48.3 -> 6.4 / 7.0 / 9.1 / 24.8, gate_up 23.1 / 28.4 / 53.7 / 170.8 -> 21.6 / 23.0 / 42.2 / 142.8,
+# down (split 4) 13.4 / 17.6 / 32.0 / 164.0 -> 11.6 / 16.2 / 28.7 / 105.8.
+# FP8 weights (widened in registers either way) take TMA tiles only for prefill rows without SwiGLU:
+# us at M = 2048, cp.async -> TMA, same bits: Ouro qkv 117.6 -> 104.8, o 77.8 -> 37.2, down 227.7 ->
+# 123.6, Huginn mlp_proj 1641 -> 836; but gate_up 267 -> 294, and in the middle class qkv 26.2 -> 33.8
+# and gate_up 45.4 -> 43.8 at M = 256 (an FP8 engine with every class on TMA: batch 256 9,537 -> 9,256 tok/s).
+TMA_MID_TILES = {1: ((64, 256, 64, 4, 5), (64, 128, 128, 4, 4), (64, 128, 64, 4, 3), (64, 64, 128, 4, 5)),
+                 2: ((64, 128, 64, 4, 5), (64, 64, 64, 4, 3))}
+TMA_PREFILL_TILES = {1: ((128, 128, 64, 8, 3),), 2: ((128, 128, 64, 8, 4),)}
+TMA_WAVE_FILL = 0.7
+SM_SHARED_BYTES = 227 * 1024
 # Row tiles that share a column band in the launch order (L2 reuse of weight tiles at large M;
 # it only reorders programs, never changes a tile's arithmetic).
 GROUP_M = 8
@@ -166,6 +186,7 @@ class LinearConfig:
     group_m: int = GROUP_M
     split_k: int = 1
     swap_ab: bool = False  # tiles computed transposed (skinny decode): block_m batch rows x block_n weight rows
+    tma: bool = False  # x and weight tiles fetched by the tensor memory accelerator (Hopper; 16-bit weights)
 
     def k_range(self, k: int) -> int:
         """Keys of K per split: whole BLOCK_K steps, the last range possibly shorter."""
@@ -180,13 +201,15 @@ class LinearConfig:
 
 @functools.lru_cache(maxsize=None)
 def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = None,
-                  rows: int | None = None, weight_dtype: torch.dtype | None = None) -> LinearConfig:
+                  rows: int | None = None, weight_dtype: torch.dtype | None = None, tma: bool = True) -> LinearConfig:
     """The launch configuration for a weight [n, k] against activations of ``dtype`` (n = 2F for
     swiglu; ``weight_dtype`` float8_e4m3fn for FP8 weights, None: ``dtype``) and a launch of ``rows``
-    rows on the GPU (None: the decode tile). block_k and split_k depend on the
+    rows on the GPU (None: the decode tile); ``tma``: whether TMA can fetch the tiles (the middle and
+    prefill classes of 16-bit weights then take `_tma_tile`). block_k and split_k depend on the
     weight alone, which is what makes `linear` batch invariant. Examples (bf16, decode / M = 256 /
-    M = 2048): Ouro qkv 64x64x64 s5 / 64x64 s4 / 128x128 s3; o 64x16x128 s5 / 64x64 s3;
-    down 64x64x128 split 4 / 128x64x64 s4 split 4; gate_up swiglu 64x(2x64)x64 s5 / s3 / 128x(2x64) s3."""
+    M = 2048, the last two TMA): Ouro qkv 64x64x64 s5 / 64x256x64 s5 / 128x128x64 s3; o 64x16x128 s5 /
+    64x64x128 s5; down 64x64x128 split 4 / 64x256x64 s5 split 4; gate_up swiglu 64x(2x64)x64 s5 / s3 /
+    128x(2x128)x64 s4."""
     _check_activation(activation)
     accumulators = 2 if activation == "swiglu" else 1
     n_out = n // accumulators
@@ -213,6 +236,11 @@ def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = N
         return _skinny_config(decode, k, elem, w_elem, accumulators, SKINNY_ROWS if rows <= SKINNY_ROWS else BLOCK_M)
     if rows <= DECODE_ROWS:
         return decode
+    if tma and (weight_dtype is None or (rows > PREFILL_ROWS and accumulators == 1)):
+        tile = _tma_tile(n_out, k, rows, elem, elem if weight_dtype is None else weight_dtype.itemsize, accumulators,
+                         decode)
+        if tile is not None:
+            return tile
     if split_k > 1 and rows <= PREFILL_ROWS:  # same K ranges, 128-row tiles: one weight pass per 128 rows
         split_tile = LinearConfig(BLOCK_M_PREFILL, MID_BLOCK_N, MID_SPLIT_BLOCK_K, 8, 4, split_k=split_k)
         smem = 4 * (BLOCK_M_PREFILL + accumulators * MID_BLOCK_N) * MID_SPLIT_BLOCK_K * elem
@@ -223,6 +251,24 @@ def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = N
         return LinearConfig(BLOCK_M_PREFILL, block_n, block_k, 8, PREFILL_STAGES, split_k=split_k)
     stages = max(3, min(4, MID_STAGE_BYTES // stage_bytes(BLOCK_M, MID_BLOCK_N)))
     return LinearConfig(BLOCK_M, MID_BLOCK_N, block_k, warps(MID_BLOCK_N), stages, split_k=split_k)
+
+
+def _tma_tile(n_out: int, k: int, rows: int, elem: int, w_elem: int, accumulators: int, decode: LinearConfig):
+    """The TMA tile of a launch of ``rows`` (> DECODE_ROWS) rows: the first candidate of its row class
+    that keeps the weight's K ranges and fills the GPU's waves (TMA_WAVE_FILL); None when no candidate
+    keeps the K ranges."""
+    shapes = (TMA_MID_TILES if rows <= PREFILL_ROWS else TMA_PREFILL_TILES)[accumulators]
+    tiles = [LinearConfig(bm, bn, bk, warps, stages, split_k=decode.split_k, tma=True)
+             for bm, bn, bk, warps, stages in shapes]
+    tiles = [t for t in tiles if t.k_bounds(k) == decode.k_bounds(k)]
+    for t in tiles:
+        stage_bytes = (t.block_m * elem + accumulators * t.block_n * w_elem) * t.block_k
+        resident = max(1, SM_SHARED_BYTES // (t.num_stages * stage_bytes))
+        programs = triton.cdiv(rows, t.block_m) * triton.cdiv(n_out, t.block_n) * t.split_k
+        slots = WAVE_CTAS * resident
+        if programs >= TMA_WAVE_FILL * WAVE_CTAS and programs >= TMA_WAVE_FILL * triton.cdiv(programs, slots) * slots:
+            return t
+    return tiles[-1] if tiles else None
 
 
 def _skinny_config(decode: LinearConfig, k: int, elem: int, w_elem: int, accumulators: int,
@@ -298,6 +344,55 @@ def _tile_product(a, w, acc, SWAP_AB: tl.constexpr, PRECISION: tl.constexpr, EXA
     return acc
 
 
+@triton.jit
+def _tile_ids(m, n_out, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of program_id(0) in the grouped launch order: GROUP_M row tiles walk
+    the column tiles together (L2 reuse of weight tiles at large M)."""
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(m, BLOCK_M)
+    tiles_n = tl.cdiv(n_out, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % group_rows, (pid % per_group) // group_rows
+
+
+@triton.jit
+def _live_rows(m, active_ptr, HAS_ACTIVE: tl.constexpr):
+    """Rows of the launch that are live: m, or fewer by the device-side active count."""
+    live = m
+    if HAS_ACTIVE:
+        live = tl.minimum(live, tl.load(active_ptr).to(tl.int32))
+    return live
+
+
+@triton.jit
+def _k_span(k, k_range, SPLIT_K: tl.constexpr):
+    """K range of this program: all of K, or split program_id(1)'s range of whole K steps."""
+    if SPLIT_K == 1:
+        k_lo = 0
+        k_hi = k
+    else:
+        k_lo = tl.program_id(1) * k_range
+        k_hi = tl.minimum(k_lo + k_range, k)
+    return k_lo, k_hi
+
+
+@triton.jit
+def _store_tile(out_ptr, ws_ptr, scale_ptr, rows, cols, m, n_out, stride_out, acc_g, acc_u, io_mask,
+                SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr, SPLIT_K: tl.constexpr):
+    """The tile's result (`_store_result`), or with split K its fp32 partials: workspace
+    [SPLIT_K, m, n_acc] with gate columns first, then up."""
+    if SPLIT_K == 1:
+        _store_result(out_ptr, scale_ptr, rows, cols, n_out, stride_out, acc_g, acc_u, io_mask, SWIGLU, HAS_SCALE)
+    else:
+        n_acc = n_out * (2 if SWIGLU else 1)
+        ws_rows = (tl.program_id(1) * m + rows).to(tl.int64)[:, None] * n_acc
+        tl.store(ws_ptr + ws_rows + cols[None, :], acc_g, mask=io_mask)
+        if SWIGLU:
+            tl.store(ws_ptr + ws_rows + n_out + cols[None, :], acc_u, mask=io_mask)
+
+
 @triton.jit(do_not_specialize=["m"])
 def _linear_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr, ws_ptr, active_ptr, m, n_out, k, k_range, stride_x, stride_w, stride_out,
@@ -305,29 +400,12 @@ def _linear_kernel(
     EXACT_DOT: tl.constexpr, PRECISION: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, PDL: tl.constexpr,
 ):
-    # Grouped launch order: GROUP_M row tiles walk the column tiles together.
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(m, BLOCK_M)
-    tiles_n = tl.cdiv(n_out, BLOCK_N)
-    per_group = GROUP_M * tiles_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
-
+    pid_m, pid_n = _tile_ids(m, n_out, BLOCK_M, BLOCK_N, GROUP_M)
     wait_for_inputs(PDL)
-    live = m
-    if HAS_ACTIVE:
-        live = tl.minimum(live, tl.load(active_ptr).to(tl.int32))
+    live = _live_rows(m, active_ptr, HAS_ACTIVE)
     if pid_m * BLOCK_M >= live:
         return  # dead row tile (graph captured at a larger bucket): no loads, no stores
-    # K range of this program: all of K, or split program_id(1)'s range of whole BLOCK_K steps.
-    if SPLIT_K == 1:
-        k_lo = 0
-        k_hi = k
-    else:
-        k_lo = tl.program_id(1) * k_range
-        k_hi = tl.minimum(k_lo + k_range, k)
+    k_lo, k_hi = _k_span(k, k_range, SPLIT_K)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
@@ -375,15 +453,49 @@ def _linear_kernel(
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
     io_mask = row_ok[:, None] & col_ok[None, :]
-    if SPLIT_K == 1:
-        _store_result(out_ptr, scale_ptr, rows, cols, n_out, stride_out, acc_g, acc_u, io_mask, SWIGLU, HAS_SCALE)
-    else:
-        # fp32 partials: workspace [SPLIT_K, m, n_acc] with gate columns first, then up.
-        n_acc = n_out * (2 if SWIGLU else 1)
-        ws_rows = (tl.program_id(1) * m + rows).to(tl.int64)[:, None] * n_acc
-        tl.store(ws_ptr + ws_rows + cols[None, :], acc_g, mask=io_mask)
+    _store_tile(out_ptr, ws_ptr, scale_ptr, rows, cols, m, n_out, stride_out, acc_g, acc_u, io_mask, SWIGLU, HAS_SCALE,
+                SPLIT_K)
+
+
+@triton.jit(do_not_specialize=["m"])
+def _linear_tma_kernel(
+    x_desc, w_desc, scale_ptr, out_ptr, ws_ptr, active_ptr, m, n_out, k, k_range, stride_out,
+    HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr, WIDEN_INLINE: tl.constexpr,
+    EXACT_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """`_linear_kernel`'s untransposed tile with both operands fetched through TMA descriptors
+    (x [m, k] in [BLOCK_M, BLOCK_K] boxes, weight [n, k] in [BLOCK_N, BLOCK_K] boxes; the
+    accelerator zero-fills past either shape) into a STAGES-deep pipeline; FP8 weight tiles are
+    widened in registers as in `_linear_kernel`. Same K steps, ranges and fp32 accumulation order,
+    so the same bits as `_linear_kernel` for the same reduction plan."""
+    pid_m, pid_n = _tile_ids(m, n_out, BLOCK_M, BLOCK_N, GROUP_M)
+    wait_for_inputs(PDL)
+    live = _live_rows(m, active_ptr, HAS_ACTIVE)
+    if pid_m * BLOCK_M >= live:
+        return
+    k_lo, k_hi = _k_span(k, k_range, SPLIT_K)
+    row0 = pid_m * BLOCK_M
+    col0 = pid_n * BLOCK_N
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
+        a = x_desc.load([row0, k0])
+        g = w_desc.load([col0, k0])
+        if HAS_SCALE:
+            g = widen_fp8(g, a, WIDEN_INLINE)
+        acc_g = mma(a, tl.trans(g), acc_g, "tf32", EXACT_DOT)
         if SWIGLU:
-            tl.store(ws_ptr + ws_rows + n_out + cols[None, :], acc_u, mask=io_mask)
+            u = w_desc.load([n_out + col0, k0])
+            if HAS_SCALE:
+                u = widen_fp8(u, a, WIDEN_INLINE)
+            acc_u = mma(a, tl.trans(u), acc_u, "tf32", EXACT_DOT)
+    rows = row0 + tl.arange(0, BLOCK_M)
+    cols = col0 + tl.arange(0, BLOCK_N)
+    io_mask = (rows[:, None] < live) & (cols[None, :] < n_out)
+    _store_tile(out_ptr, ws_ptr, scale_ptr, rows, cols, m, n_out, stride_out, acc_g, acc_u, io_mask, SWIGLU, HAS_SCALE,
+                SPLIT_K)
 
 
 @triton.jit(do_not_specialize=["m"])
@@ -394,9 +506,7 @@ def _split_reduce_kernel(
 ):
     """out = sum of the SPLIT_K partials in range order (then SwiGLU), rounded once."""
     wait_for_inputs(PDL)
-    live = m
-    if HAS_ACTIVE:
-        live = tl.minimum(live, tl.load(active_ptr).to(tl.int32))
+    live = _live_rows(m, active_ptr, HAS_ACTIVE)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     if tl.program_id(0) * BLOCK_M >= live:
         return
@@ -469,7 +579,22 @@ def _checked(x, weight, out, active_rows, activation, weight_scale) -> tuple[tor
         raise ValueError("active_rows must be an int32 tensor of shape [1]")
     check_launchable(x, weight, out, active_rows, weight_scale)
     rows = m if x.is_cuda and not interpreter_active() else None
-    return out, linear_config(n, k, x.dtype, activation, rows, None if weight.dtype == x.dtype else weight.dtype)
+    weight_dtype = None if weight.dtype == x.dtype else weight.dtype
+    return out, linear_config(n, k, x.dtype, activation, rows, weight_dtype, tma=rows is not None and _tma_usable(x, weight))
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
+
+
+def _tma_usable(x, weight) -> bool:
+    """Whether TMA can fetch x's and the weight's tiles: a Hopper or newer GPU, 16-byte aligned
+    bases and row strides."""
+    if _capability(x.device.index if x.device.index is not None else torch.cuda.current_device()) < 9:
+        return False
+    return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 and t.shape[1] * t.element_size() >= 16
+               for t in (x, weight))
 
 
 def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_scale=None, reduce=True):
@@ -489,16 +614,26 @@ def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_s
     scale = out if weight_scale is None else weight_scale
     has_scale = weight_scale is not None
     pdl = pdl_launch(out, grid[0] * grid[1])
-    _linear_kernel[grid](
-        x, weight, scale, out, ws, active, m, n_out, k, k_range, x.stride(0), weight.stride(0), out.stride(0),
-        HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu, HAS_SCALE=has_scale, WIDEN_INLINE=inline_widening(),
-        EXACT_DOT=exact_dots(),
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, SPLIT_K=split, SWAP_AB=cfg.swap_ab, PDL=pdl, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        launch_pdl=pdl,
-    )
+    if cfg.tma:
+        _linear_tma_kernel[grid](
+            TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k]),
+            TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k]), scale, out, ws, active, m, n_out, k,
+            k_range, out.stride(0), HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu, HAS_SCALE=has_scale,
+            WIDEN_INLINE=inline_widening(), EXACT_DOT=exact_dots(), BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=split, STAGES=cfg.num_stages,
+            PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
+        )
+    else:
+        _linear_kernel[grid](
+            x, weight, scale, out, ws, active, m, n_out, k, k_range, x.stride(0), weight.stride(0), out.stride(0),
+            HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu, HAS_SCALE=has_scale, WIDEN_INLINE=inline_widening(),
+            EXACT_DOT=exact_dots(),
+            PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m, SPLIT_K=split, SWAP_AB=cfg.swap_ab, PDL=pdl, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+            launch_pdl=pdl,
+        )
     if split > 1 and not reduce:
         return SplitPartials(ws, weight_scale, out.dtype)
     if split > 1:

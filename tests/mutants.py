@@ -288,6 +288,20 @@ MUTANTS = (
         "FP8 SwiGLU and deep weights take the 256-element K step the H200 sweep measured as slower for them",
     ),
     Mutant(
+        "tma-tile-without-the-split-plan", "rlt_kernels/gemm.py",
+        "tiles = [LinearConfig(bm, bn, bk, warps, stages, split_k=decode.split_k, tma=True)",
+        "tiles = [LinearConfig(bm, bn, bk, warps, stages, tma=True)",
+        ("tests/kernels/test_gemm.py::test_tma_tiles_at_ouro_shapes",),
+        "the TMA tiles of the middle and prefill rows reduce a split weight over all of K at once (other bits than decode)",
+    ),
+    Mutant(
+        "tma-tile-writes-past-the-active-count", "rlt_kernels/gemm.py",
+        "io_mask = (rows[:, None] < live) & (cols[None, :] < n_out)",
+        "io_mask = (rows[:, None] < m) & (cols[None, :] < n_out)",
+        ("tests/kernels/test_gemm.py::test_linear_row_class_tiles",),
+        "the TMA tile writes rows past the active count (a graph captured at a larger bucket overwrites them)",
+    ),
+    Mutant(
         "attention-hints-unaligned-key-rows", "rlt_kernels/attention.py",
         "return all(s % 16 == 0 for s in k_cache.stride()[:3])",
         "return True",

@@ -5,6 +5,7 @@ Huginn weight shapes in bf16, CUDA-graph replay with a device-side row count, an
 invariance at real sizes.
 """
 
+import dataclasses
 import pytest
 import torch
 import triton
@@ -191,7 +192,9 @@ def test_linear_config_fits_and_spreads(n, k, activation, dtype):
     for rows in (None, 1, gemm.SKINNY_ROWS, gemm.SKINNY_ROWS + 1, gemm.DECODE_ROWS, gemm.DECODE_ROWS + 1,
                  gemm.PREFILL_ROWS, 4096):
         cfg = gemm.linear_config(n, k, dtype, activation, rows)
-        assert cfg.num_stages * (cfg.block_m + accumulators * cfg.block_n) * cfg.block_k * elem <= gemm.SMEM_BUDGET_BYTES
+        budget = gemm.SM_SHARED_BYTES if cfg.tma else gemm.SMEM_BUDGET_BYTES
+        assert cfg.num_stages * (cfg.block_m + accumulators * cfg.block_n) * cfg.block_k * elem <= budget
+        assert cfg.tma == (rows is not None and rows > gemm.DECODE_ROWS and dtype != torch.float32)
         max_stages = gemm.SKINNY_MAX_STAGES if cfg.swap_ab else gemm.MAX_STAGES
         assert cfg.block_m in (gemm.SKINNY_ROWS, gemm.BLOCK_M, gemm.BLOCK_M_PREFILL) and 2 <= cfg.num_stages <= max_stages
         assert (cfg.k_bounds(k), cfg.split_k) == (decode.k_bounds(k), decode.split_k)
@@ -239,18 +242,58 @@ def test_fp8_decode_tiles_at_model_shapes(rows, expected):
     assert found == expected
 
 
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, FP8_DTYPE])
 @pytest.mark.parametrize("rows", [gemm.DECODE_ROWS + 1, gemm.PREFILL_ROWS + 1])
 @pytest.mark.parametrize("activation,n,k", [(None, 2 * 136, 80), ("swiglu", 2 * 136, 80), (None, 24, gemm.SPLIT_MIN_K)])
-def test_linear_row_class_tiles(device, rows, activation, n, k):
+def test_linear_row_class_tiles(device, weight_dtype, rows, activation, n, k):
     """The middle and prefill tiles (chosen from M on the GPU) compute the same function; run
     here on a few rows with the configuration a launch of `rows` rows would take (the last weight
-    is deep enough to split K: the middle class's 128-row split tile)."""
-    cfg = gemm.linear_config(n, k, torch.bfloat16, activation, rows)
+    is deep enough to split K). The TMA tile gives the bits of the cp.async tile the same launch
+    takes where TMA cannot run, and leaves rows past the active count untouched."""
+    fp8 = weight_dtype == FP8_DTYPE
+    cfg = gemm.linear_config(n, k, torch.bfloat16, activation, rows, weight_dtype if fp8 else None)
+    plain = gemm.linear_config(n, k, torch.bfloat16, activation, rows, weight_dtype if fp8 else None, tma=False)
+    assert cfg.tma == (not fp8 or (rows > gemm.PREFILL_ROWS and activation is None))
+    assert not plain.tma and cfg.k_bounds(k) == plain.k_bounds(k)
     gen = seeded(rows, device)
     x = randn((5, k), torch.bfloat16, device, gen)
-    w = randn((n, k), torch.bfloat16, device, gen, scale=k**-0.5)
-    out = torch.empty((5, n // 2 if activation else n), dtype=torch.bfloat16, device=device)
-    _assert_close_to(gemm._launch(x, w, out, None, activation, cfg), _exact(x, w, activation), x, w, activation)
+    w, scale = linear_weight(n, k, weight_dtype, device, gen)
+    n_out = n // 2 if activation else n
+
+    def run(config, live=None):
+        active = None if live is None else torch.tensor([live], dtype=torch.int32, device=device)
+        return gemm._launch(x, w, _poison((5, n_out), torch.bfloat16, device), active, activation, config, scale)
+
+    got = run(cfg)
+    wide = w.float() if scale is None else w.float() * scale[:, None]
+    _assert_close_to(got, _exact(x, wide, activation), x, wide, activation)
+    if fp8:  # the other tile of the class runs too: TMA where the rule takes cp.async, and the reverse
+        assert torch.equal(got, run(dataclasses.replace(plain, tma=True)))
+    assert torch.equal(got, run(plain))
+    partial = run(cfg, live=2)
+    _assert_rows_written(partial, 2)
+    assert torch.equal(partial[:2], got[:2])
+
+
+@pytest.mark.parametrize("rows,expected", [
+    (128, {"qkv": (64, 128, 128, 4), "o": (64, 64, 128, 5), "gate_up": (64, 64, 64, 3), "down": (64, 128, 128, 4)}),
+    (256, {"qkv": (64, 256, 64, 5), "o": (64, 64, 128, 5), "gate_up": (64, 64, 64, 3), "down": (64, 256, 64, 5)}),
+    (2048, {"qkv": (128, 128, 64, 3), "o": (128, 128, 64, 3), "gate_up": (128, 128, 64, 4), "down": (128, 128, 64, 3)})])
+def test_tma_tiles_at_ouro_shapes(rows, expected):
+    """The TMA tiles the H200 sweep chose for Ouro's bf16 weights (docs/perf/kernels.md): wide tiles
+    while they fill the GPU's waves, narrower ones where the weight has few columns; FP8 weights take
+    them only for prefill rows without SwiGLU, fp32 never."""
+    shapes = {"qkv": (6144, 2048, None), "o": (2048, 2048, None), "gate_up": (11264, 2048, "swiglu"),
+              "down": (2048, 5632, None)}
+    found = {}
+    for name, (n, k, act) in shapes.items():
+        cfg = gemm.linear_config(n, k, torch.bfloat16, act, rows)
+        assert cfg.tma and cfg.split_k == gemm.linear_config(n, k, torch.bfloat16, act).split_k
+        found[name] = (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages)
+        fp8 = gemm.linear_config(n, k, torch.bfloat16, act, rows, FP8_DTYPE)
+        assert fp8.tma == (rows > gemm.PREFILL_ROWS and act is None) and fp8.k_bounds(k) == cfg.k_bounds(k)
+        assert not gemm.linear_config(n, k, torch.float32, act, rows).tma
+    assert found == expected
 
 
 @pytest.mark.parametrize("weight_dtype", [torch.bfloat16, FP8_DTYPE])

@@ -1,4 +1,4 @@
-"""What the attention and FP8 linear kernels compile to for Hopper (sm_90), checked on any machine.
+"""What the attention and linear kernels compile to for Hopper (sm_90), checked on any machine.
 
 Triton compiles for a GPU target without one (`perf.sm90_resources`, run in a fresh process: the
 suite's kernels run under the interpreter, which cannot compile). These tests read the global loads
@@ -9,7 +9,7 @@ key tile in the decode kernel) and left the tile kernel's K/V out of its copy pi
 kernel over FP8 weights and the tile attention kernel over FP8 caches must widen their tiles with
 `rlt_kernels/_widen.py`'s integer instructions,
 not with Triton's cast (one slow f16 -> bf16 conversion per element, which set the pace of FP8
-decode: docs/perf/fp8.md).
+decode: docs/perf/fp8.md). The linear kernel's middle and prefill tiles must move their tiles by TMA.
 """
 
 from __future__ import annotations
@@ -48,6 +48,26 @@ def reports() -> dict:
 def fp8_linear() -> dict:
     """Ouro's qkv over FP8 weights at the decode (transposed) and prefill tiles."""
     return _compiled("{rows: s.linear_report(6144, 2048, None, rows, 'fp8')[1] for rows in (1, 2048)}")
+
+
+@pytest.fixture(scope="module")
+def tma_linear() -> dict:
+    """Ouro's weights at the middle and prefill tiles (bf16), and down over FP8 weights at the prefill tile."""
+    return _compiled("{f'{name} {w} {rows}': s.linear_report(n, k, a, rows, w)[1] for name, n, k, a in s.OURO_WEIGHTS[:4] "
+                     "for w in ('bf16', 'fp8') for rows in (256, 2048) if w == 'bf16' or (name, rows) == ('down', 2048)}")
+
+
+def test_middle_and_prefill_tiles_move_by_tma(tma_linear):
+    """The middle and prefill tiles fetch x and the weight with the tensor memory accelerator
+    (`_linear_tma_kernel`), compile for sm_90 with this Triton, and neither spill nor fall back to
+    per-thread copies."""
+    assert len(tma_linear) == 9
+    for name, report in tma_linear.items():
+        assert "error" not in report, (name, report)
+        assert report["loads"]["cp.async.bulk.tensor"] >= 2, (name, report)
+        assert report["loads"]["cp.async.cg.shared.global"] == 0 and report["stack_bytes"] == 0, (name, report)
+        assert report["wgmma"], (name, report)
+    assert tma_linear["down fp8 2048"]["widening"]["cvt.bf16.f16"] == 0
 
 
 @pytest.mark.parametrize("cache", ["bf16", "fp8"])
