@@ -168,7 +168,7 @@ def run(out_dir: str, quick: bool) -> dict:
 
     if "early_exit" not in parts:
         return _other_parts(res, roof, batches, parts, quick)
-    ids = [f"ee{b}-{i}" for b in batches for i in range(b)]
+    ids = [f"ee{b}-{i}" for b in batches for i in range(b)] + [f"prof{batches[-1]}-{i}" for i in range(batches[-1])]
     llm, meta = engine("ouro-1.4b", max_num_seqs=max(batches), exit_mode="trace",
                        exit_trace=uniform_trace(ids + [f"warm-{i}" for i in range(4)], 4, 128))
     decode_benchmark(llm, 4, 32, 8, prefix="warm")
@@ -177,6 +177,8 @@ def run(out_dir: str, quick: bool) -> dict:
         r["speedup_vs_fixed"] = r["tok_per_s"] / res["rlt"][b]["tok_per_s"]
         res["early_exit"][b] = r
         print("early exit", b, r, flush=True)
+    res["early_exit_breakdown"] = {batches[-1]: kernel_breakdown(llm, batches[-1])}  # where an early-exit step goes
+    print("early exit breakdown", res["early_exit_breakdown"], flush=True)
     del llm
     _free()
 
@@ -252,8 +254,10 @@ def markdown(res: dict) -> str:
     meta = res.get("rlt_meta", {})
     lines.append(f"ouro-1.4b engine: init {meta.get('init_s', 0):.1f} s, graph capture {meta.get('capture_s') or 0:.1f} s "
                  f"({meta.get('captures')} decode and prefill graphs), peak memory {meta.get('peak_gib', 0):.1f} GiB.")
-    for b, bd in res.get("breakdown", {}).items():
-        lines += ["", f"Kernel time per decode step at batch {b} (torch.profiler, {bd['kernels_per_step']:.0f} kernels "
+    breakdowns = [("", b, bd) for b, bd in res.get("breakdown", {}).items()]
+    breakdowns += [("early-exit ", b, bd) for b, bd in res.get("early_exit_breakdown", {}).items()]
+    for kind, b, bd in breakdowns:
+        lines += ["", f"Kernel time per {kind}decode step at batch {b} (torch.profiler, {bd['kernels_per_step']:.0f} kernels "
                       f"per step, {bd['kernel_ms_per_step']:.2f} ms of kernels in {bd['wall_ms_per_step']:.2f} ms of wall time):",
                   "", "| kernel | calls/step | µs/step | share |", "|---|---|---|---|"]
         for k in bd["top"]:
