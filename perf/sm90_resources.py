@@ -50,7 +50,8 @@ def _resources(cubin: bytes) -> dict:
 def compile_sm90(fn, pointers: dict, constexprs: dict, floats=(), **options) -> dict:
     """Compile `fn` for sm_90: `pointers` maps pointer arguments to Triton types; every other
     non-constexpr argument is i32 (fp32 if in `floats`) and, like pointers, 16-byte divisible
-    unless the kernel opts out of specialising it (`do_not_specialize`)."""
+    unless the kernel opts out of specialising it (`do_not_specialize`). FMA contraction is on, as
+    rlt launches every kernel but those that round as their references (pass enable_fp_fusion=False)."""
     names = fn.arg_names
     signature = {n: pointers.get(n) or ("constexpr" if n in constexprs else "fp32" if n in floats else "i32")
                  for n in names}
@@ -59,7 +60,7 @@ def compile_sm90(fn, pointers: dict, constexprs: dict, floats=(), **options) -> 
     src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(n),): v for n, v in constexprs.items()},
                     attrs=divisible)
     try:
-        kernel = triton.compile(src, target=TARGET, options=options)
+        kernel = triton.compile(src, target=TARGET, options={"enable_fp_fusion": True, **options})
     except Exception as exc:  # noqa: BLE001 - reported: which construct fails to lower is the finding
         return {"error": str(exc).strip().splitlines()[-1][:200]}
     ptx = kernel.asm["ptx"]
@@ -153,7 +154,7 @@ def kv_reports() -> dict:
         out[f"kv_scatter {cache}"] = compile_sm90(kv_cache._kv_scatter_kernel, ptrs, const, num_warps=kv_cache.NUM_WARPS)
         const.update(GPTJ=False, HAS_Q_BIAS=False, HAS_K_BIAS=False, Q_FP64=False, K_FP64=False)
         out[f"rope_kv_scatter {cache}"] = compile_sm90(kv_cache._rope_kv_scatter_kernel, ptrs, const,
-                                                        num_warps=kv_cache.NUM_WARPS)
+                                                        num_warps=kv_cache.NUM_WARPS, enable_fp_fusion=False)
     return out
 
 

@@ -4,6 +4,10 @@ Kernels are written against `triton` / `triton.language`. Where Triton is not in
 (non-Linux hosts), the modules still import: the torch references keep working and a kernel
 launch raises a clear error. On a machine without CUDA, kernels run under the Triton
 interpreter when ``TRITON_INTERPRET=1`` is set before Triton is imported.
+
+Every launch states ``enable_fp_fusion``: True (a * b + c contracted into one FMA, Triton's default
+up to 3.9, which 3.10 turns off unless a launch asks) for the kernels whose bits, speed and GPU tests
+were established that way; False for those that must round as their torch references do.
 """
 
 from __future__ import annotations

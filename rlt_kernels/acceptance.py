@@ -193,5 +193,6 @@ def accept_draft(
             HAS_ACTIVE=active_rows is not None, HAS_PROBS=has_probs,
             BLOCK_K=triton.next_power_of_2(k_max + 1), BLOCK=vocab_block(v),
             ACCEPT=STREAM_ACCEPT, RECOVER=STREAM_RECOVER, SAMPLE=STREAM_SAMPLE, num_warps=NUM_WARPS,
+            enable_fp_fusion=True,
         )
     return out_tokens, num_accepted

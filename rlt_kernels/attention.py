@@ -987,12 +987,13 @@ def paged_attention(
         kernel[grid](
             *ptrs[:4], ws, *ptrs[5:], *scalars, ml_base, int(split_launch), *strides,
             num_warps=num_warps, num_stages=num_stages, **cfg, **flags, **extra, PDL=pdl, launch_pdl=pdl,
+            enable_fp_fusion=True,
         )
         if split_launch and not merge_in_place:
             combine_cfg = {k: v for k, v in cfg.items() if k not in ("BLOCK_N", "BLOCK_SIZE")}
             combine_pdl = pdl_launch(out, programs * kvh)
             combine[(programs, kvh)](
-                combine_args[0], ws, *combine_args[2:], num_warps=num_warps,
+                combine_args[0], ws, *combine_args[2:], num_warps=num_warps, enable_fp_fusion=True,
                 HAS_ACTIVE=flags["HAS_ACTIVE"], DECODE_FROM_TENSOR=decode_tensor, KV_FP8=kv_fp8, **combine_cfg,
                 PDL=combine_pdl, launch_pdl=combine_pdl,
             )

@@ -621,7 +621,7 @@ def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_s
             k_range, out.stride(0), HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu, HAS_SCALE=has_scale,
             WIDEN_INLINE=inline_widening(), EXACT_DOT=exact_dots(), BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=split, STAGES=cfg.num_stages,
-            PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
+            PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl, enable_fp_fusion=True,
         )
     else:
         _linear_kernel[grid](
@@ -631,6 +631,7 @@ def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_s
             PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             GROUP_M=cfg.group_m, SPLIT_K=split, SWAP_AB=cfg.swap_ab, PDL=pdl, num_warps=cfg.num_warps,
+            enable_fp_fusion=True,
             num_stages=cfg.num_stages,
             launch_pdl=pdl,
         )
@@ -643,6 +644,7 @@ def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_s
             ws, scale, out, active, m, n_out, out.stride(0), HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu,
             HAS_SCALE=has_scale,
             SPLIT_K=split, BLOCK_M=REDUCE_BLOCK_M, BLOCK_N=REDUCE_BLOCK_N, PDL=reduce_pdl, num_warps=4,
+            enable_fp_fusion=True,
             launch_pdl=reduce_pdl,
         )
     return out

@@ -290,7 +290,7 @@ def kv_scatter(k, v, k_cache, v_cache, slot_mapping, *, active_rows=None, k_scal
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d, HAS_ACTIVE=active_rows is not None,
-        FP8=k_scale is not None, PDL=pdl, num_warps=NUM_WARPS, launch_pdl=pdl,
+        FP8=k_scale is not None, PDL=pdl, num_warps=NUM_WARPS, launch_pdl=pdl, enable_fp_fusion=True,
     )
 
 

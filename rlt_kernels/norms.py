@@ -423,6 +423,7 @@ def swiglu(gate_up, *, out=None, active_rows=None):
     active, has_active = _active_args(active_rows, gate_up)
     _swiglu_kernel[(m, triton.cdiv(f, block))](
         gate_up, out, active, f, gate_up.stride(0), out.stride(0), HAS_ACTIVE=has_active, BLOCK=block, num_warps=4,
+        enable_fp_fusion=True,
     )
     return out
 

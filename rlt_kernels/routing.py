@@ -168,6 +168,7 @@ def _launch_rows(kernel, src, index, dst, active_rows, rows, width, stride_src, 
     kernel[grid](
         src, index, dst, index if active_rows is None else active_rows, rows, width, stride_src, stride_dst,
         BLOCK_M=block_m, BLOCK_W=block_w, HAS_ACTIVE=active_rows is not None, num_warps=NUM_WARPS,
+        enable_fp_fusion=True,
     )
 
 
@@ -243,5 +244,5 @@ def finalize_last_exited(k_cache, v_cache, block_tables, seq_slots, positions, e
         num_rows, block_tables.shape[0], block_size, num_kv_heads,
         *block_tables.stride(), *k_cache.stride()[:4], *v_cache.stride()[:4],
         HEAD_DIM=head_dim, BLOCK_H=block_h, BLOCK_D=block_d, HAS_ACTIVE=active_rows is not None,
-        num_warps=NUM_WARPS,
+        num_warps=NUM_WARPS, enable_fp_fusion=True,
     )

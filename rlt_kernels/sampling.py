@@ -487,7 +487,7 @@ def sample(
             logits, logits.stride(0), temperature, top_k, top_p, min_p, seeds, positions, out,
             out if active_rows is None else active_rows, v, stream,
             HAS_ACTIVE=active_rows is not None, BLOCK=vocab_block(v), SEARCH_BLOCK=vocab_block(v, SEARCH_BLOCK_V),
-            CANDIDATES=SEARCH_CANDIDATES, PASSES=SEARCH_PASSES, num_warps=NUM_WARPS,
+            CANDIDATES=SEARCH_CANDIDATES, PASSES=SEARCH_PASSES, num_warps=NUM_WARPS, enable_fp_fusion=True,
         )
     return out
 
@@ -510,7 +510,7 @@ def filtered_probs(logits, temperature, top_k, top_p, min_p, *, out=None, active
             logits, logits.stride(0), temperature, top_k, top_p, min_p, out, out.stride(0),
             out if active_rows is None else active_rows, v,
             HAS_ACTIVE=active_rows is not None, BLOCK=vocab_block(v), SEARCH_BLOCK=vocab_block(v, SEARCH_BLOCK_V),
-            CANDIDATES=SEARCH_CANDIDATES, PASSES=SEARCH_PASSES, num_warps=NUM_WARPS,
+            CANDIDATES=SEARCH_CANDIDATES, PASSES=SEARCH_PASSES, num_warps=NUM_WARPS, enable_fp_fusion=True,
         )
     return out
 
@@ -538,5 +538,6 @@ def compute_logprobs(logits, tokens, num_top: int = 0):
         _logprobs_kernel[(m,)](
             logits, logits.stride(0), tokens, chosen, ids, vals, num_top, v,
             NUM_TOP=num_top, TOP_BLOCK=triton.next_power_of_2(max(num_top, 1)), BLOCK=vocab_block(v), num_warps=NUM_WARPS,
+            enable_fp_fusion=True,
         )
     return chosen, ids, vals

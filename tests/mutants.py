@@ -302,6 +302,13 @@ MUTANTS = (
         "the TMA tile writes rows past the active count (a graph captured at a larger bucket overwrites them)",
     ),
     Mutant(
+        "tma-launch-leaves-fma-contraction-to-triton", "rlt_kernels/gemm.py",
+        "PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl, enable_fp_fusion=True,",
+        "PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,",
+        ("tests/kernels/test_launch_options.py::test_every_launch_states_fma_contraction",),
+        "the TMA linear launch leaves FMA contraction to Triton's default, which Triton 3.10 turns off (other bits)",
+    ),
+    Mutant(
         "attention-hints-unaligned-key-rows", "rlt_kernels/attention.py",
         "return all(s % 16 == 0 for s in k_cache.stride()[:3])",
         "return True",
