@@ -13,6 +13,7 @@ from HBM as in a real forward pass.
     pytest perf/test_bench_gemm.py --benchmark-json=out/gemm.json
     RLT_GEMM_SWEEP=1 pytest perf/test_bench_gemm.py -k sweep   # candidate configs, for tuning
     RLT_GEMM_SWEEP=1 pytest perf/test_bench_gemm.py -k skinny_sweep   # the transposed decode tiles
+    RLT_GEMM_SWEEP=1 pytest perf/test_bench_gemm.py -k mid_sweep      # the TMA tiles of launches > 64 rows
 """
 
 import concurrent.futures
@@ -150,22 +151,25 @@ def _warm_compile_cache(n: int, k: int, activation, candidates) -> list:
 
 
 SWEEP_ROWS = (1, 16, 256, 2048)
-MID_SWEEP_ROWS = (64, 128, 256)
+MID_SWEEP_ROWS = (128, 256, 512, 2048)
 
 
 def _mid_candidates(n: int, k: int, activation) -> list:
-    """Tiles for the middle row class (65..512 rows): today's tile, and 128/256 rows per tile so
-    that a launch streams each weight tile once or twice, with the weight's reduction plan."""
+    """TMA tiles for launches of more than 64 rows (the middle and prefill classes, `_tma_tile`):
+    64/128 rows, 64-256 columns, 64/128-element K steps, 4/8 warps, 3-5 stages, with the weight's
+    K ranges; each candidate runs at every M of MID_SWEEP_ROWS."""
     accumulators = 2 if activation == "swiglu" else 1
-    split = gemm.linear_config(n, k, DTYPE, activation).split_k
-    found = [gemm.linear_config(n, k, DTYPE, activation, 256)]
-    for block_m, block_n, block_k, stages, warps in itertools.product(
-            (128, 256), (32, 64, 128), (64, 128), (3, 4), (4, 8)):
-        if stages * (block_m + accumulators * block_n) * block_k * DTYPE.itemsize > 200 * 1024:
+    plan = gemm.linear_config(n, k, DTYPE, activation)
+    found = []
+    for block_m, block_n, block_k, warps, stages in itertools.product(
+            (64, 128), (64, 128, 256), (64, 128), (4, 8), (3, 4, 5)):
+        if stages * (block_m + accumulators * block_n) * block_k * DTYPE.itemsize > 220 * 1024:
             continue
-        if block_m * accumulators * block_n // (warps * 32) > 256:  # fp32 accumulators per thread
-            continue
-        found.append(gemm.LinearConfig(block_m, block_n, block_k, warps, stages, split_k=split))
+        if block_m * accumulators * block_n // (warps * 32) > 128 or (block_m == 128 and warps == 4):
+            continue  # fp32 accumulators per thread; 128 rows take two warp groups
+        cfg = gemm.LinearConfig(block_m, block_n, block_k, warps, stages, split_k=plan.split_k, tma=True)
+        if cfg.k_bounds(k) == plan.k_bounds(k):
+            found.append(cfg)
     return found
 
 
@@ -204,8 +208,11 @@ def test_bench_linear_config_sweep(benchmark, roofline, name, n, k, activation):
 @pytest.mark.skipif(os.environ.get("RLT_GEMM_SWEEP") != "1", reason="tuning sweep: set RLT_GEMM_SWEEP=1")
 @pytest.mark.parametrize("name,n,k,activation", WEIGHTS[:4], ids=[w[0] for w in WEIGHTS[:4]])
 def test_bench_linear_mid_sweep(benchmark, roofline, name, n, k, activation):
-    """The middle row class (batches of 65..512 rows) over 64/128/256-row tiles."""
-    _sweep(benchmark, roofline, name, n, k, activation, _mid_candidates(n, k, activation), MID_SWEEP_ROWS, "mid")
+    """Launches of more than 64 rows (middle and prefill classes) over the TMA tiles; `chosen`
+    marks the tile the rule takes at M = 256."""
+    in_use = gemm.linear_config(n, k, DTYPE, activation, 256)
+    _sweep(benchmark, roofline, name, n, k, activation, _mid_candidates(n, k, activation), MID_SWEEP_ROWS, "mid",
+           in_use=in_use)
 
 
 def _sweep(benchmark, roofline, name, n, k, activation, candidates, sweep_rows, kind, in_use=None):
