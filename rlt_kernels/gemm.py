@@ -162,7 +162,7 @@ TMA_MID_TILES = {1: ((64, 256, 64, 4, 5), (64, 128, 128, 4, 4), (64, 128, 64, 4,
                  2: ((64, 128, 64, 4, 5), (64, 64, 64, 4, 3))}
 TMA_PREFILL_TILES = {1: ((128, 128, 64, 8, 3),), 2: ((128, 128, 64, 8, 4),)}
 TMA_WAVE_FILL = 0.7
-SM_SHARED_BYTES = 227 * 1024
+SM_SHARED_BYTES = 227 * 1024  # shared memory an H100/H200 SM gives its resident programs
 # Row tiles that share a column band in the launch order (L2 reuse of weight tiles at large M;
 # it only reorders programs, never changes a tile's arithmetic).
 GROUP_M = 8
@@ -186,7 +186,7 @@ class LinearConfig:
     group_m: int = GROUP_M
     split_k: int = 1
     swap_ab: bool = False  # tiles computed transposed (skinny decode): block_m batch rows x block_n weight rows
-    tma: bool = False  # x and weight tiles fetched by the tensor memory accelerator (Hopper; 16-bit weights)
+    tma: bool = False  # x and weight tiles fetched by the tensor memory accelerator (Hopper, `_linear_tma_kernel`)
 
     def k_range(self, k: int) -> int:
         """Keys of K per split: whole BLOCK_K steps, the last range possibly shorter."""
