@@ -40,6 +40,14 @@ def _int(value, name: str, lo: int, hi: Optional[int] = None, allow_none: bool =
         raise _fail(name, rng + (" or None" if allow_none else ""), value)
 
 
+def parse_address(value, name: str) -> tuple[str, int]:
+    """(host, port) of a "HOST:PORT" option (ConfigError naming the option otherwise)."""
+    host, _, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise _fail(name, "'HOST:PORT' with a port in 1..65535", value)
+    return host, int(port)
+
+
 def _choice(value, name: str, choices) -> None:
     if value not in choices:
         raise _fail(name, "one of " + ", ".join(repr(c) for c in choices), value)
@@ -84,6 +92,11 @@ class EngineConfig:
     disaggregated_prefill: bool = False  # a prefill engine process and a decode engine process (docs/distributed.md)
     tensor_parallel_size: int = 1  # ranks one model is split over, one worker process each (one GPU each on CUDA)
     prefill_tensor_parallel_size: Optional[int] = None  # disaggregated prefill: the prefill engine's ranks (None: same)
+    prefill_address: Optional[str] = None  # disaggregated prefill: HOST:PORT of a prefill engine started apart
+    decode_address: Optional[str] = None  # disaggregated prefill: HOST:PORT of a decode engine started apart
+    role: Optional[str] = None  # "prefill" / "decode": serve that engine to a front end (rlt-serve --role)
+    role_address: Optional[str] = None  # with role: HOST:PORT to listen on for the front end
+    kv_transfer_address: Optional[str] = None  # with role: HOST:PORT where the two roles' K/V transfer group meets
     step_timeout_s: Optional[float] = 300.0  # a rank or replica process silent this long mid-step is failed; None: wait
     num_loops: Optional[int] = None  # depth override (Huginn recurrences; Ouro loops)
     max_model_len: Optional[int] = None
@@ -149,6 +162,37 @@ class EngineConfig:
                 raise ConfigError(f"speculative_config: {exc}") from exc
         return cfg
 
+    def _validate_roles(self) -> None:
+        """Disaggregated prefill with engines started apart: a front end names both engines'
+        addresses; an engine serving a role names where it listens and where the K/V transfer group
+        meets."""
+        for name in ("prefill_address", "decode_address", "role_address", "kv_transfer_address"):
+            if getattr(self, name) is not None:
+                parse_address(getattr(self, name), name)
+        if (self.prefill_address is None) != (self.decode_address is None):
+            raise ConfigError("prefill_address and decode_address name the two engines a front end uses; set both "
+                              "or neither")
+        if self.prefill_address is not None and not self.disaggregated_prefill:
+            raise ConfigError("prefill_address and decode_address are for disaggregated_prefill=True; set it or "
+                              "leave them None")
+        if self.prefill_address is not None and self.prefill_tensor_parallel_size is not None:
+            raise ConfigError("prefill_tensor_parallel_size sizes a prefill engine this front end starts; an engine "
+                              "started apart (prefill_address) takes its own tensor_parallel_size: leave it None")
+        if self.role is None:
+            if self.role_address is not None or self.kv_transfer_address is not None:
+                raise ConfigError("role_address and kv_transfer_address are for an engine serving a role "
+                                  "(role='prefill' or 'decode'); set role or leave them None")
+            return
+        _choice(self.role, "role", ("prefill", "decode"))
+        if self.role_address is None or self.kv_transfer_address is None:
+            raise ConfigError(f"role={self.role!r} needs role_address (HOST:PORT to listen on for the front end) and "
+                              "kv_transfer_address (HOST:PORT on the prefill engine's host where the two engines' "
+                              "K/V transfer group meets)")
+        if self.disaggregated_prefill or self.data_parallel_size != 1 or self.distributed_executor != "mp":
+            raise ConfigError(f"role={self.role!r} serves one engine of disaggregated prefill to a front end; it "
+                              "cannot be combined with disaggregated_prefill, data_parallel_size > 1 or "
+                              "distributed_executor='ray'")
+
     def validate_static(self) -> None:
         """Checks that need no model or device."""
         _choice(self.dtype, "dtype", ("auto", "float32", "float16", "bfloat16", "float64"))
@@ -181,6 +225,7 @@ class EngineConfig:
         if self.prefill_tensor_parallel_size is not None and not self.disaggregated_prefill:
             raise ConfigError(f"prefill_tensor_parallel_size={self.prefill_tensor_parallel_size} sizes the prefill engine "
                               "of disaggregated prefill; set disaggregated_prefill=True or leave it None")
+        self._validate_roles()
         if self.step_timeout_s is not None and (isinstance(self.step_timeout_s, bool)
                                                 or not isinstance(self.step_timeout_s, (int, float))
                                                 or not self.step_timeout_s > 0):

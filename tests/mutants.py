@@ -309,6 +309,13 @@ MUTANTS = (
         "the TMA linear launch leaves FMA contraction to Triton's default, which Triton 3.10 turns off (other bits)",
     ),
     Mutant(
+        "remote-roles-unchecked", "rlt_runtime/engine/disaggregated.py",
+        "_check_roles_agree(*workers)",
+        "pass",
+        ("tests/runtime/test_remote_roles.py::test_mismatched_engines_are_refused",),
+        "a front end serves requests through engines started apart with different depths (wrong outputs)",
+    ),
+    Mutant(
         "attention-hints-unaligned-key-rows", "rlt_kernels/attention.py",
         "return all(s % 16 == 0 for s in k_cache.stride()[:3])",
         "return True",

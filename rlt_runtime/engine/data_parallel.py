@@ -67,6 +67,9 @@ def build_engine(model: str, cfg: Optional[EngineConfig] = None, **kwargs):
 
     cfg = cfg or EngineConfig.from_kwargs(**kwargs)
     cfg.validate_static()
+    if cfg.role is not None:
+        raise ConfigError(f"role={cfg.role!r} serves one engine of disaggregated prefill to a front end started apart: "
+                          "run it with rlt-serve --role (engine.remote_role.serve_role), not as an engine here")
     if cfg.disaggregated_prefill:
         from .disaggregated import DisaggregatedEngine
 

@@ -94,6 +94,8 @@ def role_options(cfg: EngineConfig, role: str) -> dict:
     out = _replica_options(cfg, 0 if role == PREFILL else 1)
     out["disaggregated_prefill"] = False
     out["prefill_tensor_parallel_size"] = None
+    for name in ("prefill_address", "decode_address", "role", "role_address", "kv_transfer_address"):
+        out[name] = None  # the engine itself is a plain one
     out["tensor_parallel_size"] = role_sizes(cfg)[0 if role == PREFILL else 1]
     if role == PREFILL:
         out["speculative_config"] = None
@@ -130,7 +132,8 @@ class DisaggregatedEngine:
         if cfg.record_exit_trace:
             raise ConfigError("record_exit_trace cannot be combined with disaggregated_prefill=True (both engines "
                               "would write the file); record with one engine: its depths are the same")
-        devices = role_devices(cfg)
+        remote = cfg.prefill_address is not None
+        devices = (cfg.prefill_address, cfg.decode_address) if remote else role_devices(cfg)
         self.cfg = cfg
         self.model_name = model
         self.model_config, self.tokenizer = _config_and_tokenizer(model, cfg)
@@ -357,9 +360,11 @@ class ProcessRole(ProcessReplica):
     prefill child's "handoff" messages and the decode child's "import" command)."""
 
     def __init__(self, index: int, role: str, model: str, config: dict, device: str, num_threads: int, context,
-                 init_method: str, step_timeout_s: Optional[float] = None):
+                 init_method: str, step_timeout_s: Optional[float] = None, connection: Optional[tuple] = None):
+        """connection: (connection, RemoteProcess) to an engine started apart (remote_role.py), which
+        then serves this role instead of a process started here."""
         super().__init__(index, model, config, device, num_threads, context, RoleHooks(role, device, init_method),
-                         step_timeout_s)
+                         step_timeout_s, connection=connection)
         self.role = role
         self.label = f"the {role} engine"
         self.info["role"] = role
@@ -416,19 +421,49 @@ def _start_roles(model: str, cfg: EngineConfig, devices: tuple[str, str], backen
 
         return tuple(InProcessRole(i, role, LLMEngine(model, EngineConfig.from_kwargs(
             **dict(role_options(cfg, role), device=device)))) for i, (role, device) in enumerate(zip(roles, devices)))
+    if cfg.prefill_address is not None:  # engines started apart: connect to them
+        from .remote_role import connect_role
+
+        workers = []
+        try:
+            for i, (role, address) in enumerate(zip(roles, devices)):
+                workers.append(ProcessRole(i, role, model, {}, address, 1, None, "", cfg.step_timeout_s,
+                                           connection=connect_role(role, address)))
+            _wait_ready(workers)
+        except BaseException:
+            for worker in workers:
+                worker.shutdown()
+            raise
+        _check_roles_agree(*workers)
+        return tuple(workers)
     context = torch.multiprocessing.get_context("spawn")
     threads = max(1, (os.cpu_count() or 1) // 2)
     init_method = f"tcp://127.0.0.1:{_free_port()}"
     workers = [ProcessRole(i, role, model, role_options(cfg, role), device, threads, context, init_method,
                            cfg.step_timeout_s) for i, (role, device) in enumerate(zip(roles, devices))]
+    _wait_ready(workers)
+    return tuple(workers)
+
+
+def _wait_ready(workers: list) -> None:
+    """Wait for every role's engine (they load in parallel; each in turn); on a failure stop them all."""
     try:
-        for worker in workers:  # they load in parallel; wait for each in turn
+        for worker in workers:
             worker.wait_ready()
     except BaseException:
         for worker in workers:
             worker.shutdown()
         raise
-    return tuple(workers)
+
+
+def _check_roles_agree(prefill: Replica, decode: Replica) -> None:
+    """Engines started apart must run the same model at the same depth and context length."""
+    for key in ("model_name", "depth", "max_model_len"):
+        if prefill.info.get(key) != decode.info.get(key):
+            for worker in (prefill, decode):
+                worker.shutdown()
+            raise ConfigError(f"the prefill and decode engines differ in {key}: {prefill.info.get(key)!r} against "
+                              f"{decode.info.get(key)!r}; start both with the same model and options")
 
 
 # ---- child processes ------------------------------------------------------------------------------------

@@ -44,21 +44,26 @@ class ProcessReplica(Replica):
     """Front-end side of a replica process. Construct, then `wait_ready()`."""
 
     def __init__(self, index: int, model: str, config: dict, device: str, num_threads: int, context,
-                 hooks: Optional["ChildHooks"] = None, step_timeout_s: Optional[float] = None):
+                 hooks: Optional["ChildHooks"] = None, step_timeout_s: Optional[float] = None,
+                 connection: Optional[tuple] = None):
         """hooks: what the child adds to a plain replica (picklable; default `ChildHooks()`);
         step_timeout_s: how long the child may stay silent while it has requests, or take to answer
-        a command, before it is failed as hung (None or inf: no limit)."""
+        a command, before it is failed as hung (None or inf: no limit); connection: (connection,
+        process) of a child started elsewhere that speaks this protocol (no process is started)."""
         hooks = hooks or ChildHooks()
         self.index = index
         self.label = f"data-parallel replica {index}"  # how failures name it
         self.step_timeout_s = step_time_limit(step_timeout_s)
         self._heard = time.monotonic()  # when the child last sent something (or was given work)
         self.info = {"device": device}
-        self._conn, child = context.Pipe(duplex=True)
-        self.process = context.Process(target=replica_main, args=(child, model, config, device, num_threads, hooks),
-                                       name=f"rlt-{hooks.name}-{index}", daemon=True)
-        self.process.start()
-        child.close()
+        if connection is not None:
+            self._conn, self.process = connection
+        else:
+            self._conn, child = context.Pipe(duplex=True)
+            self.process = context.Process(target=replica_main, args=(child, model, config, device, num_threads, hooks),
+                                           name=f"rlt-{hooks.name}-{index}", daemon=True)
+            self.process.start()
+            child.close()
         self._outputs: list[RequestOutput] = []
         self._stats: dict = {}
         self._seq = 0
@@ -204,9 +209,10 @@ class ProcessReplica(Replica):
             return
         self.process.join(1)
         code = self.process.exitcode
-        how = "is still running but its pipe broke" if code is None else (
+        how = "is unreachable: its connection broke" if code is None else (
             f"was killed by signal {-code}" if code < 0 else f"exited with status {code}")
-        self.failure = f"data-parallel replica {self.index} ({self.info['device']}, pid {self.process.pid}) {how}"
+        pid = self.info.get("pid") or self.process.pid
+        self.failure = f"data-parallel replica {self.index} ({self.info['device']}, pid {pid}) {how}"
 
 
 def _error(class_name: str, message: str) -> Exception:

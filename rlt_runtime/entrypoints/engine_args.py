@@ -31,6 +31,15 @@ HELP = {
     "tensor_parallel_size": "ranks one model is split over (attention heads and MLP columns), one worker process "
                             "each (cuda:0..N-1 on CUDA, else the CPU; per replica with --data-parallel-size, in "
                             "the replica's Ray actor with --distributed-executor ray)",
+    "prefill_address": "with --disaggregated-prefill: HOST:PORT of a prefill engine started apart with rlt-serve "
+                       "--role prefill (then also --decode-address; both authenticate with $RLT_ROLE_KEY)",
+    "decode_address": "with --disaggregated-prefill: HOST:PORT of a decode engine started apart with rlt-serve "
+                      "--role decode",
+    "role": "prefill or decode: serve that engine of disaggregated prefill to a front end started apart (with "
+            "--role-address and --kv-transfer-address; no HTTP server)",
+    "role_address": "with --role: HOST:PORT to listen on for the front end",
+    "kv_transfer_address": "with --role: HOST:PORT on the prefill engine's host where the two engines' K/V transfer "
+                           "group meets (the same on both)",
     "prefill_tensor_parallel_size": "with --disaggregated-prefill: the prefill engine's tensor-parallel ranks "
                                     "(default: --tensor-parallel-size, which sizes the decode engine)",
     "step_timeout_s": "seconds a tensor-parallel rank may take to answer a step, and a data-parallel replica "

@@ -129,13 +129,17 @@ def main(argv=None) -> int:
         options = engine_kwargs(args)
         engine_config = EngineConfig.from_kwargs(**options)
         engine_config.validate_static()  # option errors exit here, before the port opens
+        if engine_config.role is not None:  # one engine of disaggregated prefill, served to a front end started apart
+            from ...engine.remote_role import serve_role
+
+            return serve_role(args.model, **options)
         if engine_config.distributed_executor == "ray":
             from ...engine.ray_replica import ray_replica_devices
 
             ray_replica_devices(engine_config)  # connects here, on the main thread, and checks the cluster's devices
         else:
             replica_devices(engine_config)
-        if engine_config.disaggregated_prefill:
+        if engine_config.disaggregated_prefill and engine_config.prefill_address is None:
             role_devices(engine_config)
         config = ServerConfig(
             served_model_name=args.served_model_name or args.model, api_key=api_key_from(args),
