@@ -22,7 +22,7 @@ import torch
 
 from ..config import EngineConfig, parse_address
 from ..errors import ConfigError
-from .disaggregated import DECODE, PREFILL, RoleHooks, role_options
+from .disaggregated import RoleHooks, role_options
 from .process_replica import replica_main
 
 logger = logging.getLogger("rlt")
@@ -125,5 +125,4 @@ def serve_role(model: str, **options) -> int:
     return child.exitcode or 0
 
 
-__all__ = ["DECODE", "PREFILL", "ROLE_KEY_ENV", "RemoteProcess", "connect_role", "role_device", "role_key",
-           "serve_role"]
+__all__ = ["ROLE_KEY_ENV", "RemoteProcess", "connect_role", "role_device", "role_key", "serve_role"]
