@@ -421,47 +421,37 @@ def _start_roles(model: str, cfg: EngineConfig, devices: tuple[str, str], backen
 
         return tuple(InProcessRole(i, role, LLMEngine(model, EngineConfig.from_kwargs(
             **dict(role_options(cfg, role), device=device)))) for i, (role, device) in enumerate(zip(roles, devices)))
-    if cfg.prefill_address is not None:  # engines started apart: connect to them
+    remote = cfg.prefill_address is not None  # engines started apart: connect to them
+    if remote:
         from .remote_role import connect_role
-
-        workers = []
-        try:
-            for i, (role, address) in enumerate(zip(roles, devices)):
-                workers.append(ProcessRole(i, role, model, {}, address, 1, None, "", cfg.step_timeout_s,
-                                           connection=connect_role(role, address)))
-            _wait_ready(workers)
-        except BaseException:
-            for worker in workers:
-                worker.shutdown()
-            raise
-        _check_roles_agree(*workers)
-        return tuple(workers)
-    context = torch.multiprocessing.get_context("spawn")
-    threads = max(1, (os.cpu_count() or 1) // 2)
-    init_method = f"tcp://127.0.0.1:{_free_port()}"
-    workers = [ProcessRole(i, role, model, role_options(cfg, role), device, threads, context, init_method,
-                           cfg.step_timeout_s) for i, (role, device) in enumerate(zip(roles, devices))]
-    _wait_ready(workers)
-    return tuple(workers)
-
-
-def _wait_ready(workers: list) -> None:
-    """Wait for every role's engine (they load in parallel; each in turn); on a failure stop them all."""
+    else:
+        context = torch.multiprocessing.get_context("spawn")
+        threads = max(1, (os.cpu_count() or 1) // 2)
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+    workers = []
     try:
-        for worker in workers:
+        for i, (role, device) in enumerate(zip(roles, devices)):
+            if remote:  # `device` is the engine's address; it was built with its own options
+                workers.append(ProcessRole(i, role, model, {}, device, 1, None, "", cfg.step_timeout_s,
+                                           connection=connect_role(role, device)))
+            else:
+                workers.append(ProcessRole(i, role, model, role_options(cfg, role), device, threads, context,
+                                           init_method, cfg.step_timeout_s))
+        for worker in workers:  # they load in parallel; wait for each in turn
             worker.wait_ready()
+        if remote:
+            _check_roles_agree(*workers)
     except BaseException:
         for worker in workers:
             worker.shutdown()
         raise
+    return tuple(workers)
 
 
 def _check_roles_agree(prefill: Replica, decode: Replica) -> None:
     """Engines started apart must run the same model at the same depth and context length."""
     for key in ("model_name", "depth", "max_model_len"):
         if prefill.info.get(key) != decode.info.get(key):
-            for worker in (prefill, decode):
-                worker.shutdown()
             raise ConfigError(f"the prefill and decode engines differ in {key}: {prefill.info.get(key)!r} against "
                               f"{decode.info.get(key)!r}; start both with the same model and options")
 
