@@ -83,9 +83,28 @@ def engine(model, **kw):
                  "captures": sum(g.get("captures", 0) for g in programs)}
 
 
+def _profiled(run_steps, steps: int, top: int) -> dict:
+    """Device time by kernel over `run_steps()` (torch.profiler / CUPTI, which also sees the kernels
+    inside CUDA-graph replays), per step of the `steps` it runs."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run_steps()
+        torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+    kernels = []
+    for e in prof.key_averages():
+        us = e.self_device_time_total / steps
+        if us > 0:
+            kernels.append({"kernel": e.key[:90], "calls_per_step": e.count / steps, "us_per_step": us})
+    kernels.sort(key=lambda k: -k["us_per_step"])
+    busy_ms = sum(k["us_per_step"] for k in kernels) / 1e3
+    return {"wall_ms_per_step": wall_ms, "kernel_ms_per_step": busy_ms,
+            "kernels_per_step": sum(k["calls_per_step"] for k in kernels), "top": kernels[:top]}
+
+
 def kernel_breakdown(llm, batch: int, steps: int = 8, top: int = 14) -> dict:
-    """Device time per steady-state decode step, by kernel (torch.profiler / CUPTI, which also
-    sees the kernels inside CUDA-graph replays): the profile that explains a step's time."""
+    """Device time per steady-state decode step, by kernel: the profile that explains a step's time."""
     from rlt_runtime import SamplingParams
     from rlt_runtime.entrypoints.bench_offline import random_prompts
 
@@ -95,24 +114,35 @@ def kernel_breakdown(llm, batch: int, steps: int = 8, top: int = 14) -> dict:
         eng.add_request(f"prof{batch}-{i}", p, params)
     for _ in range(16):  # prefill, then a few decode steps
         eng.step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+
+    def run_steps():
         for _ in range(steps):
             eng.step()
-        torch.cuda.synchronize()
-    wall_ms = (time.perf_counter() - t0) * 1e3 / steps
+
+    res = {"batch": batch, **_profiled(run_steps, steps, top)}
     while eng.has_unfinished_requests():
         eng.step()
-    kernels = []
-    for e in prof.key_averages():
-        us = e.self_device_time_total / steps
-        if us > 0:
-            kernels.append({"kernel": e.key[:90], "calls_per_step": e.count / steps, "us_per_step": us})
-    kernels.sort(key=lambda k: -k["us_per_step"])
-    busy_ms = sum(k["us_per_step"] for k in kernels) / 1e3
-    return {"batch": batch, "wall_ms_per_step": wall_ms, "kernel_ms_per_step": busy_ms,
-            "kernels_per_step": sum(k["calls_per_step"] for k in kernels), "top": kernels[:top]}
+    return res
+
+
+def prefill_breakdown(llm, num: int, input_len: int, top: int = 14) -> dict:
+    """Device time by kernel of prefilling `num` prompts of `input_len` tokens (max_tokens=1), per
+    engine step (each step prefills up to max_num_batched_tokens prompt tokens)."""
+    from rlt_runtime import SamplingParams
+    from rlt_runtime.entrypoints.bench_offline import random_prompts
+
+    eng = llm.engine
+    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    for i, p in enumerate(random_prompts(num, input_len, eng.model_config.vocab_size, seed=11)):
+        eng.add_request(f"prefill-prof-{i}", p, params)
+    steps = -(-num * input_len // eng.max_num_batched_tokens)
+
+    def run_steps():
+        while eng.has_unfinished_requests():
+            eng.step()
+
+    return {"prompts": num, "input_len": input_len, "tokens_per_step": eng.max_num_batched_tokens,
+            **_profiled(run_steps, steps, top)}
 
 
 def run(out_dir: str, quick: bool) -> dict:
@@ -161,6 +191,8 @@ def run(out_dir: str, quick: bool) -> dict:
     flops_tok = weight_bytes_per_step(cfg, 4)  # 2 FLOPs/param = bytes in bf16; attention excluded
     res["prefill"]["frac_compute_floor"] = res["prefill"]["tok_per_s"] * flops_tok / (roof["gemm_tflops"] * 1e12)
     print("prefill", res["prefill"], flush=True)
+    res["prefill_breakdown"] = prefill_breakdown(llm, 4, 2048)
+    print("prefill breakdown", res["prefill_breakdown"], flush=True)
     res["rlt_meta"]["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     res["rlt_meta"]["stats"] = llm.stats()
     del llm
@@ -254,11 +286,15 @@ def markdown(res: dict) -> str:
     meta = res.get("rlt_meta", {})
     lines.append(f"ouro-1.4b engine: init {meta.get('init_s', 0):.1f} s, graph capture {meta.get('capture_s') or 0:.1f} s "
                  f"({meta.get('captures')} decode and prefill graphs), peak memory {meta.get('peak_gib', 0):.1f} GiB.")
-    breakdowns = [("", b, bd) for b, bd in res.get("breakdown", {}).items()]
-    breakdowns += [("early-exit ", b, bd) for b, bd in res.get("early_exit_breakdown", {}).items()]
-    for kind, b, bd in breakdowns:
-        lines += ["", f"Kernel time per {kind}decode step at batch {b} (torch.profiler, {bd['kernels_per_step']:.0f} kernels "
-                      f"per step, {bd['kernel_ms_per_step']:.2f} ms of kernels in {bd['wall_ms_per_step']:.2f} ms of wall time):",
+    breakdowns = [(f"decode step at batch {b}", bd) for b, bd in res.get("breakdown", {}).items()]
+    breakdowns += [(f"early-exit decode step at batch {b}", bd) for b, bd in res.get("early_exit_breakdown", {}).items()]
+    pb = res.get("prefill_breakdown")
+    if pb:
+        breakdowns.append((f"prefill step ({pb['prompts']} prompts x {pb['input_len']} tokens, up to "
+                           f"{pb['tokens_per_step']} tokens a step)", pb))
+    for what, bd in breakdowns:
+        lines += ["", f"Kernel time per {what} (torch.profiler, {bd['kernels_per_step']:.0f} kernels per step, "
+                      f"{bd['kernel_ms_per_step']:.2f} ms of kernels in {bd['wall_ms_per_step']:.2f} ms of wall time):",
                   "", "| kernel | calls/step | µs/step | share |", "|---|---|---|---|"]
         for k in bd["top"]:
             lines.append(f"| `{k['kernel']}` | {k['calls_per_step']:.0f} | {k['us_per_step']:.0f} | "

@@ -81,7 +81,7 @@ def linear_report(n: int, k: int, activation, rows: int, weight: str = "bf16") -
                  "out_ptr": "*bf16", "ws_ptr": "*fp32", "active_ptr": "*i32"}
         const = dict(HAS_ACTIVE=True, SWIGLU=activation == "swiglu", HAS_SCALE=fp8, WIDEN_INLINE=True, EXACT_DOT=False,
                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-                     SPLIT_K=cfg.split_k, STAGES=cfg.num_stages, PDL=True)
+                     SPLIT_K=cfg.split_k, STAGES=cfg.num_stages, REDUCE_IN_TILE=cfg.reduce_in_tile, PDL=True)
         return cfg, compile_sm90(gemm._linear_tma_kernel, descs, const, num_warps=cfg.num_warps,
                                  num_stages=cfg.num_stages)
     ptrs = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv" if fp8 else "*bf16", "scale_ptr": "*fp32", "out_ptr": "*bf16",
@@ -102,7 +102,8 @@ def linear_reports() -> dict:
             for rows in (1, 64, 256, 2048):  # the skinny and full decode, middle and prefill row classes
                 cfg, report = linear_report(n, k, act, rows, weight)
                 out[f"linear {weight} {name} M={rows} {cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.num_stages} "
-                    f"split {cfg.split_k}{' transposed' if cfg.swap_ab else ''}{' TMA' if cfg.tma else ''}"] = report
+                    f"split {cfg.split_k}{' in tile' if cfg.reduce_in_tile else ''}{' transposed' if cfg.swap_ab else ''}"
+                    f"{' TMA' if cfg.tma else ''}"] = report
         ptrs = {"ws_ptr": "*fp32", "scale_ptr": "*fp32", "out_ptr": "*bf16", "active_ptr": "*i32"}
         const = dict(HAS_ACTIVE=True, SWIGLU=True, HAS_SCALE=weight == "fp8", SPLIT_K=2, BLOCK_M=gemm.REDUCE_BLOCK_M,
                      BLOCK_N=gemm.REDUCE_BLOCK_N, PDL=True)

@@ -187,6 +187,7 @@ class LinearConfig:
     split_k: int = 1
     swap_ab: bool = False  # tiles computed transposed (skinny decode): block_m batch rows x block_n weight rows
     tma: bool = False  # x and weight tiles fetched by the tensor memory accelerator (Hopper, `_linear_tma_kernel`)
+    reduce_in_tile: bool = False  # a TMA tile runs every K range itself and adds them in range order (no partials)
 
     def k_range(self, k: int) -> int:
         """Keys of K per split: whole BLOCK_K steps, the last range possibly shorter."""
@@ -258,13 +259,14 @@ def _tma_tile(n_out: int, k: int, rows: int, elem: int, w_elem: int, accumulator
     that keeps the weight's K ranges and fills the GPU's waves (TMA_WAVE_FILL); None when no candidate
     keeps the K ranges."""
     shapes = (TMA_MID_TILES if rows <= PREFILL_ROWS else TMA_PREFILL_TILES)[accumulators]
-    tiles = [LinearConfig(bm, bn, bk, warps, stages, split_k=decode.split_k, tma=True)
+    tiles = [LinearConfig(bm, bn, bk, warps, stages, split_k=decode.split_k, tma=True,
+                          reduce_in_tile=rows > PREFILL_ROWS and decode.split_k > 1)
              for bm, bn, bk, warps, stages in shapes]
     tiles = [t for t in tiles if t.k_bounds(k) == decode.k_bounds(k)]
     for t in tiles:
         stage_bytes = (t.block_m * elem + accumulators * t.block_n * w_elem) * t.block_k
         resident = max(1, SM_SHARED_BYTES // (t.num_stages * stage_bytes))
-        programs = triton.cdiv(rows, t.block_m) * triton.cdiv(n_out, t.block_n) * t.split_k
+        programs = triton.cdiv(rows, t.block_m) * triton.cdiv(n_out, t.block_n) * (1 if t.reduce_in_tile else t.split_k)
         slots = WAVE_CTAS * resident
         if programs >= TMA_WAVE_FILL * WAVE_CTAS and programs >= TMA_WAVE_FILL * triton.cdiv(programs, slots) * slots:
             return t
@@ -457,27 +459,12 @@ def _linear_kernel(
                 SPLIT_K)
 
 
-@triton.jit(do_not_specialize=["m"])
-def _linear_tma_kernel(
-    x_desc, w_desc, scale_ptr, out_ptr, ws_ptr, active_ptr, m, n_out, k, k_range, stride_out,
-    HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr, WIDEN_INLINE: tl.constexpr,
-    EXACT_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """`_linear_kernel`'s untransposed tile with both operands fetched through TMA descriptors
-    (x [m, k] in [BLOCK_M, BLOCK_K] boxes, weight [n, k] in [BLOCK_N, BLOCK_K] boxes; the
-    accelerator zero-fills past either shape) into a STAGES-deep pipeline; FP8 weight tiles are
-    widened in registers as in `_linear_kernel`. Same K steps, ranges and fp32 accumulation order,
-    so the same bits as `_linear_kernel` for the same reduction plan."""
-    pid_m, pid_n = _tile_ids(m, n_out, BLOCK_M, BLOCK_N, GROUP_M)
-    wait_for_inputs(PDL)
-    live = _live_rows(m, active_ptr, HAS_ACTIVE)
-    if pid_m * BLOCK_M >= live:
-        return
-    k_lo, k_hi = _k_span(k, k_range, SPLIT_K)
-    row0 = pid_m * BLOCK_M
-    col0 = pid_n * BLOCK_N
+@triton.jit
+def _tma_k_range(x_desc, w_desc, row0, col0, n_out, k_lo, k_hi, SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr,
+                 WIDEN_INLINE: tl.constexpr, EXACT_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+    """fp32 sums over K in [k_lo, k_hi) of the tile at (row0, col0), gate (and up with SWIGLU)
+    accumulators [BLOCK_M, BLOCK_N], fetched by TMA into a STAGES-deep pipeline."""
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
@@ -491,11 +478,51 @@ def _linear_tma_kernel(
             if HAS_SCALE:
                 u = widen_fp8(u, a, WIDEN_INLINE)
             acc_u = mma(a, tl.trans(u), acc_u, "tf32", EXACT_DOT)
+    return acc_g, acc_u
+
+
+@triton.jit(do_not_specialize=["m"])
+def _linear_tma_kernel(
+    x_desc, w_desc, scale_ptr, out_ptr, ws_ptr, active_ptr, m, n_out, k, k_range, stride_out,
+    HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr, WIDEN_INLINE: tl.constexpr,
+    EXACT_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr,
+    REDUCE_IN_TILE: tl.constexpr, PDL: tl.constexpr,
+):
+    """`_linear_kernel`'s untransposed tile with both operands fetched through TMA descriptors
+    (x [m, k] in [BLOCK_M, BLOCK_K] boxes, weight [n, k] in [BLOCK_N, BLOCK_K] boxes; the
+    accelerator zero-fills past either shape) into a STAGES-deep pipeline; FP8 weight tiles are
+    widened in registers as in `_linear_kernel`. Same K steps, ranges and fp32 accumulation order,
+    so the same bits as `_linear_kernel` for the same reduction plan. REDUCE_IN_TILE: the program
+    runs all SPLIT_K ranges of its tile in turn and adds their fp32 sums in range order, as
+    `_split_reduce_kernel` adds the partials (same bits, no partials written)."""
+    pid_m, pid_n = _tile_ids(m, n_out, BLOCK_M, BLOCK_N, GROUP_M)
+    wait_for_inputs(PDL)
+    live = _live_rows(m, active_ptr, HAS_ACTIVE)
+    if pid_m * BLOCK_M >= live:
+        return
+    row0 = pid_m * BLOCK_M
+    col0 = pid_n * BLOCK_N
     rows = row0 + tl.arange(0, BLOCK_M)
     cols = col0 + tl.arange(0, BLOCK_N)
     io_mask = (rows[:, None] < live) & (cols[None, :] < n_out)
-    _store_tile(out_ptr, ws_ptr, scale_ptr, rows, cols, m, n_out, stride_out, acc_g, acc_u, io_mask, SWIGLU, HAS_SCALE,
-                SPLIT_K)
+    if REDUCE_IN_TILE:
+        sum_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        sum_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for r in tl.static_range(SPLIT_K):  # in range order, as `_split_reduce_kernel` adds them
+            acc_g, acc_u = _tma_k_range(x_desc, w_desc, row0, col0, n_out, r * k_range,
+                                        tl.minimum(r * k_range + k_range, k), SWIGLU, HAS_SCALE, WIDEN_INLINE,
+                                        EXACT_DOT, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
+            sum_g += acc_g
+            if SWIGLU:
+                sum_u += acc_u
+        _store_result(out_ptr, scale_ptr, rows, cols, n_out, stride_out, sum_g, sum_u, io_mask, SWIGLU, HAS_SCALE)
+    else:
+        k_lo, k_hi = _k_span(k, k_range, SPLIT_K)
+        acc_g, acc_u = _tma_k_range(x_desc, w_desc, row0, col0, n_out, k_lo, k_hi, SWIGLU, HAS_SCALE, WIDEN_INLINE,
+                                    EXACT_DOT, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
+        _store_tile(out_ptr, ws_ptr, scale_ptr, rows, cols, m, n_out, stride_out, acc_g, acc_u, io_mask, SWIGLU,
+                    HAS_SCALE, SPLIT_K)
 
 
 @triton.jit(do_not_specialize=["m"])
@@ -546,7 +573,8 @@ def linear(x, weight, *, out=None, active_rows=None, activation=None, weight_sca
 
 def linear_partials(x, weight, *, active_rows=None, weight_scale=None):
     """`linear` (no activation, output in x.dtype) without its split-K reduction: a `SplitPartials`
-    of the fp32 range sums when the weight's plan splits K, else the finished output [M, N].
+    of the fp32 range sums when the weight's plan splits K and the launch's tile does not add the
+    ranges itself (prefill rows on Hopper do), else the finished output [M, N].
     `norms.residual_norm` takes either as its ``sub`` and gives the same bits as from `linear`."""
     out, cfg = _checked(x, weight, None, active_rows, None, weight_scale)
     if x.shape[0] == 0 or out.shape[1] == 0:
@@ -606,11 +634,12 @@ def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_s
     swiglu = activation == "swiglu"
     k_range = cfg.k_range(k)
     split = -(-k // k_range) if k else 1  # ranges that hold keys (<= cfg.split_k)
+    in_tile = cfg.reduce_in_tile and split > 1
     ws = out
-    if split > 1:
+    if split > 1 and not in_tile:
         ws = torch.empty((split, m, n_out * (2 if swiglu else 1)), dtype=torch.float32, device=x.device)
     active = out if active_rows is None else active_rows
-    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n_out, cfg.block_n), split)
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n_out, cfg.block_n), 1 if in_tile else split)
     scale = out if weight_scale is None else weight_scale
     has_scale = weight_scale is not None
     pdl = pdl_launch(out, grid[0] * grid[1])
@@ -621,7 +650,8 @@ def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_s
             k_range, out.stride(0), HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu, HAS_SCALE=has_scale,
             WIDEN_INLINE=inline_widening(), EXACT_DOT=exact_dots(), BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=split, STAGES=cfg.num_stages,
-            PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl, enable_fp_fusion=True,
+            REDUCE_IN_TILE=in_tile, PDL=pdl,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl, enable_fp_fusion=True,
         )
     else:
         _linear_kernel[grid](
@@ -635,6 +665,8 @@ def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_s
             num_stages=cfg.num_stages,
             launch_pdl=pdl,
         )
+    if in_tile:
+        return out
     if split > 1 and not reduce:
         return SplitPartials(ws, weight_scale, out.dtype)
     if split > 1:

@@ -289,8 +289,8 @@ MUTANTS = (
     ),
     Mutant(
         "tma-tile-without-the-split-plan", "rlt_kernels/gemm.py",
-        "tiles = [LinearConfig(bm, bn, bk, warps, stages, split_k=decode.split_k, tma=True)",
-        "tiles = [LinearConfig(bm, bn, bk, warps, stages, tma=True)",
+        "tiles = [LinearConfig(bm, bn, bk, warps, stages, split_k=decode.split_k, tma=True,",
+        "tiles = [LinearConfig(bm, bn, bk, warps, stages, tma=True,",
         ("tests/kernels/test_gemm.py::test_tma_tiles_at_ouro_shapes",),
         "the TMA tiles of the middle and prefill rows reduce a split weight over all of K at once (other bits than decode)",
     ),
@@ -303,8 +303,8 @@ MUTANTS = (
     ),
     Mutant(
         "tma-launch-leaves-fma-contraction-to-triton", "rlt_kernels/gemm.py",
-        "PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl, enable_fp_fusion=True,",
-        "PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,",
+        "num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl, enable_fp_fusion=True,",
+        "num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,",
         ("tests/kernels/test_launch_options.py::test_every_launch_states_fma_contraction",),
         "the TMA linear launch leaves FMA contraction to Triton's default, which Triton 3.10 turns off (other bits)",
     ),
@@ -342,6 +342,41 @@ MUTANTS = (
         "if False:",
         ("tests/runtime/test_engine_reference.py::test_huginn_preemption_and_prefix_cache_match_reference",),
         "an output recomputed after a preemption keeps recurring past its recorded exit, so its coda K/V changes",
+    ),
+    Mutant(
+        "prefill-never-launches-the-decode-arithmetic", "rlt_runtime/executor/model_runner.py",
+        "for c in chunks)",
+        "for c in chunks) and False",
+        ("tests/runtime/test_preemption_outputs.py::test_prefill_launches_the_decode_arithmetic_only_for_recomputed_outputs",),
+        "outputs recomputed after a preemption run the prompt arithmetic, so their bits differ from decode's",
+    ),
+    Mutant(
+        "tile-adds-its-k-ranges-in-reverse", "rlt_kernels/gemm.py",
+        "for r in tl.static_range(SPLIT_K):  # in range order, as `_split_reduce_kernel` adds them",
+        "for r in tl.static_range(SPLIT_K - 1, -1, -1):",
+        ("tests/kernels/test_gemm.py::test_split_ranges_add_in_range_order",),
+        "a prefill tile of a split weight adds its K ranges last to first: other bits than the split reduction",
+    ),
+    Mutant(
+        "key-depths-unread-at-loop-1", "rlt_runtime/cache/layout.py",
+        "use_key_depth=self.use_key_depth_reads and t > 0,",
+        "use_key_depth=self.use_key_depth_reads and t > 1,",
+        ("tests/runtime/test_engine_reference.py::test_ouro_layouts_and_exit_modes[ouro-0.55-last_exited]",),
+        "loop 1 reads keys that left after loop 0 from its own plane, which they never wrote",
+    ),
+    Mutant(
+        "key-depths-unread-in-early-exit-steps", "rlt_runtime/executor/model_runner.py",
+        "batch = self._decode_batch(rs.pos, rs.slots, rs.active, key_depth_reads=not fixed)",
+        "batch = self._decode_batch(rs.pos, rs.slots, rs.active, key_depth_reads=False)",
+        ("tests/runtime/test_engine_reference.py::test_ouro_layouts_and_exit_modes[ouro-0.55-last_exited]",),
+        "decode steps with rows that may exit early read every key from the query's own plane",
+    ),
+    Mutant(
+        "key-depths-read-at-loop-0", "rlt_runtime/cache/layout.py",
+        "use_key_depth=self.use_key_depth_reads and t > 0,",
+        "use_key_depth=self.use_key_depth_reads,",
+        ("tests/runtime/test_key_depth_reads.py",),
+        "loop 0 reads the key-depth table although no key can have left before it (work only)",
     ),
 )
 

@@ -55,13 +55,14 @@ class KVLayout:
         return self.core_planes < self.depth
 
     def core(self, t: int) -> PlaneSpec:
-        """Plane spec of a looped layer at loop t (0-based)."""
+        """Plane spec of a looped layer at loop t (0-based). Loop 0 reads no key depths: every key
+        ran at least loop 0, so none is read from another plane there."""
         return PlaneSpec(
             write_plane=self.core_offset + t % self.core_planes,
             query_depth=t,
             plane_offset=self.core_offset,
             plane_modulus=self.core_planes,
-            use_key_depth=self.use_key_depth_reads,
+            use_key_depth=self.use_key_depth_reads and t > 0,
         )
 
     def boundary(self) -> PlaneSpec:

@@ -53,7 +53,10 @@ class ForwardBatch:
     active_seqs [1] int32 or None (live sequences; default `active`: decode passes have one query
     per sequence, so rows and sequences coincide). decode_from: 0 for decode passes (every row is
     a generated token), int32 [S] for prefill passes (the sequence's first generated position:
-    recomputed outputs take the decode arithmetic there, see `rlt_kernels.attention`).
+    recomputed outputs take the decode arithmetic there, see `rlt_kernels.attention`), None when
+    every row is a prompt token. key_depth_reads: False when every key the pass can see ran every
+    loop (prompt tokens, and the tokens of requests that never exit early), so no key is read from
+    an earlier loop's plane and attention skips the key-depth table.
     """
 
     ops: Any
@@ -70,6 +73,7 @@ class ForwardBatch:
     active_seqs: Optional[torch.Tensor] = None  # live sequences when they differ from live rows (prefill)
     workspace: Optional[torch.Tensor] = None
     decode_from: Any = None
+    key_depth_reads: bool = True
     _slots: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -105,7 +109,7 @@ class ForwardBatch:
         out = ops.paged_attention(
             q_rot, k_cache, v_cache, self.kv.block_tables, self.seq_lens, self.query_start_loc,
             seq_slots=self.seq_slots, query_depth=spec.query_depth,
-            key_depth=self.kv.key_depth if spec.use_key_depth else None,
+            key_depth=self.kv.key_depth if spec.use_key_depth and self.key_depth_reads else None,
             plane_offset=spec.plane_offset, plane_modulus=spec.plane_modulus,
             active_seqs=self.active if self.active_seqs is None else self.active_seqs, workspace=self.workspace,
             decode_from=self.decode_from, **scales,

@@ -157,6 +157,7 @@ class ModelRunner:
         self.graphs = None
         self.prefill_graphs = None
         self.fixed_steps = True  # steps whose rows all run every loop skip the exit rule before the last one
+        self.prompt_only_prefills = True  # prefill steps without generated rows skip the decode arithmetic's launch
         self.forward_only_steps = True  # async guided steps submit their forward before their masks exist
         self.spec = None  # SpeculativeRunner when speculative decoding is on
         self.swapped: dict[int, list] = {}  # swap id -> CPU copies (K, V, key depths) of a swapped-out sequence
@@ -200,7 +201,7 @@ class ModelRunner:
                                    [s for s in sizes if s <= self.max_rows], mode=mode, static_tensors=static)
         # Steps whose rows all run every loop take the fixed-depth program (`run_loops`); compile mode
         # keeps one program per bucket (each variant is another compilation of the whole model).
-        self.fixed_steps = self.forward_only_steps = mode != "compile"
+        self.fixed_steps = self.forward_only_steps = self.prompt_only_prefills = mode != "compile"
         for fixed in (True, False):
             if fixed and not self.fixed_steps:
                 continue
@@ -209,7 +210,7 @@ class ModelRunner:
             self.graphs.capture_all((False, 0, False, fixed, False))
         self.prefill_graphs = DecodeGraphs(self.prefill_program, [self.pre_in["counts"]], token_sizes, mode=mode,
                                            static_tensors=static)
-        self.prefill_graphs.capture_all((False, 0, False))
+        self.prefill_graphs.capture_all((False, 0, False, not self.prompt_only_prefills))
 
     # ---- swap preemption ----------------------------------------------------------------------
     def _kv_bits(self):
@@ -411,6 +412,11 @@ class ModelRunner:
         chunks = sched.prefills
         tokens, positions, token_slots, limits, keys = [], [], [], [], []
         seq_slots, seq_lens, decode_from, qsl = [], [], [], [0]
+        # Chunks reaching past their prompt recompute generated outputs (after a preemption): only then
+        # does the step launch the decode arithmetic beside the tile kernel (compile mode always does:
+        # each variant is another compilation).
+        generated = not self.prompt_only_prefills or any(c.start + len(c.token_ids) > c.request.num_prompt_tokens
+                                                         for c in chunks)
         sample_rows, sample_pos, sample_slots = [], [], []
         prompt_rows, prompt_targets, prompt_top = [], [], 0
         for c in chunks:
@@ -462,7 +468,7 @@ class ModelRunner:
             st.write("prompt_targets", np.asarray(prompt_targets, np.int64))
         st.upload()
         # Prompt log-probabilities run eagerly.
-        res = run_bucketed(self.prefill_graphs, self.prefill_program, n_tok, (want_lp, num_top, processed),
+        res = run_bucketed(self.prefill_graphs, self.prefill_program, n_tok, (want_lp, num_top, processed, generated),
                            eager=bool(prompt_rows), prompt_rows=len(prompt_rows), prompt_top=prompt_top)
         prompt = {k: res.pop(k) for k in list(res) if k.startswith("prompt_")}
         prompt = {k[len("prompt_"):]: v for k, v in prompt.items()} or None
@@ -470,12 +476,14 @@ class ModelRunner:
             return None, prompt
         return {k: v[: len(sample_rows)] for k, v in res.items()}, prompt
 
-    def prefill_program(self, size: int, want_lp: bool, num_top: int, processed: bool = False, prompt_rows: int = 0,
-                        prompt_top: int = 0) -> dict:
+    def prefill_program(self, size: int, want_lp: bool, num_top: int, processed: bool = False, generated: bool = True,
+                        prompt_rows: int = 0, prompt_top: int = 0) -> dict:
         """All loops of `size` staged prefill tokens (full depth, or a recomputed output's recorded
         depth), then the LM head and sampling for chunks that complete a prompt (inputs in `pre_in`),
         and the log-probabilities of `prompt_rows` staged rows' next prompt tokens with their top
-        `prompt_top` (keys "prompt_logprobs" [R] fp32, "prompt_top_ids" [R, N], "prompt_top_logprobs" [R, N])."""
+        `prompt_top` (keys "prompt_logprobs" [R] fp32, "prompt_top_ids" [R, N], "prompt_top_logprobs" [R, N]).
+        generated=False: no staged token is past its prompt, so attention launches the prompt arithmetic
+        alone, and reads no key depths (every prompt token runs every loop)."""
         st = self.pre_in
         counts = st["counts"]
         n_tok, n_seq, n_samples = counts[0:1], counts[1:2], counts[2:3]
@@ -484,7 +492,7 @@ class ModelRunner:
             ops=self.ops, kv=self.kv, positions=positions, token_slots=st["token_slots"][:size],
             seq_slots=st["seq_slots"], seq_lens=st["seq_lens"], query_start_loc=st["qsl"],
             cos_sin=self.cos_sin, rope_style=self.model.rope_style, depth_limit=limits, active=n_tok,
-            active_seqs=n_seq, decode_from=st["decode_from"],
+            active_seqs=n_seq, decode_from=st["decode_from"] if generated else None, key_depth_reads=generated,
         )
         self._set_key_depth(batch, limits - 1)
         h, e = self.model.start(st["tokens"][:size], batch, st["keys"][:size])
@@ -629,13 +637,14 @@ class ModelRunner:
         fixed: the caller knows no row can leave before the last loop (`ExitRule.may_exit_early`),
         so the rule and the compaction run only there: the rows' order, states and results are
         those of the full path, which would keep every row until then (and the loops share one
-        ForwardBatch, with its slot mappings)."""
+        ForwardBatch, with its slot mappings). Nor did any earlier token of those rows' requests
+        leave early (the rule is a request's for its whole life), so attention reads no key depths."""
         d = self.device
         b = rs.h.shape[0]
         batch = None
         for t in range(t_begin, t_end):
             if batch is None or not fixed:
-                batch = self._decode_batch(rs.pos, rs.slots, rs.active)
+                batch = self._decode_batch(rs.pos, rs.slots, rs.active, key_depth_reads=not fixed)
             rs.h = self.model.loop(rs.h, rs.e, batch, t)
             if fixed and t < self.depth - 1:
                 continue
@@ -666,12 +675,13 @@ class ModelRunner:
         batch = self._decode_batch(pos, slots, active) if self.model.head_input_attends else None
         return self.model.logits(self.model.head_input(out.final, batch), self.ops, active)
 
-    def _decode_batch(self, pos, slots, active) -> ForwardBatch:
+    def _decode_batch(self, pos, slots, active, key_depth_reads: bool = True) -> ForwardBatch:
         b = pos.shape[0]
         return ForwardBatch(
             ops=self.ops, kv=self.kv, positions=pos, token_slots=slots, seq_slots=slots,
             seq_lens=(pos + 1).to(torch.int32), query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=self.device),
             cos_sin=self.cos_sin, rope_style=self.model.rope_style, active=active, decode_from=0,
+            key_depth_reads=key_depth_reads,
         )
 
     def _record_exit(self, batch: ForwardBatch, exit_now: torch.Tensor, t: int) -> None:

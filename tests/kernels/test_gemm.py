@@ -249,20 +249,23 @@ def test_linear_row_class_tiles(device, weight_dtype, rows, activation, n, k):
     """The middle and prefill tiles (chosen from M on the GPU) compute the same function; run
     here on a few rows with the configuration a launch of `rows` rows would take (the last weight
     is deep enough to split K). The TMA tile gives the bits of the cp.async tile the same launch
-    takes where TMA cannot run, and leaves rows past the active count untouched."""
+    takes where TMA cannot run (for prefill rows of a split weight, adding the K ranges itself where
+    the cp.async tile writes partials for `_split_reduce_kernel`), and leaves rows past the active
+    count untouched."""
     fp8 = weight_dtype == FP8_DTYPE
     cfg = gemm.linear_config(n, k, torch.bfloat16, activation, rows, weight_dtype if fp8 else None)
     plain = gemm.linear_config(n, k, torch.bfloat16, activation, rows, weight_dtype if fp8 else None, tma=False)
     assert cfg.tma == (not fp8 or (rows > gemm.PREFILL_ROWS and activation is None))
-    assert not plain.tma and cfg.k_bounds(k) == plain.k_bounds(k)
+    assert not plain.tma and not plain.reduce_in_tile and cfg.k_bounds(k) == plain.k_bounds(k)
+    assert cfg.reduce_in_tile == (cfg.tma and rows > gemm.PREFILL_ROWS and cfg.split_k > 1)
     gen = seeded(rows, device)
     x = randn((5, k), torch.bfloat16, device, gen)
     w, scale = linear_weight(n, k, weight_dtype, device, gen)
     n_out = n // 2 if activation else n
 
-    def run(config, live=None):
+    def run(config, live=None, dtype=torch.bfloat16):
         active = None if live is None else torch.tensor([live], dtype=torch.int32, device=device)
-        return gemm._launch(x, w, _poison((5, n_out), torch.bfloat16, device), active, activation, config, scale)
+        return gemm._launch(x, w, _poison((5, n_out), dtype, device), active, activation, config, scale)
 
     got = run(cfg)
     wide = w.float() if scale is None else w.float() * scale[:, None]
@@ -273,6 +276,25 @@ def test_linear_row_class_tiles(device, weight_dtype, rows, activation, n, k):
     partial = run(cfg, live=2)
     _assert_rows_written(partial, 2)
     assert torch.equal(partial[:2], got[:2])
+
+
+@pytest.mark.parametrize("rows", [1, gemm.DECODE_ROWS + 1, gemm.PREFILL_ROWS + 1])
+@pytest.mark.parametrize("tma", [True, False])
+def test_split_ranges_add_in_range_order(device, rows, tma):
+    """A split weight's K ranges are added first to last whatever the tile (partials and
+    `_split_reduce_kernel`, or a prefill TMA tile adding them itself). Range sums of 2^24, 1, 1, 0
+    (each exact, so no dot order matters) give 2^24 in that order (2^24 + 1 rounds to even) and
+    2^24 + 2 in any order that adds the ones first; an fp32 output keeps the difference."""
+    n, k = 24, gemm.SPLIT_MIN_K
+    cfg = gemm.linear_config(n, k, torch.bfloat16, None, rows, tma=tma)
+    starts = cfg.k_bounds(k)[:-1]
+    assert len(starts) == 4 and cfg.reduce_in_tile == (tma and rows > gemm.PREFILL_ROWS)
+    x = torch.ones((3, k), dtype=torch.bfloat16, device=device)
+    w = torch.zeros((n, k), dtype=torch.bfloat16, device=device)
+    for start, value in zip(starts, (2.0**24, 1.0, 1.0, 0.0)):
+        w[:, start] = value
+    out = gemm._launch(x, w, _poison((3, n), torch.float32, device), None, None, cfg)
+    assert torch.equal(out, torch.full_like(out, 2.0**24))
 
 
 @pytest.mark.parametrize("rows,expected", [
@@ -289,6 +311,7 @@ def test_tma_tiles_at_ouro_shapes(rows, expected):
     for name, (n, k, act) in shapes.items():
         cfg = gemm.linear_config(n, k, torch.bfloat16, act, rows)
         assert cfg.tma and cfg.split_k == gemm.linear_config(n, k, torch.bfloat16, act).split_k
+        assert cfg.reduce_in_tile == (rows > gemm.PREFILL_ROWS and cfg.split_k > 1)  # prefill down: no partials
         found[name] = (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages)
         fp8 = gemm.linear_config(n, k, torch.bfloat16, act, rows, FP8_DTYPE)
         assert fp8.tma == (rows > gemm.PREFILL_ROWS and act is None) and fp8.k_bounds(k) == cfg.k_bounds(k)

@@ -30,3 +30,30 @@ def test_preempted_requests_keep_every_output(preset, mode, temperature):
     tight = LLM(preset, num_blocks=16 if preset == "ouro-tiny" else 20, preemption_mode=mode, **options)
     assert outputs(tight, params) == roomy
     assert tight.engine.stats()["preemptions"] > 0
+
+
+def test_prefill_launches_the_decode_arithmetic_only_for_recomputed_outputs(monkeypatch):
+    """A prefill step runs the decode kernel beside the tile kernel only when one of its chunks
+    reaches past its prompt (outputs recomputed after a preemption, which must keep decode's
+    bits); steps of prompt tokens alone skip that launch (on the GPU its programs all exit, ~57 µs
+    per attention call at 4,096 prompt tokens)."""
+    from rlt_runtime.executor.model_runner import ModelRunner
+
+    seen = []
+    program = ModelRunner.prefill_program
+
+    def spied(self, size, want_lp, num_top, processed=False, generated=True, **kw):
+        st = self.pre_in
+        n_seq = int(st["counts"][1])
+        past_prompt = bool((st["seq_lens"][:n_seq] > st["decode_from"][:n_seq]).any())
+        seen.append((generated, past_prompt))
+        return program(self, size, want_lp, num_top, processed, generated, **kw)
+
+    monkeypatch.setattr(ModelRunner, "prefill_program", spied)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    tight = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, block_size=16, enable_prefix_caching=False,
+                num_blocks=16, preemption_mode="recompute")
+    run_workload(tight, [(p, i % 3) for i, p in enumerate(PROMPTS)], params)
+    assert tight.engine.stats()["preemptions"] > 0
+    assert all(generated == past for generated, past in seen)
+    assert {past for _, past in seen} == {True, False}
