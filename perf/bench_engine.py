@@ -8,7 +8,9 @@ the `ouro-1.4b` preset in bf16: decode steady state (prompt 128, output 128, ign
 1, 16, 64, 256 at fixed depth and with early exit at mean depth 2.5 (exit-trace replay of
 uniform depths 1..4), the cost of batch invariance (cuBLAS linear layers instead), prefill
 throughput at 2K-token prompts, and `ouro-2.6b` / `huginn-0125` at batch 1. Every figure is
-reported beside the floor implied by the measured roofline and beside the baseline.
+reported beside the floor implied by the measured roofline and beside the baseline, with kernel
+profiles (torch.profiler) of a fixed-depth step at the smallest and largest batch, of an early-exit
+step and of a prefill step.
 """
 
 from __future__ import annotations
