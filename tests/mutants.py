@@ -378,6 +378,13 @@ MUTANTS = (
         ("tests/runtime/test_key_depth_reads.py",),
         "loop 0 reads the key-depth table although no key can have left before it (work only)",
     ),
+    Mutant(
+        "draft-policy-probes-only-from-zero", "rlt_runtime/engine/draft_policy.py",
+        "if k < cap:  # probe position k + 1 when no round took it for wait_k rounds (round m - 1 counts)",
+        "if k == 0 < cap:",
+        ("tests/runtime/test_draft_policy.py::test_adaptive_measures_deeper_positions_again",),
+        "a request whose deep draft positions were judged too early stays below its best count for good",
+    ),
 )
 
 

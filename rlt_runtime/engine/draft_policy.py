@@ -17,10 +17,14 @@ static cost, in decode steps, from the configuration (draft loops d of depth D):
 Ties go to the smaller k. a_i is the request's own estimate: drafts offered and passed at position
 i, counts decayed by FORGET per draft offered there, over a prior of PRIOR_WEIGHT drafts at the
 estimate of position i - 1 (position 1: 1/2), so deeper positions start from what the shallower
-ones showed. A fresh request whose estimate picks k = 0 probes with one draft (the cheapest round
-that measures a_1). Every round with drafts that leaves k = 0 the winner doubles the number of the
-request's own rounds at k = 0 before its next probe (from PROBE_EVERY, so 32, 64, ... up to
-MAX_PROBE_EVERY); a round with drafts that pay resets it to PROBE_EVERY.
+ones showed. An estimate only moves when its position is offered, so the policy probes one
+position past its choice: where the estimate picks k (below the cap) and the request's last round
+with more than k drafts is at least wait_k rounds back, it takes k + 1 (a fresh request at k = 0
+probes at once with one draft, the cheapest round that measures a_1). A round that takes position
+p + 1 resets wait_p to PROBE_EVERY when its draft there passed or its result makes more than p
+drafts the winner, else doubles it (32, 64, ... up to MAX_PROBE_EVERY): drafts that never pass
+cost one probe round in ever longer stretches, and a deeper position that was judged too early is
+measured again.
 
 Timing of information: with async scheduling a request's round m is planned while round m - 1 is
 still in flight, so round m's count uses the request's results through round m - 2 (round 0 is
@@ -51,8 +55,8 @@ class DraftHistory:
     tokens: int  # output tokens committed through `round`
     offered: tuple  # [K] decayed drafts offered per position
     passed: tuple  # [K] decayed drafts passed per position
-    zero_run: int  # rounds at k = 0 in a row, ending at `round`
-    wait: int  # rounds at k = 0 before the next probe
+    last: tuple  # [K] last[p]: the last round that took more than p drafts
+    wait: tuple  # [K] wait[p]: rounds after last[p] before a round at p drafts probes p + 1
     best: tuple  # [K + 1] best[c]: the winning draft count among 0..c (adaptive only)
 
 
@@ -77,8 +81,8 @@ class DraftPolicy:
 
     def new_state(self, max_tokens: int) -> DraftState:
         zeros = (0.0,) * self.max_drafts
-        start = DraftHistory(round=-1, tokens=0, offered=zeros, passed=zeros, zero_run=PROBE_EVERY, wait=PROBE_EVERY,
-                             best=self._best(zeros, zeros))
+        start = DraftHistory(round=-1, tokens=0, offered=zeros, passed=zeros, last=(-PROBE_EVERY,) * self.max_drafts,
+                             wait=(PROBE_EVERY,) * self.max_drafts, best=self._best(zeros, zeros))
         return DraftState(max_tokens, start, start)
 
     def cost(self, k: int) -> float:
@@ -123,9 +127,10 @@ class DraftPolicy:
             k = cap
         else:
             k = base.best[cap]
-            zero_run = base.zero_run + 1 if k_prev == 0 else 0
-            if k == 0 and zero_run >= base.wait:
-                k = 1
+            if k < cap:  # probe position k + 1 when no round took it for wait_k rounds (round m - 1 counts)
+                last = m - 1 if k_prev > k else base.last[k]
+                if m - 1 - last >= base.wait[k]:
+                    k += 1
         state.decided[m] = k
         state.decided.pop(m - 3, None)  # rounds m - 1 and m may still be planned again after a preemption
         return k
@@ -139,11 +144,13 @@ class DraftPolicy:
             offered[i] = offered[i] * (1.0 - FORGET) + 1.0
             passed[i] = passed[i] * (1.0 - FORGET) + float(accepted > i)
         best = self._best(tuple(offered), tuple(passed))
-        wait = h.wait
-        if k > 0 and self.adaptive:
-            wait = PROBE_EVERY if best[-1] > 0 else min(2 * wait, MAX_PROBE_EVERY)
+        last, wait = list(h.last), list(h.wait)
+        if self.adaptive:
+            for p in range(k):  # the round took position p + 1
+                last[p] = h.round + 1
+                wait[p] = PROBE_EVERY if best[-1] > p or accepted > p else min(2 * wait[p], MAX_PROBE_EVERY)
         state.previous = h
         state.current = DraftHistory(round=h.round + 1, tokens=h.tokens + committed, offered=tuple(offered),
-                                     passed=tuple(passed), zero_run=h.zero_run + 1 if k == 0 else 0, wait=wait, best=best)
+                                     passed=tuple(passed), last=tuple(last), wait=tuple(wait), best=best)
         if h.round >= 0:
             self.chosen[k] += 1

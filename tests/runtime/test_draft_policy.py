@@ -139,6 +139,19 @@ def test_adaptive_never_loses_to_native_and_finds_clear_wins(acceptance, d, k_ma
         assert got >= 0.90 * best
 
 
+@pytest.mark.parametrize("acceptance,d,k_max,seed", [(0.75, 1, 6, 34), (0.75, 1, 6, 39), (0.95, 2, 4, 49),
+                                                     (0.95, 2, 4, 54)])
+def test_adaptive_measures_deeper_positions_again(acceptance, d, k_max, seed):
+    """A few early rejections at a deep position once held these requests at a smaller count for
+    good (0.86-0.89 of the best fixed count): the position was never drafted again, so its estimate
+    never recovered. Probing one position past the choice brings each within 8% of the best."""
+    policy = DraftPolicy(max_drafts=k_max, draft_loops=d, depth=4)
+    rounds = SimRequest(policy, 10**9, acceptance, seed=seed)
+    for _ in range(3000):
+        rounds.step()
+    assert rate(policy, rounds.rounds[1000:]) >= 0.92 * best_rate(policy, acceptance)
+
+
 requests = st.lists(st.tuples(st.integers(1, 80), st.sampled_from([0.0, 0.3, 0.7, 0.95]), st.integers(0, 99)),
                     min_size=1, max_size=6)
 
