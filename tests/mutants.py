@@ -345,8 +345,8 @@ MUTANTS = (
     ),
     Mutant(
         "prefill-never-launches-the-decode-arithmetic", "rlt_runtime/executor/model_runner.py",
-        "for c in chunks)",
-        "for c in chunks) and False",
+        "generated = generated or in_prompt < n",
+        "generated = generated",
         ("tests/runtime/test_preemption_outputs.py::test_prefill_launches_the_decode_arithmetic_only_for_recomputed_outputs",),
         "outputs recomputed after a preemption run the prompt arithmetic, so their bits differ from decode's",
     ),

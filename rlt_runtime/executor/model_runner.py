@@ -415,8 +415,7 @@ class ModelRunner:
         # Chunks reaching past their prompt recompute generated outputs (after a preemption): only then
         # does the step launch the decode arithmetic beside the tile kernel (compile mode always does:
         # each variant is another compilation).
-        generated = not self.prompt_only_prefills or any(c.start + len(c.token_ids) > c.request.num_prompt_tokens
-                                                         for c in chunks)
+        generated = not self.prompt_only_prefills
         sample_rows, sample_pos, sample_slots = [], [], []
         prompt_rows, prompt_targets, prompt_top = [], [], 0
         for c in chunks:
@@ -435,6 +434,7 @@ class ModelRunner:
             limits += c.depths
             in_prompt = min(max(c.request.num_prompt_tokens - c.start, 0), n)  # chunk positions inside the prompt
             keys += [self.prompt_key] * in_prompt + [c.request.row_key] * (n - in_prompt)
+            generated = generated or in_prompt < n
             seq_slots.append(c.request.slot)
             seq_lens.append(c.start + n)
             decode_from.append(c.request.num_prompt_tokens)
