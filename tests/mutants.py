@@ -351,13 +351,6 @@ MUTANTS = (
         "outputs recomputed after a preemption run the prompt arithmetic, so their bits differ from decode's",
     ),
     Mutant(
-        "tile-adds-its-k-ranges-in-reverse", "rlt_kernels/gemm.py",
-        "for r in tl.static_range(SPLIT_K):  # in range order, as `_split_reduce_kernel` adds them",
-        "for r in tl.static_range(SPLIT_K - 1, -1, -1):",
-        ("tests/kernels/test_gemm.py::test_split_ranges_add_in_range_order",),
-        "a prefill tile of a split weight adds its K ranges last to first: other bits than the split reduction",
-    ),
-    Mutant(
         "key-depths-unread-at-loop-1", "rlt_runtime/cache/layout.py",
         "use_key_depth=self.use_key_depth_reads and t > 0,",
         "use_key_depth=self.use_key_depth_reads and t > 1,",
@@ -377,6 +370,28 @@ MUTANTS = (
         "use_key_depth=self.use_key_depth_reads,",
         ("tests/runtime/test_key_depth_reads.py",),
         "loop 0 reads the key-depth table although no key can have left before it (work only)",
+    ),
+    Mutant(
+        "tile-sums-all-k-ranges-in-one-accumulator", "rlt_kernels/gemm.py",
+        "if ((k0 + BLOCK_K) % k_range == 0) | (k0 + BLOCK_K >= k):  # the range's last step",
+        "if k0 + BLOCK_K >= k:",
+        ("tests/kernels/test_gemm.py::test_split_ranges_add_in_range_order",),
+        "a TMA tile of a split weight runs one sum over all of K (other bits than the decode launches)",
+    ),
+    Mutant(
+        "speculative-rounds-fixed-with-early-exit-rows", "rlt_runtime/executor/speculative.py",
+        "fixed = run.fixed_steps and not any(run.slot_exits_early[r.slot] for r in requests)",
+        "fixed = run.fixed_steps",
+        ("tests/runtime/test_speculative.py::test_greedy_speculation_is_bitwise_identical",
+         "tests/runtime/test_key_depth_reads.py"),
+        "drafts and verification of requests with an exit threshold skip the exit rule (full depth)",
+    ),
+    Mutant(
+        "speculative-rounds-never-fixed", "rlt_runtime/executor/speculative.py",
+        "fixed = run.fixed_steps and not any(run.slot_exits_early[r.slot] for r in requests)",
+        "fixed = False",
+        ("tests/runtime/test_key_depth_reads.py",),
+        "rounds of requests that never exit early run the exit rule and read key depths (work only)",
     ),
     Mutant(
         "draft-policy-probes-only-from-zero", "rlt_runtime/engine/draft_policy.py",

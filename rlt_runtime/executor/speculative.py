@@ -59,10 +59,17 @@ class SpeculativeRunner:
         self.graphs = DecodeGraphs(self.round_program, inert, [s for s in sizes if s <= self.runner.max_rows], mode=mode,
                                    static_tensors=static)
         # Every draft count the adaptive policy may pick, greedy and sampling, at startup: a round
-        # never waits on a capture. (Rounds that ask for logprobs capture on first use.)
-        for k in range(self.k_max, 0, -1):
-            for sampling in (False, True):
-                self.graphs.capture_all((k, sampling, False, 0, False))
+        # never waits on a capture. (Rounds that ask for logprobs capture on first use, and so do
+        # rounds with rows that may exit early where the exit rule is fixed depth, as in decode.)
+        run = self.runner
+        for fixed in (True, False):
+            if fixed and not run.fixed_steps:
+                continue
+            if not fixed and run.fixed_steps and run.exit_rule.mode == "fixed":
+                continue
+            for k in range(self.k_max, 0, -1):
+                for sampling in (False, True):
+                    self.graphs.capture_all((k, sampling, False, 0, False, fixed))
 
     # ---- host side ---------------------------------------------------------------------------
     def run_round(self, requests, num_drafts: list[int], trace_depths, k: int, want_lp: bool, num_top: int,
@@ -95,7 +102,9 @@ class SpeculativeRunner:
         if guided:
             starts = np.cumsum([0, *[x + 1 for x in num_drafts]])  # each request's first verify row
             verify_masks = lambda drafts: self._verify_masks(requests, num_drafts, starts, guided, guide, drafts)  # noqa: E731
-        res = run_bucketed(self.graphs, self.round_program, n, (k, sampling, want_lp, num_top, processed),
+        run = self.runner
+        fixed = run.fixed_steps and not any(run.slot_exits_early[r.slot] for r in requests)
+        res = run_bucketed(self.graphs, self.round_program, n, (k, sampling, want_lp, num_top, processed, fixed),
                            eager=bool(guided), verify_masks=verify_masks)
         return {key: value[:n] for key, value in res.items()}
 
@@ -127,8 +136,11 @@ class SpeculativeRunner:
 
     # ---- the round program -------------------------------------------------------------------
     def round_program(self, rows: int, k: int, sampling: bool, want_lp: bool, num_top: int,
-                      processed: bool = False, verify_masks=None) -> dict:
+                      processed: bool = False, fixed: bool = False, verify_masks=None) -> dict:
         """One speculative round over `rows` (bucket) rows with k drafts; inputs in `self.inp`.
+
+        fixed: no row may exit early (`ModelRunner.run_loops`' fixed path): drafts and verification
+        skip the exit rule before the model's last loop, and attention reads no key depths.
 
         processed: logit processing (`logit_processing.py`) applies to every draft and verify
         distribution, its counts including the round's earlier drafts; the committed tokens are
@@ -161,7 +173,7 @@ class SpeculativeRunner:
                 park_e = torch.zeros_like(park_h) if rs.e is not None else None
                 park_ex = rs.ex.empty_like(n_park)
             out = RowResults.empty(rows, rs.h, dev)
-            rs = run.run_loops(rs, 0, d, out)
+            rs = run.run_loops(rs, 0, d, out, fixed)
             live = torch.arange(rows, device=dev) < rs.active
             parked = torch.where(live, rs.row_id, torch.full_like(rs.row_id, -1))
             ops.scatter_rows(rs.h, parked, out.final, active_rows=None)
@@ -203,7 +215,7 @@ class SpeculativeRunner:
             v_slots, v_pos, vid, inp["trace"].index_select(0, flat), out_v.final.clone(),
             park_e.index_select(0, flat) if park_e is not None else None, park_ex.gather(flat), active,
         ).permute(torch.argsort((~alive).to(torch.int8), stable=True), alive.sum().to(torch.int32).reshape(1))
-        run.run_loops(rs, d, depth, out_v)
+        run.run_loops(rs, d, depth, out_v, fixed)
         raw_v = logits_v = run.head_logits(out_v, v_slots, v_pos, num_verify, cached=False)
         if processed:  # the token after draft vj follows drafts y_1..y_vj of its request
             words = run.token_mask.mask.index_select(0, v_idx)

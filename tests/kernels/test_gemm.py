@@ -218,17 +218,20 @@ def test_linear_config_fits_and_spreads(n, k, activation, dtype):
     (gemm.DECODE_ROWS, {"qkv": 5, "o": 5, "gate_up": 3, "down": 5})])
 def test_decode_tile_stages_at_ouro_shapes(rows, expected):
     """The pipeline depths the H200 sweeps chose for Ouro's bf16 weights (docs/perf/kernels.md):
-    the 16-row transposed tiles keep about 120 KB in flight, the 64-row ones about 160 KB (o keeps
-    its untransposed 16-column tile at 64 rows, as deep as shared memory allows)."""
+    the 16-row transposed tiles keep about 120 KB in flight, the 64-row ones about 160 KB. o splits
+    K in 4 ranges (a wave split: 128 transposed programs instead of 32), which keeps 64-row tiles at
+    64 rows."""
     shapes = {"qkv": (6144, 2048, None), "o": (2048, 2048, None), "gate_up": (11264, 2048, "swiglu"),
               "down": (2048, 5632, None)}
-    stages = {name: gemm.linear_config(n, k, torch.bfloat16, act, rows).num_stages for name, (n, k, act) in shapes.items()}
-    assert stages == expected
+    configs = {name: gemm.linear_config(n, k, torch.bfloat16, act, rows) for name, (n, k, act) in shapes.items()}
+    assert {name: cfg.num_stages for name, cfg in configs.items()} == expected
+    assert all(cfg.swap_ab for cfg in configs.values())
+    assert {name: cfg.split_k for name, cfg in configs.items()} == {"qkv": 1, "o": 4, "gate_up": 1, "down": 4}
 
 
 @pytest.mark.parametrize("rows,expected", [
     (1, {"qkv": (256, 3), "o": (256, 3), "gate_up": (128, 3), "down": (128, 4), "huginn proj": (128, 4)}),
-    (gemm.DECODE_ROWS, {"qkv": (256, 3), "o": (128, 5), "gate_up": (128, 3), "down": (128, 3), "huginn proj": (128, 3)})])
+    (gemm.DECODE_ROWS, {"qkv": (256, 3), "o": (256, 3), "gate_up": (128, 3), "down": (128, 3), "huginn proj": (128, 3)})])
 def test_fp8_decode_tiles_at_model_shapes(rows, expected):
     """FP8 weights' decode tiles (K step, stages) as the H200 sweep chose them (docs/perf/kernels.md),
     with the K ranges of the weight's plan unchanged: what keeps FP8 rows batch invariant."""
@@ -280,21 +283,27 @@ def test_linear_row_class_tiles(device, weight_dtype, rows, activation, n, k):
 
 @pytest.mark.parametrize("rows", [1, gemm.DECODE_ROWS + 1, gemm.PREFILL_ROWS + 1])
 @pytest.mark.parametrize("tma", [True, False])
-def test_split_ranges_add_in_range_order(device, rows, tma):
-    """A split weight's K ranges are added first to last whatever the tile (partials and
-    `_split_reduce_kernel`, or a prefill TMA tile adding them itself). Range sums of 2^24, 1, 1, 0
-    (each exact, so no dot order matters) give 2^24 in that order (2^24 + 1 rounds to even) and
-    2^24 + 2 in any order that adds the ones first; an fp32 output keeps the difference."""
-    n, k = 24, gemm.SPLIT_MIN_K
+@pytest.mark.parametrize("k", [gemm.SPLIT_MIN_K, 2048])  # a deep split, and a wave split (few columns)
+def test_split_ranges_add_in_range_order(device, rows, tma, k):
+    """A split weight's K ranges are summed each on its own, then added first to last, whatever
+    the tile (partials and `_split_reduce_kernel`, or a TMA tile adding them itself). Range sums
+    of 2^24, 1, 1, 0 (each exact, so no dot order matters) give 2^24 in that order (2^24 + 1 rounds
+    to even) and 2^24 + 2 in any order that adds the ones first; range sums of 2^24, 2 (two ones in
+    different K steps of range 1) give 2^24 + 2, which one running sum over all of K rounds to
+    2^24. An fp32 output keeps the differences."""
+    n = 24
     cfg = gemm.linear_config(n, k, torch.bfloat16, None, rows, tma=tma)
     starts = cfg.k_bounds(k)[:-1]
-    assert len(starts) == 4 and cfg.reduce_in_tile == (tma and rows > gemm.PREFILL_ROWS)
+    wave = k < gemm.SPLIT_MIN_K
+    assert len(starts) == 4 and cfg.reduce_in_tile == (tma and (rows > gemm.PREFILL_ROWS or (wave and rows > 1)))
     x = torch.ones((3, k), dtype=torch.bfloat16, device=device)
-    w = torch.zeros((n, k), dtype=torch.bfloat16, device=device)
-    for start, value in zip(starts, (2.0**24, 1.0, 1.0, 0.0)):
-        w[:, start] = value
-    out = gemm._launch(x, w, _poison((3, n), torch.float32, device), None, None, cfg)
-    assert torch.equal(out, torch.full_like(out, 2.0**24))
+    for entries, want in ((zip(starts, (2.0**24, 1.0, 1.0, 0.0)), 2.0**24),
+                          (((starts[0], 2.0**24), (starts[1], 1.0), (starts[1] + cfg.block_k, 1.0)), 2.0**24 + 2)):
+        w = torch.zeros((n, k), dtype=torch.bfloat16, device=device)
+        for at, value in entries:
+            w[:, at] = value
+        out = gemm._launch(x, w, _poison((3, n), torch.float32, device), None, None, cfg)
+        assert torch.equal(out, torch.full_like(out, want))
 
 
 @pytest.mark.parametrize("rows,expected", [
@@ -311,7 +320,9 @@ def test_tma_tiles_at_ouro_shapes(rows, expected):
     for name, (n, k, act) in shapes.items():
         cfg = gemm.linear_config(n, k, torch.bfloat16, act, rows)
         assert cfg.tma and cfg.split_k == gemm.linear_config(n, k, torch.bfloat16, act).split_k
-        assert cfg.reduce_in_tile == (rows > gemm.PREFILL_ROWS and cfg.split_k > 1)  # prefill down: no partials
+        assert cfg.split_k == (4 if name in ("o", "down") else 1)  # o: a wave split, down: a deep one
+        # Prefill rows add the ranges in the tile; middle rows too for o, whose split serves decode only.
+        assert cfg.reduce_in_tile == (cfg.split_k > 1 and (rows > gemm.PREFILL_ROWS or name == "o"))
         found[name] = (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages)
         fp8 = gemm.linear_config(n, k, torch.bfloat16, act, rows, FP8_DTYPE)
         assert fp8.tma == (rows > gemm.PREFILL_ROWS and act is None) and fp8.k_bounds(k) == cfg.k_bounds(k)
