@@ -144,7 +144,7 @@ SPLIT_MAX_COLUMNS = 4096
 # GEMV program streams its weight slice at about 40 GB/s whatever its tile, so 32 programs read o at a
 # third of the bandwidth (H200, o from HBM at M = 1: 6.4 -> 4.9 us; decode chain at batch 1 4.79 ->
 # 4.65 ms). These "wave splits" exist for decode only: every TMA launch of more rows adds the ranges
-# inside its tile (`_tma_ranges_in_order`: same range order, same bits), so it writes no partials;
+# inside its tile (`_tma_k_range` IN_RANGES: same range order, same bits), so it writes no partials;
 # that costs o 5-12% at 128-1024 rows and about 35% at 2048-4096 (27.2 -> 37.6 us at 2048).
 WAVE_SPLIT_MIN_STEPS = 4
 # Shared memory for the software pipeline (H100/H200 allow 227 KiB per CTA). Decode takes as many
@@ -472,13 +472,21 @@ def _linear_kernel(
 
 
 @triton.jit
-def _tma_k_range(x_desc, w_desc, row0, col0, n_out, k_lo, k_hi, SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr,
-                 WIDEN_INLINE: tl.constexpr, EXACT_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+def _tma_k_range(x_desc, w_desc, row0, col0, n_out, k_lo, k_hi, k_range, SWIGLU: tl.constexpr,
+                 HAS_SCALE: tl.constexpr, WIDEN_INLINE: tl.constexpr, EXACT_DOT: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                 IN_RANGES: tl.constexpr):
     """fp32 sums over K in [k_lo, k_hi) of the tile at (row0, col0), gate (and up with SWIGLU)
-    accumulators [BLOCK_M, BLOCK_N], fetched by TMA into a STAGES-deep pipeline."""
+    accumulators [BLOCK_M, BLOCK_N], fetched by TMA into a STAGES-deep pipeline. IN_RANGES: the
+    sums of each k_range-long range (ranges start at multiples of k_range) added in range order,
+    in the same one pipelined loop: each range accumulates from zero and joins the sum at its last
+    step. (One pipelined loop per range restarts the pipeline at every range: same bits, H200 o at
+    M = 256 10.6 against 7.8 us.)"""
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if IN_RANGES:
+        sum_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        sum_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
         a = x_desc.load([row0, k0])
         g = w_desc.load([col0, k0])
@@ -490,39 +498,16 @@ def _tma_k_range(x_desc, w_desc, row0, col0, n_out, k_lo, k_hi, SWIGLU: tl.const
             if HAS_SCALE:
                 u = widen_fp8(u, a, WIDEN_INLINE)
             acc_u = mma(a, tl.trans(u), acc_u, "tf32", EXACT_DOT)
+        if IN_RANGES:
+            if ((k0 + BLOCK_K) % k_range == 0) | (k0 + BLOCK_K >= k_hi):  # the range's last step
+                sum_g += acc_g
+                acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                if SWIGLU:
+                    sum_u += acc_u
+                    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if IN_RANGES:
+        return sum_g, sum_u
     return acc_g, acc_u
-
-
-@triton.jit
-def _tma_ranges_in_order(x_desc, w_desc, row0, col0, n_out, k, k_range, SWIGLU: tl.constexpr,
-                         HAS_SCALE: tl.constexpr, WIDEN_INLINE: tl.constexpr, EXACT_DOT: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
-    """The fp32 sums of every K range of the tile at (row0, col0) added in range order, in one
-    pipelined loop over all of K: each range accumulates from zero, as `_tma_k_range` would, and
-    joins the sum at its last step. (One pipelined loop per range restarts the pipeline at every
-    range: same bits, H200 o at M = 256 10.6 against 7.8 us.)"""
-    sum_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    sum_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in tl.range(0, k, BLOCK_K, num_stages=STAGES):
-        a = x_desc.load([row0, k0])
-        g = w_desc.load([col0, k0])
-        if HAS_SCALE:
-            g = widen_fp8(g, a, WIDEN_INLINE)
-        acc_g = mma(a, tl.trans(g), acc_g, "tf32", EXACT_DOT)
-        if SWIGLU:
-            u = w_desc.load([n_out + col0, k0])
-            if HAS_SCALE:
-                u = widen_fp8(u, a, WIDEN_INLINE)
-            acc_u = mma(a, tl.trans(u), acc_u, "tf32", EXACT_DOT)
-        if ((k0 + BLOCK_K) % k_range == 0) | (k0 + BLOCK_K >= k):  # the range's last step
-            sum_g += acc_g
-            acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            if SWIGLU:
-                sum_u += acc_u
-                acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    return sum_g, sum_u
 
 
 @triton.jit(do_not_specialize=["m"])
@@ -551,13 +536,13 @@ def _linear_tma_kernel(
     cols = col0 + tl.arange(0, BLOCK_N)
     io_mask = (rows[:, None] < live) & (cols[None, :] < n_out)
     if REDUCE_IN_TILE:
-        sum_g, sum_u = _tma_ranges_in_order(x_desc, w_desc, row0, col0, n_out, k, k_range, SWIGLU, HAS_SCALE,
-                                            WIDEN_INLINE, EXACT_DOT, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
+        sum_g, sum_u = _tma_k_range(x_desc, w_desc, row0, col0, n_out, 0, k, k_range, SWIGLU, HAS_SCALE,
+                                    WIDEN_INLINE, EXACT_DOT, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, True)
         _store_result(out_ptr, scale_ptr, rows, cols, n_out, stride_out, sum_g, sum_u, io_mask, SWIGLU, HAS_SCALE)
     else:
         k_lo, k_hi = _k_span(k, k_range, SPLIT_K)
-        acc_g, acc_u = _tma_k_range(x_desc, w_desc, row0, col0, n_out, k_lo, k_hi, SWIGLU, HAS_SCALE, WIDEN_INLINE,
-                                    EXACT_DOT, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
+        acc_g, acc_u = _tma_k_range(x_desc, w_desc, row0, col0, n_out, k_lo, k_hi, k_range, SWIGLU, HAS_SCALE,
+                                    WIDEN_INLINE, EXACT_DOT, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, False)
         _store_tile(out_ptr, ws_ptr, scale_ptr, rows, cols, m, n_out, stride_out, acc_g, acc_u, io_mask, SWIGLU,
                     HAS_SCALE, SPLIT_K)
 

@@ -202,11 +202,7 @@ class ModelRunner:
         # Steps whose rows all run every loop take the fixed-depth program (`run_loops`); compile mode
         # keeps one program per bucket (each variant is another compilation of the whole model).
         self.fixed_steps = self.forward_only_steps = self.prompt_only_prefills = mode != "compile"
-        for fixed in (True, False):
-            if fixed and not self.fixed_steps:
-                continue
-            if not fixed and self.fixed_steps and self.exit_rule.mode == "fixed":
-                continue  # rows leave early only under a loop cap below the depth: captured on first use
+        for fixed in self.startup_fixed_variants():
             self.graphs.capture_all((False, 0, False, fixed, False))
         self.prefill_graphs = DecodeGraphs(self.prefill_program, [self.pre_in["counts"]], token_sizes, mode=mode,
                                            static_tensors=static)
@@ -549,7 +545,7 @@ class ModelRunner:
         st.write("trace", np.asarray(trace, np.int32))
         st.write("num_rows", np.asarray([b], np.int32))
         st.upload()
-        fixed = self.fixed_steps and not any(self.slot_exits_early[r.slot] for r in rows)
+        fixed = self.takes_fixed_path(rows)
         # Compile mode would compile the whole model again for a forward-only variant: masks first there.
         masks_first = late_masks if not self.forward_only_steps else None
         if masks_first is not None:
@@ -628,6 +624,19 @@ class ModelRunner:
         return RowState(slots=slots, pos=pos, row_id=row_id, thr=self.slot_threshold[idx],
                         min_l=self.slot_min_loops[idx], max_l=self.slot_max_loops[idx], trace=trace, h=h, e=e, ex=ex,
                         active=active)
+
+    def takes_fixed_path(self, rows) -> bool:
+        """Whether a pass over `rows` (objects with a `.slot`) may take `run_loops`' fixed path:
+        fixed-path programs are on and none of the rows' requests may exit early."""
+        return self.fixed_steps and not any(self.slot_exits_early[r.slot] for r in rows)
+
+    def startup_fixed_variants(self) -> tuple:
+        """The `fixed` values whose step programs are captured at startup: the fixed path where it is
+        on, and the full path unless the exit rule is fixed depth (rows then leave early only under a
+        loop cap below the depth, and that variant is captured on first use)."""
+        if not self.fixed_steps:
+            return (False,)
+        return (True,) if self.exit_rule.mode == "fixed" else (True, False)
 
     def run_loops(self, rs: "RowState", t_begin: int, t_end: int, out: "RowResults", fixed: bool = False) -> "RowState":
         """Loops t_begin..t_end-1 with the exit rule after each; exited rows store their final state

@@ -60,13 +60,8 @@ class SpeculativeRunner:
                                    static_tensors=static)
         # Every draft count the adaptive policy may pick, greedy and sampling, at startup: a round
         # never waits on a capture. (Rounds that ask for logprobs capture on first use, and so do
-        # rounds with rows that may exit early where the exit rule is fixed depth, as in decode.)
-        run = self.runner
-        for fixed in (True, False):
-            if fixed and not run.fixed_steps:
-                continue
-            if not fixed and run.fixed_steps and run.exit_rule.mode == "fixed":
-                continue
+        # the variants decode captures on first use.)
+        for fixed in self.runner.startup_fixed_variants():
             for k in range(self.k_max, 0, -1):
                 for sampling in (False, True):
                     self.graphs.capture_all((k, sampling, False, 0, False, fixed))
@@ -102,8 +97,7 @@ class SpeculativeRunner:
         if guided:
             starts = np.cumsum([0, *[x + 1 for x in num_drafts]])  # each request's first verify row
             verify_masks = lambda drafts: self._verify_masks(requests, num_drafts, starts, guided, guide, drafts)  # noqa: E731
-        run = self.runner
-        fixed = run.fixed_steps and not any(run.slot_exits_early[r.slot] for r in requests)
+        fixed = self.runner.takes_fixed_path(requests)
         res = run_bucketed(self.graphs, self.round_program, n, (k, sampling, want_lp, num_top, processed, fixed),
                            eager=bool(guided), verify_masks=verify_masks)
         return {key: value[:n] for key, value in res.items()}
