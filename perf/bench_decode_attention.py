@@ -4,8 +4,8 @@
 
 Engine-shaped calls: Ouro-1.4B heads (16 x 128, MHA, bf16), 4 K/V planes, a key-depth table
 (every key at full depth, query at loop 3: the key-depth lookups run, every read lands in the
-query's plane), block size 16, block tables as wide as a 4K (or the
-case's) context, pages scattered at random. For each (batch, keys) case it times, in CUDA graphs:
+query's plane), block size 16, block tables as wide as Ouro's 64K context limit (as the engine's
+graphs capture them), pages scattered at random. For each (batch, keys) case it times, in CUDA graphs:
 
 * rlt's decode arithmetic (``decode_from=0``, what decode, speculative drafts and verification run)
   and the tile arithmetic (``decode_from=None``, prompt rows; what decode ran before);
@@ -35,6 +35,7 @@ from rlt_kernels import attention
 from rlt_kernels.attention import new_attention_workspace, paged_attention
 
 HEADS, HEAD_DIM, PLANES, BLOCK = 16, 128, 4, 16
+CONTEXT_LIMIT = 65536  # Ouro-1.4B's max_position_embeddings: the engine's block tables are this wide
 CASES = [(1, 192), (16, 192), (64, 192), (256, 192), (64, 1024), (256, 1024), (64, 4096), (16, 32768), (64, 32768)]
 
 
@@ -42,7 +43,7 @@ def engine_case(batch: int, keys: int, seed: int = 0) -> dict:
     """Inputs of one engine-shaped decode call (see the module docstring)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     per_seq = -(-keys // BLOCK)
-    width = max(per_seq, 4096 // BLOCK)
+    width = max(per_seq, CONTEXT_LIMIT // BLOCK)
     num_blocks = batch * per_seq  # every plane's table scatters the same blocks (only the query's plane is read)
     k = torch.randn(num_blocks, BLOCK, HEADS, HEAD_DIM, device="cuda", generator=gen).bfloat16()
     v = torch.randn(num_blocks, BLOCK, HEADS, HEAD_DIM, device="cuda", generator=gen).bfloat16()

@@ -16,6 +16,7 @@ step and of a prefill step.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import time
 
@@ -102,7 +103,34 @@ def _profiled(run_steps, steps: int, top: int) -> dict:
     kernels.sort(key=lambda k: -k["us_per_step"])
     busy_ms = sum(k["us_per_step"] for k in kernels) / 1e3
     return {"wall_ms_per_step": wall_ms, "kernel_ms_per_step": busy_ms,
-            "kernels_per_step": sum(k["calls_per_step"] for k in kernels), "top": kernels[:top]}
+            "kernels_per_step": sum(k["calls_per_step"] for k in kernels), "top": kernels[:top],
+            "marginal": _marginal(prof, steps, top)}
+
+
+def _marginal(prof, steps: int, top: int) -> dict:
+    """What each kernel adds to the device timeline, per step: with dependent launches a kernel starts
+    before its predecessor ends and waits, so its own duration overstates it. Device events in order
+    of their ends; each adds end - max(previous end, its start) (`us_per_step`), and an idle stretch
+    before a kernel that starts after the previous end is charged to that kernel (`idle_us_per_step`)."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    device = sorted((e["ts"] + e.get("dur", 0), e["ts"], e["name"][:90]) for e in events
+                    if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    by_name: dict = {}
+    prev_end = device[0][1] if device else 0.0
+    for end, start, name in device:
+        k = by_name.setdefault(name, {"kernel": name, "calls_per_step": 0.0, "us_per_step": 0.0, "idle_us_per_step": 0.0})
+        k["calls_per_step"] += 1 / steps
+        k["us_per_step"] += max(0.0, end - max(prev_end, start)) / steps
+        k["idle_us_per_step"] += max(0.0, start - prev_end) / steps
+        prev_end = max(prev_end, end)
+    ranked = sorted(by_name.values(), key=lambda k: -(k["us_per_step"] + k["idle_us_per_step"]))
+    span = (device[-1][0] - device[0][1]) / steps if device else 0.0
+    return {"span_us_per_step": span, "idle_us_per_step": sum(k["idle_us_per_step"] for k in ranked),
+            "top": ranked[: max(top, 30)]}
 
 
 def kernel_breakdown(llm, batch: int, steps: int = 8, top: int = 14) -> dict:

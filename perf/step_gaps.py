@@ -5,7 +5,7 @@
 Runs `batch` requests (prompt 128, output 128, greedy, ignore_eos) twice and records, per decode
 step, the wall time between `step()` returns, the engine's host and device times
 (`LLMEngine.timings`) and every garbage collection (generation, ms); then profiles six steady
-steps with torch.profiler (CPU + CUDA) and lists the GPU idle gaps over 50 µs with the CPU calls
+steps with torch.profiler (CPU + CUDA) and lists the GPU idle gaps over 50 µs (--min-gap-us) with the CPU calls
 spanning each. A step whose wall time exceeds its device time by more than a millisecond is
 host-bound there; `steps_over_device` lists them. The second run also profiles the engine's
 Python (cProfile) from the step where the first request finishes to the end: `finishing_profile`
@@ -98,6 +98,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="ouro-1.4b")
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--min-gap-us", type=float, default=50.0, help="list device idle gaps longer than this")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     llm, meta = engine(args.model, max_num_seqs=args.batch)
@@ -122,8 +123,8 @@ def main(argv=None) -> int:
         eng.step()
     trace = os.path.join(args.out, "trace.json")
     prof.export_chrome_trace(trace)
-    res["profile_idle_gaps"] = _idle_gaps(trace)
-    print("idle gaps over 50 us in six steady steps:", [(round(g["at_us"]), round(g["idle_us"])) for g in res["profile_idle_gaps"]])
+    res["profile_idle_gaps"] = _idle_gaps(trace, args.min_gap_us)
+    print(f"idle gaps over {args.min_gap_us:g} us in six steady steps:", [(round(g["at_us"]), round(g["idle_us"])) for g in res["profile_idle_gaps"]])
     with open(trace, "rb") as src, gzip.open(trace + ".gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
     os.remove(trace)

@@ -62,7 +62,9 @@ The Triton kernels (`paged_attention`)
     run in parallel programs that write fp32 partials to ``workspace`` and a combine kernel
     merges them in the same order with the same arithmetic (a tile whose keys fit one range
     writes its output directly), so the output bits are the same whether or not the launch
-    splits. Given ``range_counters`` (`new_range_counters`), a split decode launch needs no
+    splits. A split decode launch runs a few range programs per row (`_decode_range_programs`),
+    each taking every n-th range, so block tables as wide as a long context limit do not launch
+    a program per range. Given ``range_counters`` (`new_range_counters`), a split decode launch needs no
     combine kernel: the last range program of each row to finish merges the row itself. Size the workspace with `attention_workspace_size`;
     with ``out`` and a large enough ``workspace`` given the call allocates nothing (CUDA graph
     safe). Without a workspace the call allocates one when it decides to split. Results
@@ -571,9 +573,10 @@ def _decode_attention_kernel(
     limit = tl.maximum(position + 1, 0)  # keys this row sees
     n_ranges = (limit + split_size - 1) // split_size
     c_lo = tl.program_id(2)
-    c_hi = tl.where(partial != 0, tl.minimum(c_lo + 1, n_ranges), n_ranges)
     if (partial != 0) & (c_lo >= tl.maximum(n_ranges, 1)):
         return  # (range program 0 of a row that sees no key writes its zeros)
+    c_step = tl.where(partial != 0, tl.num_programs(2), 1)  # a split launch's program takes every c_step-th range
+    many = (partial != 0) & (n_ranges > 1)  # ranges go to the workspace, merged once all are there
 
     g = tl.arange(0, GP)
     head = kvh * GROUP + g
@@ -593,7 +596,8 @@ def _decode_attention_kernel(
     m_run = tl.full([GP], float("-inf"), tl.float32)
     l_run = tl.zeros([GP], tl.float32)
     acc_run = tl.zeros([GP, DP], tl.float32)
-    for c in range(c_lo, c_hi):
+    ws_mask = _dim_mask(g_ok, offs_d, HEAD_DIM, DP)
+    for c in range(c_lo, n_ranges, c_step):
         m_i = tl.full([GP, BLOCK_N], float("-inf"), tl.float32)
         l_i = tl.zeros([GP, BLOCK_N], tl.float32)
         acc = tl.zeros([GP, BLOCK_N, DP], tl.float32)
@@ -642,20 +646,24 @@ def _decode_attention_kernel(
         w = tl.exp2(m_i - m_c_ref[:, None])  # 0 for lanes that saw no key
         l_c = tl.sum(l_i * w, 1)
         acc_c = tl.sum(acc * w[:, :, None], 1)
-        m_run, l_run, acc_run = _merge(m_run, l_run, acc_run, m_c, l_c, acc_c)
+        if many:  # the range's own state (merged into an empty one, as the combine reads it)
+            m_p, l_p, acc_p = _merge(tl.full([GP], float("-inf"), tl.float32), tl.zeros([GP], tl.float32),
+                                     tl.zeros([GP, DP], tl.float32), m_c, l_c, acc_c)
+            idx = (token * n_heads + head) * n_splits_max + c
+            tl.store(ws_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], acc_p, mask=ws_mask)
+            tl.store(ws_ptr + ml_base + 2 * idx, m_p, mask=g_ok)
+            tl.store(ws_ptr + ml_base + 2 * idx + 1, l_p, mask=g_ok)
+        else:
+            m_run, l_run, acc_run = _merge(m_run, l_run, acc_run, m_c, l_c, acc_c)
 
-    if (partial != 0) & (n_ranges > 1):
-        idx = (token * n_heads + head) * n_splits_max + c_lo
-        ws_mask = _dim_mask(g_ok, offs_d, HEAD_DIM, DP)
-        tl.store(ws_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], acc_run, mask=ws_mask)
-        tl.store(ws_ptr + ml_base + 2 * idx, m_run, mask=g_ok)
-        tl.store(ws_ptr + ml_base + 2 * idx + 1, l_run, mask=g_ok)
+    if many:
         if MERGE_IN_PLACE:
             # Every thread's stores precede the count (barrier, then a release at GPU scope); the
             # last program's acquire orders its reads, which bypass L1 (".cg"), after all of them.
             tl.debug_barrier()
             counter = counters_ptr + token * tl.num_programs(1) + kvh
-            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == n_ranges - 1:
+            done = (n_ranges - c_lo + c_step - 1) // c_step  # ranges this program stored
+            if tl.atomic_add(counter, done, sem="acq_rel", scope="gpu") == n_ranges - done:
                 l_all, acc_all = _merge_ranges(ws_ptr, ml_base, (token * n_heads + head) * n_splits_max, n_ranges,
                                                g_ok, offs_d, io_mask, GP, HEAD_DIM, DP, ".cg")
                 _store_output(out_ptr, token + g * 0, head, stride_ot, stride_oh, offs_d, io_mask, l_all, acc_all,
@@ -738,11 +746,16 @@ DECODE_LANE_ELEMENTS = 16
 DECODE_WARPS = 4
 DECODE_STAGES = 1
 # Key tiles the decode kernel keeps in flight (loads issued ahead of the arithmetic; any value
-# gives the same bits): two where the launch has at most one program per SM, each program then
-# bound by load latency (H200, Ouro 16 x 128: batch 1 x 192 keys 10.2 -> 9.4 us, 1 x 4096 keys
+# gives the same bits): two where the launch has at most one (token, KV head) per SM, each program
+# then bound by load latency (H200, Ouro 16 x 128: batch 1 x 192 keys 10.2 -> 9.4 us, 1 x 4096 keys
 # 46.7 -> 35.6 us), one in fuller launches (batch 64 x 192: 39.2 us against 44.2 with two).
 DECODE_TILES_SMALL_LAUNCH = 2
 DECODE_TILES = 1
+# Programs per SM a split decode launch aims for (`_decode_range_programs`). H200, Ouro 16 x 128,
+# tables as wide as a 64K context (64 ranges), against a program per range: batch 16 x 192 keys
+# 18.0 -> 10.2 us, x 32K keys 1090 -> 1077 (one program per row, each row's ranges in series:
+# 1553); batch 1 x 192 keys 7.1 -> 6.4, x 4096 32.2 -> 23.2, x 32K 74 -> 82.
+DECODE_RANGE_PROGRAMS_PER_SM = 2
 # Largest workspace the call allocates by itself when it decides to split (no workspace given).
 AUTO_WORKSPACE_BYTES = 256 << 20
 # decode_from=None: no row takes the decode arithmetic.
@@ -819,6 +832,15 @@ def attention_workspace_size(num_tokens: int, num_heads: int, head_dim: int, max
     split = _check_split_size(split_size)
     num_ranges = -(-max_context_len // split)
     return num_tokens * num_heads * num_ranges * (head_dim + 2)
+
+
+def _decode_range_programs(rows: int, num_ranges: int, device: torch.device) -> int:
+    """Range programs per (token, KV head) of a split decode launch: enough for
+    DECODE_RANGE_PROGRAMS_PER_SM programs per SM, at most one per key range. A program takes every
+    n-th range, so a table as wide as the context limit does not launch a program per range when
+    the rows' keys fill a few (which program computes a range never changes its bits)."""
+    want = -(-int(DECODE_RANGE_PROGRAMS_PER_SM * _sm_count(device)) // rows)
+    return max(1, min(num_ranges, want))
 
 
 # Decode launches split their keys only while (tokens x KV heads) is below
@@ -977,10 +999,12 @@ def paged_attention(
             workspace = torch.empty(needed, dtype=torch.float32, device=q.device)
         ws = workspace if workspace is not None else torch.empty(0, dtype=torch.float32, device=q.device)
         grid = (programs, kvh, num_ranges if split_launch else 1)
+        if kernel is _decode_attention_kernel and split_launch:
+            grid = (programs, kvh, _decode_range_programs(programs * kvh, num_ranges, q.device))
         pdl = pdl_launch(out, grid[0] * grid[1] * grid[2])
         merge_in_place = False
         if kernel is _decode_attention_kernel:
-            small = grid[0] * grid[1] * grid[2] <= _sm_count(q.device)
+            small = grid[0] * grid[1] <= _sm_count(q.device)  # at most one row's program per SM
             merge_in_place = split_launch and range_counters is not None and range_counters.numel() >= programs * kvh
             extra = dict(TILES=DECODE_TILES_SMALL_LAUNCH if small else DECODE_TILES, MERGE_IN_PLACE=merge_in_place,
                          counters_ptr=range_counters if merge_in_place else ws)

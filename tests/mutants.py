@@ -239,8 +239,8 @@ MUTANTS = (
     ),
     Mutant(
         "range-merge-before-the-last-range", "rlt_kernels/attention.py",
-        'if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == n_ranges - 1:',
-        'if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == n_ranges - 2:',
+        'if tl.atomic_add(counter, done, sem="acq_rel", scope="gpu") == n_ranges - done:',
+        'if tl.atomic_add(counter, done, sem="acq_rel", scope="gpu") == n_ranges - done - 1:',
         ("tests/kernels/test_attention.py::test_decode_ranges_merged_in_place",),
         "a split decode row is merged by its next-to-last range program, before the last range's partial is stored",
     ),
@@ -321,6 +321,20 @@ MUTANTS = (
         "return True",
         ("tests/kernels/test_sm90_codegen.py::test_alignment_hint_only_where_every_key_row_is_aligned",),
         "the attention kernels are told every key row is 16-element aligned when it is not (wrong vector loads on a GPU)",
+    ),
+    Mutant(
+        "decode-range-program-takes-one-range", "rlt_kernels/attention.py",
+        "c_step = tl.where(partial != 0, tl.num_programs(2), 1)  # a split launch's program takes every c_step-th range",
+        "c_step = tl.where(partial != 0, n_ranges, 1)  # a split launch's program takes every c_step-th range",
+        ("tests/kernels/test_attention.py::test_decode_range_programs_keep_bits",),
+        "a split decode launch with fewer range programs than key ranges computes only each program's first range",
+    ),
+    Mutant(
+        "every-loop-writes-plane-zero", "rlt_runtime/executor/forward_batch.py",
+        "slots = self._plane_slots()[spec.write_plane]",
+        "slots = self._plane_slots()[0]",
+        ("tests/runtime/test_engine_reference.py::test_ouro_layouts_and_exit_modes[ouro-0.55-last_exited]",),
+        "the slot mappings of every plane, computed in one pass, hand every loop the first plane's slots",
     ),
     Mutant(
         "keyless-decode-row-unwritten", "rlt_kernels/attention.py",

@@ -86,15 +86,22 @@ class ForwardBatch:
         cached = self._slots.get(key)
         if cached is not None:
             return cached
-        bs = self.kv.block_size
-        pos = self.positions
-        blocks = self.kv.block_tables[spec.write_plane, self.token_slots.long(), torch.div(pos, bs, rounding_mode="floor")]
-        slots = blocks.long() * bs + pos % bs
-        slots = torch.where(blocks >= 0, slots, torch.full_like(slots, -1))
+        slots = self._plane_slots()[spec.write_plane]
         if self.depth_limit is not None:
-            slots = torch.where(self.depth_limit > spec.query_depth, slots, torch.full_like(slots, -1))
+            slots = torch.where(self.depth_limit > spec.query_depth, slots, -1)
         self._slots[key] = slots
         return slots
+
+    def _plane_slots(self) -> torch.Tensor:
+        """int64 [planes, M]: every token's cache slot in every plane (-1 where no block is
+        allocated), computed once per pass (a step's loops write different planes)."""
+        every = self._slots.get("planes")
+        if every is None:
+            bs = self.kv.block_size
+            pos = self.positions
+            blocks = self.kv.block_tables[:, self.token_slots.long(), torch.div(pos, bs, rounding_mode="floor")]
+            every = self._slots["planes"] = torch.where(blocks >= 0, blocks.long() * bs + pos % bs, -1)
+        return every
 
     def attend(self, cache_layer: int, q, k, v, spec: PlaneSpec, *, q_bias=None, k_bias=None) -> torch.Tensor:
         """Rotate q/k, write k/v to the cache, attend. q [M, H, D], k/v [M, KVH, D] -> [M, H*D]."""

@@ -364,7 +364,7 @@ class ModelRunner:
                     pad = [0, 0] * (t.dim() - 2) + [0, width - t.shape[1]]
                     t = torch.nn.functional.pad(t, pad, value=-1 if name == "tokens" else 0)
                 pieces.append(t)
-            dev = torch.cat(pieces)
+            dev = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
             buf = torch.empty(dev.shape, dtype=dev.dtype, pin_memory=self.device.type == "cuda")
             buf.copy_(dev, non_blocking=True)
             host[name] = buf
@@ -571,9 +571,10 @@ class ModelRunner:
         active = self.dec_in["num_rows"]
         idx = slots.long()
         pos = self.slot_pos.index_select(0, idx)
-        rs = self.start_rows(self.slot_token.index_select(0, idx), slots, pos, self.dec_in["trace"][:b], active)
+        batch = self._decode_batch(pos, slots, active, key_depth_reads=not fixed)
+        rs = self.start_rows(self.slot_token.index_select(0, idx), slots, pos, self.dec_in["trace"][:b], active, batch)
         out = RowResults.empty(b, rs.h, self.device)
-        self.run_loops(rs, 0, self.depth, out, fixed)
+        self.run_loops(rs, 0, self.depth, out, fixed, batch)
         logits = self.head_logits(out, slots, pos, active)
         if late:
             return {"logits": logits, "depths": out.depth}
@@ -605,12 +606,13 @@ class ModelRunner:
         if positions is not None:
             self.ops.scatter_rows(positions, live, self.slot_pos, active_rows=None)
 
-    def start_rows(self, tokens, slots, pos, trace, active) -> "RowState":
+    def start_rows(self, tokens, slots, pos, trace, active, batch: Optional[ForwardBatch] = None) -> "RowState":
         """Start the rows' loops from their tokens (the model's `start`: Huginn's prelude and
-        initial state from the slots' noise keys) and mark them running."""
+        initial state from the slots' noise keys) and mark them running. batch: the rows'
+        ForwardBatch when the caller has one (its slot mappings are then computed once)."""
         idx = slots.long()
         b = tokens.shape[0]
-        batch = self._decode_batch(pos, slots, active)
+        batch = batch or self._decode_batch(pos, slots, active)
         self._set_key_depth(batch, torch.full((b,), self.depth - 1, dtype=torch.int32, device=self.device))
         keys = self.slot_key.index_select(0, idx) if self.model.random_initial_state else None
         h, e = self.model.start(tokens, batch, keys)
@@ -638,28 +640,34 @@ class ModelRunner:
             return (False,)
         return (True,) if self.exit_rule.mode == "fixed" else (True, False)
 
-    def run_loops(self, rs: "RowState", t_begin: int, t_end: int, out: "RowResults", fixed: bool = False) -> "RowState":
+    def run_loops(self, rs: "RowState", t_begin: int, t_end: int, out: "RowResults", fixed: bool = False,
+                  batch: Optional[ForwardBatch] = None) -> "RowState":
         """Loops t_begin..t_end-1 with the exit rule after each; exited rows store their final state
         and depth in `out` (by row id) and are compacted out so they cost no more compute. At the
         model's last loop every live row exits. Returns the rows still running.
 
         fixed: the caller knows no row can leave before the last loop (`ExitRule.may_exit_early`),
-        so the rule and the compaction run only there: the rows' order, states and results are
-        those of the full path, which would keep every row until then (and the loops share one
-        ForwardBatch, with its slot mappings). Nor did any earlier token of those rows' requests
-        leave early (the rule is a request's for its whole life), so attention reads no key depths."""
+        so the rule does not run and rows are compacted only there: the rows' order, states and
+        results are those of the full path, which would keep every row until then (and the loops
+        share one ForwardBatch, with its slot mappings; `batch` when given, built with
+        key_depth_reads=False). Nor did any earlier token of those rows' requests leave early (the
+        rule is a request's for its whole life), so attention reads no key depths. A rule that may
+        not exit early never hands back head logits (only Huginn's logit criteria do, and they may)."""
         d = self.device
         b = rs.h.shape[0]
-        batch = None
+        batch = batch if fixed else None
         for t in range(t_begin, t_end):
             if batch is None or not fixed:
                 batch = self._decode_batch(rs.pos, rs.slots, rs.active, key_depth_reads=not fixed)
             rs.h = self.model.loop(rs.h, rs.e, batch, t)
             if fixed and t < self.depth - 1:
                 continue
-            exit_now, logits_t = self.model.exit_decision(self.exit_rule, t, rs.h, batch, rs)
             live = torch.arange(b, device=d) < rs.active
-            exit_now = (exit_now | (t == self.depth - 1)) & live
+            if fixed:  # every row leaves at the last loop, whatever the rule would say
+                exit_now, logits_t = live, None
+            else:
+                exit_now, logits_t = self.model.exit_decision(self.exit_rule, t, rs.h, batch, rs)
+                exit_now = (exit_now | (t == self.depth - 1)) & live
             gone = torch.where(exit_now, rs.row_id, torch.full_like(rs.row_id, -1))
             self.ops.scatter_rows(rs.h, gone, out.final, active_rows=None)
             if logits_t is not None:

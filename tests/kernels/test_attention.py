@@ -469,6 +469,38 @@ def test_decode_ranges_merged_in_place(device, monkeypatch):
     assert torch.equal(merged[len(contexts)], torch.zeros_like(merged[0]))  # the row that sees no key
 
 
+@pytest.mark.parametrize("range_programs", [1, 2, 3, 64])
+def test_decode_range_programs_keep_bits(device, monkeypatch, range_programs):
+    """A split decode launch runs fewer range programs than key ranges (each takes every n-th
+    range of its row): the unsplit bits for any count, with the combine kernel or merged in
+    place, rows of one range, a range boundary and several ranges, call after call."""
+    contexts = [(1, n) for n in (1, 63, 64, 65, 130, 200, 260)]
+    b = make_batch(contexts, heads=2, kv_heads=2, head_dim=64, dtype=torch.float32, device=device, seed=9)
+    monkeypatch.setattr(attn, "_should_split", lambda *a: False)
+    unsplit = run_kernel(b, decode_from=0, split_size=64)
+    monkeypatch.setattr(attn, "_should_split", lambda *a: True)
+    monkeypatch.setattr(attn, "_decode_range_programs", lambda rows, num_ranges, dev: min(num_ranges, range_programs))
+    assert_same_bits(run_kernel(b, decode_from=0, split_size=64), unsplit)
+    counters = new_range_counters(device)
+    for _ in range(2):
+        assert_same_bits(run_kernel(b, decode_from=0, split_size=64, range_counters=counters), unsplit)
+        assert not counters.any()
+    check_against_oracle(unsplit, b, torch.float32)
+
+
+def test_decode_range_programs_rule(monkeypatch):
+    """Enough range programs for DECODE_RANGE_PROGRAMS_PER_SM per SM, never more than the ranges."""
+    monkeypatch.setattr(attn, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(attn, "DECODE_RANGE_PROGRAMS_PER_SM", 2)
+    cpu = torch.device("cpu")
+    assert attn._decode_range_programs(16, 64, cpu) == 17  # batch 1, 16 heads, a 64K-key table
+    assert attn._decode_range_programs(16, 4, cpu) == 4
+    assert attn._decode_range_programs(256, 64, cpu) == 2  # batch 16
+    assert attn._decode_range_programs(1024, 64, cpu) == 1
+    monkeypatch.setattr(attn, "DECODE_RANGE_PROGRAMS_PER_SM", 1)
+    assert attn._decode_range_programs(16, 64, cpu) == 9
+
+
 @pytest.mark.parametrize("split_size", [64, 1024])
 def test_decode_tiles_in_flight_keep_bits(device, monkeypatch, split_size):
     """The decode kernel's bits do not depend on how many key tiles it keeps in flight: contexts

@@ -1,5 +1,5 @@
 """Decode steps whose rows all run every loop (exit_threshold 1 and no loop cap below the depth,
-or Huginn's fixed mode) skip the exit rule and the row compaction before the last loop
+or Huginn's fixed mode) skip the exit rule, and the row compaction before the last loop
 (`ModelRunner.run_loops(fixed=True)`): the same tokens, exit depths and log-probabilities as the
 full path, in batches that mix such rows with rows that exit early."""
 
@@ -51,8 +51,8 @@ def test_fixed_depth_steps_match_the_full_path(model):
         full, calls_full = _run(full_llm, params, False)
         assert fast == full
         assert some_leave_early == any(d < depth for _, depths, _ in full for d in depths[1:])  # the test can tell
-        if not some_leave_early:  # the rule ran only at the last loop of each decode step
-            assert set(calls_fast) == {depth - 1} and len(calls_full) == depth * len(calls_fast)
+        if not some_leave_early:  # the rule never ran (its answer at the last loop is known), the full path's did
+            assert not calls_fast and len(calls_full) >= depth * 9
 
 
 def test_which_rows_may_exit_early():
