@@ -681,6 +681,12 @@ def test_gpu_split_matches_unsplit_bitwise(monkeypatch):
         for _ in range(3):
             assert_same_bits(run_kernel(b, decode_from=decode, range_counters=counters), unsplit)
         assert not counters.any()
+        if decode == 0:  # range programs that take several of a row's 20 ranges each
+            for programs in (1, 3):
+                monkeypatch.setattr(attn, "_decode_range_programs", lambda rows, n, dev, p=programs: min(n, p))
+                assert_same_bits(run_kernel(b, decode_from=0), unsplit)
+                assert_same_bits(run_kernel(b, decode_from=0, range_counters=counters), unsplit)
+                assert not counters.any()
         monkeypatch.undo()
         assert_same_bits(run_kernel(b, decode_from=decode), unsplit)  # whatever the real rule picks
         if decode == 0:  # the other tile depths
