@@ -108,19 +108,27 @@ def _profiled(run_steps, steps: int, top: int) -> dict:
 
 
 def _marginal(prof, steps: int, top: int) -> dict:
-    """What each kernel adds to the device timeline, per step: with dependent launches a kernel starts
-    before its predecessor ends and waits, so its own duration overstates it. Device events in order
-    of their ends; each adds end - max(previous end, its start) (`us_per_step`), and an idle stretch
-    before a kernel that starts after the previous end is charged to that kernel (`idle_us_per_step`)."""
+    """`marginal_times` of a torch.profiler run's device events."""
     import tempfile
 
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        events = json.load(open(f.name))["traceEvents"]
+        with open(f.name) as trace:
+            return marginal_times(json.load(trace)["traceEvents"], steps, top)
+
+
+def marginal_times(events: list, steps: int, top: int) -> dict:
+    """What each kernel adds to the device timeline, per step: with dependent launches a kernel starts
+    before its predecessor ends and waits, so its own duration overstates it. Device events (chrome
+    trace "X" events of kernels, copies and sets; µs) in order of their ends, which on one stream is
+    their launch order; each adds end - max(previous end, its start) (`us_per_step`), and an idle
+    stretch before a kernel that starts after the previous end is charged to that kernel
+    (`idle_us_per_step`). The additions and idle stretches sum to the span."""
     device = sorted((e["ts"] + e.get("dur", 0), e["ts"], e["name"][:90]) for e in events
                     if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
     by_name: dict = {}
-    prev_end = device[0][1] if device else 0.0
+    first = min((start for _, start, _ in device), default=0.0)
+    prev_end = first
     for end, start, name in device:
         k = by_name.setdefault(name, {"kernel": name, "calls_per_step": 0.0, "us_per_step": 0.0, "idle_us_per_step": 0.0})
         k["calls_per_step"] += 1 / steps
@@ -128,7 +136,7 @@ def _marginal(prof, steps: int, top: int) -> dict:
         k["idle_us_per_step"] += max(0.0, start - prev_end) / steps
         prev_end = max(prev_end, end)
     ranked = sorted(by_name.values(), key=lambda k: -(k["us_per_step"] + k["idle_us_per_step"]))
-    span = (device[-1][0] - device[0][1]) / steps if device else 0.0
+    span = (device[-1][0] - first) / steps if device else 0.0
     return {"span_us_per_step": span, "idle_us_per_step": sum(k["idle_us_per_step"] for k in ranked),
             "top": ranked[: max(top, 30)]}
 
