@@ -601,10 +601,9 @@ class ModelRunner:
     def store_next(self, idx, active, tokens, positions=None) -> None:
         """Write rows' next input token (and its position) into the slot pools of slots `idx`
         (int64 [B]); rows at or past the live count `active` ([1] int32) write nothing."""
-        live = torch.where(torch.arange(idx.shape[0], device=self.device) < active, idx, torch.full_like(idx, -1))
-        self.ops.scatter_rows(tokens, live, self.slot_token, active_rows=None)
+        self.ops.scatter_rows(tokens, idx, self.slot_token, active_rows=active)
         if positions is not None:
-            self.ops.scatter_rows(positions, live, self.slot_pos, active_rows=None)
+            self.ops.scatter_rows(positions, idx, self.slot_pos, active_rows=active)
 
     def start_rows(self, tokens, slots, pos, trace, active, batch: Optional[ForwardBatch] = None) -> "RowState":
         """Start the rows' loops from their tokens (the model's `start`: Huginn's prelude and
