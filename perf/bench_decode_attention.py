@@ -1,11 +1,12 @@
 """Decode attention as the engine runs it, against the roofline and library kernels, in one run.
 
-    python -m perf.bench_decode_attention --out out/decode_attention [--sweep]
+    python -m perf.bench_decode_attention --out out/decode_attention [--sweep] [--context-limits 4096,65536]
 
 Engine-shaped calls: Ouro-1.4B heads (16 x 128, MHA, bf16), 4 K/V planes, a key-depth table
 (every key at full depth, query at loop 3: the key-depth lookups run, every read lands in the
 query's plane), block size 16, block tables as wide as Ouro's 64K context limit (as the engine's
-graphs capture them), pages scattered at random. For each (batch, keys) case it times, in CUDA graphs:
+graphs capture them; `--context-limits` times every case with tables of other widths too, in the
+same run), pages scattered at random. For each (batch, keys) case it times, in CUDA graphs:
 
 * rlt's decode arithmetic (``decode_from=0``, what decode, speculative drafts and verification run)
   and the tile arithmetic (``decode_from=None``, prompt rows; what decode ran before);
@@ -39,11 +40,12 @@ CONTEXT_LIMIT = 65536  # Ouro-1.4B's max_position_embeddings: the engine's block
 CASES = [(1, 192), (16, 192), (64, 192), (256, 192), (64, 1024), (256, 1024), (64, 4096), (16, 32768), (64, 32768)]
 
 
-def engine_case(batch: int, keys: int, seed: int = 0) -> dict:
-    """Inputs of one engine-shaped decode call (see the module docstring)."""
+def engine_case(batch: int, keys: int, seed: int = 0, context_limit: int = CONTEXT_LIMIT) -> dict:
+    """Inputs of one engine-shaped decode call (see the module docstring); block tables cover
+    `context_limit` keys."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     per_seq = -(-keys // BLOCK)
-    width = max(per_seq, CONTEXT_LIMIT // BLOCK)
+    width = max(per_seq, context_limit // BLOCK)
     num_blocks = batch * per_seq  # every plane's table scatters the same blocks (only the query's plane is read)
     k = torch.randn(num_blocks, BLOCK, HEADS, HEAD_DIM, device="cuda", generator=gen).bfloat16()
     v = torch.randn(num_blocks, BLOCK, HEADS, HEAD_DIM, device="cuda", generator=gen).bfloat16()
@@ -131,10 +133,10 @@ def cudnn_paged(c: dict, keys: int):
         return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
-def measure_case(batch: int, keys: int, roof: dict) -> dict:
+def measure_case(batch: int, keys: int, roof: dict, context_limit: int = CONTEXT_LIMIT) -> dict:
     from torch.nn.attention import SDPBackend
 
-    c = engine_case(batch, keys)
+    c = engine_case(batch, keys, context_limit=context_limit)
     nbytes = kv_bytes(batch, keys)
     gbps = lambda ms: nbytes / (ms * 1e-3) / 1e9 if ms else None  # noqa: E731
     frac = lambda ms: gbps(ms) / roof["copy_gbps"] if ms else None  # noqa: E731
@@ -144,7 +146,7 @@ def measure_case(batch: int, keys: int, roof: dict) -> dict:
     k, v = dense_kv(c, keys)
     q4 = c["q"].view(batch, HEADS, 1, HEAD_DIM)
     ref = F.scaled_dot_product_attention(q4.float(), k.float(), v.float()).view(batch, HEADS, HEAD_DIM)
-    row = {"batch": batch, "keys": keys, "kv_mb": nbytes / 1e6,
+    row = {"batch": batch, "keys": keys, "context_limit": context_limit, "kv_mb": nbytes / 1e6,
            "decode_us": decode_ms * 1e3, "decode_gbps": gbps(decode_ms), "decode_frac": frac(decode_ms),
            "decode_max_err": (out_d.float() - ref).abs().max().item(),
            "tile_us": tile_ms * 1e3, "tile_frac": frac(tile_ms), "tile_max_err": (out_t.float() - ref).abs().max().item()}
@@ -202,10 +204,11 @@ def markdown(res: dict) -> str:
     us = lambda x: f"{x:.1f}" if x else "-"  # noqa: E731
     lines = [f"{res['date']}, {roof['gpu']}, torch {roof['torch']}, Triton {roof['triton']}; copy "
              f"{roof['copy_gbps']:.0f} GB/s. µs per call (share of the copy bandwidth reading K/V once).", "",
-             "| batch | keys | K/V MB | rlt decode | rlt tile (prompt rows) | SDPA cuDNN, dense | SDPA FA2, dense | cuDNN paged |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| tables cover | batch | keys | K/V MB | rlt decode | rlt tile (prompt rows) | SDPA cuDNN, dense | SDPA FA2, dense | cuDNN paged |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in res["cases"]:
-        lines.append(f"| {r['batch']} | {r['keys']} | {r['kv_mb']:.1f} | {us(r['decode_us'])} ({pct(r['decode_frac'])}) | "
+        lines.append(f"| {r.get('context_limit', CONTEXT_LIMIT)} | {r['batch']} | {r['keys']} | {r['kv_mb']:.1f} | "
+                     f"{us(r['decode_us'])} ({pct(r['decode_frac'])}) | "
                      f"{us(r['tile_us'])} ({pct(r['tile_frac'])}) | {us(r['sdpa_cudnn_us'])} ({pct(r['sdpa_cudnn_frac'])}) | "
                      f"{us(r['sdpa_flash_us'])} ({pct(r['sdpa_flash_frac'])}) | "
                      f"{us(r.get('cudnn_paged_us'))} ({pct(r.get('cudnn_paged_frac'))}) |")
@@ -216,6 +219,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--context-limits", default=str(CONTEXT_LIMIT),
+                    help="comma-separated keys the block tables cover, each a table of every case (e.g. 4096,65536)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     roof = measure()
@@ -226,10 +231,11 @@ def main() -> None:
         res["cudnn"] = {"frontend": getattr(cudnn, "__version__", "?"), "backend": cudnn.backend_version()}
     except ImportError:
         res["cudnn"] = None
-    for batch, keys in CASES:
-        res["cases"].append(measure_case(batch, keys, roof))
-        print(json.dumps(res["cases"][-1]), flush=True)
-        torch.cuda.empty_cache()
+    for limit in (int(x) for x in args.context_limits.split(",")):
+        for batch, keys in CASES:
+            res["cases"].append(measure_case(batch, keys, roof, limit))
+            print(json.dumps(res["cases"][-1]), flush=True)
+            torch.cuda.empty_cache()
     if args.sweep:
         res["sweep"] = sweep(roof)
     with open(os.path.join(args.out, "decode_attention.json"), "w") as f:

@@ -60,9 +60,11 @@ for part in $parts; do
              RLT_ATTN_SWEEP=1 timeout "$PART_TIMEOUT" python3 -m pytest perf/test_bench_attention.py -q -s -p no:cacheprovider \
                -k sweep --benchmark-json="$WORK/attn_sweep.json" > "$WORK/attn_sweep.log" 2>&1
              grep -E "^(decode|prefill)|passed|failed|Error" "$WORK/attn_sweep.log" ;;
-    decode-attn)  # Decode attention at engine shapes beside cuDNN/FA2 SDPA and cuDNN's paged SDPA (RLT_DECODE_SWEEP=1: geometry sweep).
+    decode-attn)  # Decode attention at engine shapes beside cuDNN/FA2 SDPA and cuDNN's paged SDPA (RLT_DECODE_SWEEP=1: geometry
+                  # sweep; RLT_DECODE_LIMITS=4096,65536: every case with tables of each width).
              timeout "$PART_TIMEOUT" python3 -m perf.bench_decode_attention --out "$WORK" ${RLT_DECODE_SWEEP:+--sweep} \
-               > "$WORK/decode_attention.log" 2>&1; tail -n 14 "$WORK/decode_attention.log" ;;
+               ${RLT_DECODE_LIMITS:+--context-limits "$RLT_DECODE_LIMITS"} \
+               > "$WORK/decode_attention.log" 2>&1; tail -n 24 "$WORK/decode_attention.log" ;;
     chain)   # A decode step's layer-loops as one graph, launch variants against the weight floor (perf/bench_decode_chain.py).
              timeout "$PART_TIMEOUT" python3 -m perf.bench_decode_chain --out "$WORK/chain" ${RLT_CHAIN_ARGS:-} > "$WORK/chain.log" 2>&1
              grep "^batch" "$WORK/chain.log" ;;

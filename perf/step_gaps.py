@@ -1,6 +1,6 @@
 """Where a decode run loses time between device work (GPU).
 
-    python -m perf.step_gaps --out out/gaps [--model ouro-1.4b] [--batch 256]
+    python -m perf.step_gaps --out out/gaps [--model ouro-1.4b] [--batch 256] [--early-exit]
 
 Runs `batch` requests (prompt 128, output 128, greedy, ignore_eos) twice and records, per decode
 step, the wall time between `step()` returns, the engine's host and device times
@@ -29,13 +29,21 @@ import torch
 
 from perf.bench_engine import engine
 from rlt_runtime import SamplingParams
-from rlt_runtime.entrypoints.bench_offline import random_prompts
+from rlt_runtime.entrypoints.bench_offline import random_prompts, row_trace_ids, uniform_trace
+from rlt_runtime.models.presets import preset_config
 
 
-def _decode_series(eng, batch: int, seed: int, profile_finishing: bool = False) -> dict:
-    params = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
+def _add_requests(eng, prefix: str, batch: int, max_tokens: int, seed: int, early_exit: bool) -> None:
+    """`batch` greedy requests (prompt 128, ignore_eos); with early_exit each replays its row's
+    entry of the exit trace."""
+    traces = row_trace_ids(batch) if early_exit else [None] * batch
     for i, p in enumerate(random_prompts(batch, 128, eng.model_config.vocab_size, seed=seed)):
-        eng.add_request(f"gaps{seed}-{i}", p, params)
+        eng.add_request(f"{prefix}-{i}", p, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True,
+                                                           trace_id=traces[i]))
+
+
+def _decode_series(eng, batch: int, seed: int, profile_finishing: bool = False, early_exit: bool = False) -> dict:
+    _add_requests(eng, f"gaps{seed}", batch, 128, seed, early_exit)
     first = {}
     while len(first) < batch or not all(first.values()):
         for o in eng.step():
@@ -99,18 +107,24 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="ouro-1.4b")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--min-gap-us", type=float, default=50.0, help="list device idle gaps longer than this")
+    ap.add_argument("--early-exit", action="store_true",
+                    help="replay decode depths drawn uniformly from 1..depth (exit_mode trace), as perf.bench_engine's early exit")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    llm, meta = engine(args.model, max_num_seqs=args.batch)
+    options = {}
+    if args.early_exit:
+        depth = preset_config(args.model).num_loops
+        options = dict(exit_mode="trace", exit_trace=uniform_trace(row_trace_ids(args.batch), depth, 128))
+    llm, meta = engine(args.model, max_num_seqs=args.batch, **options)
     eng = llm.engine
-    res = {"meta": meta, "runs": [_decode_series(eng, args.batch, seed, profile_finishing=seed == 1) for seed in range(2)]}
+    res = {"meta": meta, "early_exit": args.early_exit,
+           "runs": [_decode_series(eng, args.batch, seed, profile_finishing=seed == 1, early_exit=args.early_exit)
+                    for seed in range(2)]}
     for r in res["runs"]:
         print(f"wall {r['wall_total_ms']:.0f} ms, device {r['device_total_ms']:.0f} ms, collections over 1 ms:",
               [c for c in r["collections"] if c["ms"] > 1], "steps over device:", len(r["steps_over_device"]), flush=True)
     print(res["runs"][1].get("finishing_profile", ""), flush=True)
-    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
-    for i, p in enumerate(random_prompts(args.batch, 128, eng.model_config.vocab_size, seed=9)):
-        eng.add_request(f"gaps-profile-{i}", p, params)
+    _add_requests(eng, "gaps-profile", args.batch, 40, 9, args.early_exit)
     for _ in range(20):  # prefill, then steady decode
         eng.step()
     torch.cuda.synchronize()
