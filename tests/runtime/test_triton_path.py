@@ -30,22 +30,3 @@ def test_triton_kernels_match_torch_references_end_to_end(model, options, temper
         outs.append([(o.outputs[0].token_ids, o.outputs[0].exit_depths) for o in llm.generate(PROMPTS, params, use_tqdm=False)])
     assert outs[0] == outs[1]
 
-
-def test_split_decode_attention_in_the_engine(monkeypatch):
-    """Decode steps whose attention splits the keys into several ranges, with one range program
-    per row taking them all (the last to finish merges in place), give the tokens, depths and
-    log-probabilities of the same engine whose attention never splits. 64-key ranges, so the
-    prompts of 62 and 70 tokens reach a second range while they decode."""
-    import rlt_kernels.attention as attn
-
-    monkeypatch.setattr(attn, "DEFAULT_SPLIT_SIZE", 64)
-    prompts = [[(7 * i + j) % 200 + 3 for j in range(62 + 8 * i)] for i in range(2)]
-    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, exit_threshold=0.6, logprobs=2)
-    llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, attention_backend="triton", exit_mode="ouro")
-    monkeypatch.setattr(attn, "_decode_range_programs", lambda rows, n, dev: 1)
-    outs = []
-    for split in (False, True):  # the second run finds the prompts' blocks in the prefix cache
-        monkeypatch.setattr(attn, "_should_split", lambda *a, split=split: split)
-        outs.append([(c.token_ids, c.exit_depths, [(lp.logprob, sorted(lp.top.items())) for lp in c.logprobs])
-                     for o in llm.generate(prompts, params, use_tqdm=False) for c in o.outputs])
-    assert outs[1] == outs[0]
