@@ -593,8 +593,9 @@ class ModelRunner:
     def _sample_decode_rows(self, logits, depths, slots, idx, pos, active, want_lp, num_top, processed) -> dict:
         """Sample the decode rows' next tokens, store them (and the advanced positions) in the slot
         pools, and return the results with the rows' depths."""
-        res = self._sample(logits, slots, pos + 1, want_lp, num_top, active, processed)
-        self.store_next(idx, active, res["tokens"], pos + 1)
+        next_pos = pos + 1
+        res = self._sample(logits, slots, next_pos, want_lp, num_top, active, processed)
+        self.store_next(idx, active, res["tokens"], next_pos)
         res["depths"] = depths
         return res
 
