@@ -612,7 +612,7 @@ class ModelRunner:
         ForwardBatch when the caller has one (its slot mappings are then computed once)."""
         idx = slots.long()
         b = tokens.shape[0]
-        batch = batch or self._decode_batch(pos, slots, active)
+        batch = batch if batch is not None else self._decode_batch(pos, slots, active)
         self._set_key_depth(batch, torch.full((b,), self.depth - 1, dtype=torch.int32, device=self.device))
         keys = self.slot_key.index_select(0, idx) if self.model.random_initial_state else None
         h, e = self.model.start(tokens, batch, keys)
