@@ -117,6 +117,11 @@ def _marginal(prof, steps: int, top: int) -> dict:
             return marginal_times(json.load(trace)["traceEvents"], steps, top)
 
 
+def device_events(events: list) -> list:
+    """The device's work among chrome-trace events: kernels, copies and sets ("X" events, µs)."""
+    return [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+
+
 def marginal_times(events: list, steps: int, top: int) -> dict:
     """What each kernel adds to the device timeline, per step: with dependent launches a kernel starts
     before its predecessor ends and waits, so its own duration overstates it. Device events (chrome
@@ -124,8 +129,7 @@ def marginal_times(events: list, steps: int, top: int) -> dict:
     their launch order; each adds end - max(previous end, its start) (`us_per_step`), and an idle
     stretch before a kernel that starts after the previous end is charged to that kernel
     (`idle_us_per_step`). The additions and idle stretches sum to the span."""
-    device = sorted((e["ts"] + e.get("dur", 0), e["ts"], e["name"][:90]) for e in events
-                    if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    device = sorted((e["ts"] + e.get("dur", 0), e["ts"], e["name"][:90]) for e in device_events(events))
     by_name: dict = {}
     first = min((start for _, start, _ in device), default=0.0)
     prev_end = first

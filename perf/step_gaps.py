@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from perf.bench_engine import engine
+from perf.bench_engine import device_events, engine
 from rlt_runtime import SamplingParams
 from rlt_runtime.entrypoints.bench_offline import random_prompts, row_trace_ids, uniform_trace
 from rlt_runtime.models.presets import preset_config
@@ -87,8 +87,7 @@ def _decode_series(eng, batch: int, seed: int, profile_finishing: bool = False, 
 def _idle_gaps(trace_path: str, min_us: float = 50.0) -> list[dict]:
     with open(trace_path) as f:
         events = json.load(f)["traceEvents"]
-    device = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in events
-                    if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    device = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in device_events(events))
     host = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver")]
     gaps, end = [], device[0][1]
     for start, stop in device[1:]:

@@ -596,7 +596,6 @@ def _decode_attention_kernel(
     m_run = tl.full([GP], float("-inf"), tl.float32)
     l_run = tl.zeros([GP], tl.float32)
     acc_run = tl.zeros([GP, DP], tl.float32)
-    ws_mask = _dim_mask(g_ok, offs_d, HEAD_DIM, DP)
     for c in range(c_lo, n_ranges, c_step):
         m_i = tl.full([GP, BLOCK_N], float("-inf"), tl.float32)
         l_i = tl.zeros([GP, BLOCK_N], tl.float32)
@@ -650,7 +649,7 @@ def _decode_attention_kernel(
             m_p, l_p, acc_p = _merge(tl.full([GP], float("-inf"), tl.float32), tl.zeros([GP], tl.float32),
                                      tl.zeros([GP, DP], tl.float32), m_c, l_c, acc_c)
             idx = (token * n_heads + head) * n_splits_max + c
-            tl.store(ws_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], acc_p, mask=ws_mask)
+            tl.store(ws_ptr + idx[:, None] * HEAD_DIM + offs_d[None, :], acc_p, mask=io_mask)
             tl.store(ws_ptr + ml_base + 2 * idx, m_p, mask=g_ok)
             tl.store(ws_ptr + ml_base + 2 * idx + 1, l_p, mask=g_ok)
         else:
