@@ -133,10 +133,11 @@ def attention_reports() -> dict:
                 num_stages=stages)
         cfg = attention._decode_shape(16, 16, 128)
         warps = cfg.pop("num_warps")
-        out[f"decode attention {cache} depth-aware, {warps} warps"] = compile_sm90(
-            attention._decode_attention_kernel, ptrs, dict(cfg, TILES=attention.DECODE_TILES_SMALL_LAUNCH, MERGE_IN_PLACE=True, **flags), floats=("qk_scale",),
-            num_warps=warps,
-            num_stages=attention.DECODE_STAGES)
+        for split, tiles in ((True, attention.DECODE_TILES_SMALL_LAUNCH), (False, attention.DECODE_TILES)):
+            out[f"decode attention {cache} depth-aware, {warps} warps, {'split' if split else 'unsplit'}"] = compile_sm90(
+                attention._decode_attention_kernel, ptrs,
+                dict(cfg, SPLIT=split, TILES=tiles, MERGE_IN_PLACE=split, **flags), floats=("qk_scale",),
+                num_warps=warps, num_stages=attention.DECODE_STAGES)
     return out
 
 

@@ -541,12 +541,69 @@ def _lane_update(q, k, v, start, range_end, offs_n, m_i, l_i, acc):
     return m_new, l_i, acc
 
 
-@triton.jit(do_not_specialize=["partial"])
+@triton.jit
+def _decode_range(q, k_head, v_head, table, qd, own_plane_table, key_depth_ptr, range_start, range_end, offs_n, offs_d,
+                  plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb, stride_kdo,
+                  GP: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr,
+                  BLOCK_SIZE: tl.constexpr, HAS_KEY_DEPTH: tl.constexpr, KV_ALIGNED: tl.constexpr,
+                  TILES: tl.constexpr):
+    """Softmax state (m [GP], l [GP], acc [GP, DP], fp32) of one decode row's GP heads over keys
+    [range_start, range_end): per-lane online softmax, lanes folded at the end."""
+    m_i = tl.full([GP, BLOCK_N], float("-inf"), tl.float32)
+    l_i = tl.zeros([GP, BLOCK_N], tl.float32)
+    acc = tl.zeros([GP, BLOCK_N, DP], tl.float32)
+    # K/V run TILES key tiles ahead of the arithmetic, block ids and key depths 2 * TILES; an
+    # iteration takes TILES tiles in key order, so a row's bits do not depend on TILES.
+    blk_a, kd_a = _tile_keys(own_plane_table, table, key_depth_ptr, range_start, range_end, offs_n,
+                             BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+    k_a, v_a = _decode_kv_tile(k_head, v_head, table, blk_a, kd_a, qd, range_start, range_end, offs_n, offs_d,
+                               plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb,
+                               BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+    blk_a, kd_a = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + TILES * BLOCK_N, range_end,
+                             offs_n, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+    if TILES == 2:
+        blk_b, kd_b = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + BLOCK_N, range_end, offs_n,
+                                 BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+        k_b, v_b = _decode_kv_tile(k_head, v_head, table, blk_b, kd_b, qd, range_start + BLOCK_N, range_end,
+                                   offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp,
+                                   stride_tb, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+        blk_b, kd_b = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + 3 * BLOCK_N, range_end,
+                                 offs_n, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+    for start in range(range_start, range_end, TILES * BLOCK_N):
+        ahead = start + TILES * BLOCK_N
+        k_next, v_next = _decode_kv_tile(k_head, v_head, table, blk_a, kd_a, qd, ahead, range_end,
+                                         offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co,
+                                         stride_tp, stride_tb, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+        blk_a, kd_a = _tile_keys(own_plane_table, table, key_depth_ptr, ahead + TILES * BLOCK_N, range_end,
+                                 offs_n, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+        if TILES == 2:
+            k_next_b, v_next_b = _decode_kv_tile(k_head, v_head, table, blk_b, kd_b, qd, ahead + BLOCK_N,
+                                                 range_end, offs_n, offs_d, plane_offset, plane_modulus,
+                                                 stride_cb, stride_co, stride_tp, stride_tb, BLOCK_SIZE,
+                                                 HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+            blk_b, kd_b = _tile_keys(own_plane_table, table, key_depth_ptr, ahead + 3 * BLOCK_N, range_end,
+                                     offs_n, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+        m_i, l_i, acc = _lane_update(q, k_a, v_a, start, range_end, offs_n, m_i, l_i, acc)
+        k_a, v_a = k_next, v_next
+        if TILES == 2:
+            if start + BLOCK_N < range_end:  # a tile with no key is skipped, not applied
+                m_i, l_i, acc = _lane_update(q, k_b, v_b, start + BLOCK_N, range_end, offs_n, m_i, l_i, acc)
+            k_b, v_b = k_next_b, v_next_b
+    # Fold the key lanes into one state per head.
+    m_c = tl.max(m_i, 1)
+    m_c_ref = tl.where(m_c > float("-inf"), m_c, 0.0)
+    w = tl.exp2(m_i - m_c_ref[:, None])  # 0 for lanes that saw no key
+    l_c = tl.sum(l_i * w, 1)
+    acc_c = tl.sum(acc * w[:, :, None], 1)
+    return m_c, l_c, acc_c
+
+
+@triton.jit
 def _decode_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, ws_ptr,
     tables_ptr, seq_lens_ptr, qsl_ptr, slots_ptr, qdepth_ptr, key_depth_ptr, active_ptr, decode_from_ptr,
     k_scale_ptr, v_scale_ptr, qk_scale, n_seqs, n_heads, qdepth_value, decode_from_value, plane_offset, plane_modulus,
-    split_size, n_splits_max, ml_base, partial,
+    split_size, n_splits_max, ml_base, SPLIT: tl.constexpr,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_co, stride_ch,
     stride_tp, stride_ts, stride_tb, stride_kdb, stride_kdo, counters_ptr,
@@ -555,14 +612,18 @@ def _decode_attention_kernel(
     HAS_KEY_DEPTH: tl.constexpr, DECODE_FROM_TENSOR: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr,
     TILES: tl.constexpr, MERGE_IN_PLACE: tl.constexpr, KV_ALIGNED: tl.constexpr,
 ):
-    """The decode arithmetic: one program per (query token program_id(0), KV head program_id(1))
-    and key range program_id(2) when splitting (partial != 0). Its GP query heads attend without
-    tensor cores: every key lane n of a BLOCK_N tile keeps its own online-softmax state over keys
-    n, n + BLOCK_N, ... of a range, folded across lanes at the range's end, so the loop needs no
+    """The decode arithmetic: one program per (query token program_id(0), KV head program_id(1)),
+    and with SPLIT (a split launch) per range program program_id(2), which takes every
+    num_programs(2)-th key range of its row. Its GP query heads attend without tensor cores: every
+    key lane n of a BLOCK_N tile keeps its own online-softmax state over keys n, n + BLOCK_N, ...
+    of a range, folded across lanes at the range's end (`_decode_range`), so the loop needs no
     cross-thread exchange and a row's bits never depend on other rows. Tokens before their
-    sequence's ``decode_from`` position are left to `_paged_attention_kernel`. MERGE_IN_PLACE: the
-    last range program of a row to finish (counted on counters_ptr[token * KVH + kvh], which it
-    puts back to zero) merges the row's partials itself, as `_decode_combine_kernel` would."""
+    sequence's ``decode_from`` position are left to `_paged_attention_kernel`. A split row of more
+    than one range stores each range's state to the workspace; MERGE_IN_PLACE: the last range
+    program of the row to finish (counted on counters_ptr[token * KVH + kvh], which it puts back to
+    zero) merges them itself, as `_decode_combine_kernel` would. SPLIT is a compile-time flag: the
+    unsplit kernel keeps one plain loop over the row's ranges (a runtime range step and workspace
+    stores in that loop cost unsplit launches 6-10%, H200)."""
     wait_for_inputs(PDL)
     seq, token, position, idle = _locate_row(qsl_ptr, active_ptr, seq_lens_ptr, n_seqs, HAS_ACTIVE)
     if idle:
@@ -573,10 +634,8 @@ def _decode_attention_kernel(
     limit = tl.maximum(position + 1, 0)  # keys this row sees
     n_ranges = (limit + split_size - 1) // split_size
     c_lo = tl.program_id(2)
-    if (partial != 0) & (c_lo >= tl.maximum(n_ranges, 1)):
-        return  # (range program 0 of a row that sees no key writes its zeros)
-    c_step = tl.where(partial != 0, tl.num_programs(2), 1)  # a split launch's program takes every c_step-th range
-    many = (partial != 0) & (n_ranges > 1)  # ranges go to the workspace, merged once all are there
+    if c_lo >= tl.maximum(n_ranges, 1):
+        return  # a split row's program past its ranges (range program 0 of a row that sees no key writes its zeros)
 
     g = tl.arange(0, GP)
     head = kvh * GROUP + g
@@ -596,56 +655,19 @@ def _decode_attention_kernel(
     m_run = tl.full([GP], float("-inf"), tl.float32)
     l_run = tl.zeros([GP], tl.float32)
     acc_run = tl.zeros([GP, DP], tl.float32)
+    many = n_ranges > 1  # a split row of several ranges: each goes to the workspace, merged once all are there
+    if SPLIT:
+        c_step = tl.num_programs(2)
+    else:
+        c_step = 1  # (compile time: one plain loop)
     for c in range(c_lo, n_ranges, c_step):
-        m_i = tl.full([GP, BLOCK_N], float("-inf"), tl.float32)
-        l_i = tl.zeros([GP, BLOCK_N], tl.float32)
-        acc = tl.zeros([GP, BLOCK_N, DP], tl.float32)
         range_start = c * split_size
-        range_end = tl.minimum(range_start + split_size, limit)
-        # K/V run TILES key tiles ahead of the arithmetic, block ids and key depths 2 * TILES; an
-        # iteration takes TILES tiles in key order, so a row's bits do not depend on TILES.
-        blk_a, kd_a = _tile_keys(own_plane_table, table, key_depth_ptr, range_start, range_end, offs_n,
-                                 BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
-        k_a, v_a = _decode_kv_tile(k_head, v_head, table, blk_a, kd_a, qd, range_start, range_end, offs_n, offs_d,
-                                   plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb,
-                                   BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
-        blk_a, kd_a = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + TILES * BLOCK_N, range_end,
-                                 offs_n, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
-        if TILES == 2:
-            blk_b, kd_b = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + BLOCK_N, range_end, offs_n,
-                                     BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
-            k_b, v_b = _decode_kv_tile(k_head, v_head, table, blk_b, kd_b, qd, range_start + BLOCK_N, range_end,
-                                       offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp,
-                                       stride_tb, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
-            blk_b, kd_b = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + 3 * BLOCK_N, range_end,
-                                     offs_n, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
-        for start in range(range_start, range_end, TILES * BLOCK_N):
-            ahead = start + TILES * BLOCK_N
-            k_next, v_next = _decode_kv_tile(k_head, v_head, table, blk_a, kd_a, qd, ahead, range_end,
-                                             offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co,
-                                             stride_tp, stride_tb, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
-            blk_a, kd_a = _tile_keys(own_plane_table, table, key_depth_ptr, ahead + TILES * BLOCK_N, range_end,
-                                     offs_n, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
-            if TILES == 2:
-                k_next_b, v_next_b = _decode_kv_tile(k_head, v_head, table, blk_b, kd_b, qd, ahead + BLOCK_N,
-                                                     range_end, offs_n, offs_d, plane_offset, plane_modulus,
-                                                     stride_cb, stride_co, stride_tp, stride_tb, BLOCK_SIZE,
-                                                     HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
-                blk_b, kd_b = _tile_keys(own_plane_table, table, key_depth_ptr, ahead + 3 * BLOCK_N, range_end,
-                                         offs_n, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
-            m_i, l_i, acc = _lane_update(q, k_a, v_a, start, range_end, offs_n, m_i, l_i, acc)
-            k_a, v_a = k_next, v_next
-            if TILES == 2:
-                if start + BLOCK_N < range_end:  # a tile with no key is skipped, not applied
-                    m_i, l_i, acc = _lane_update(q, k_b, v_b, start + BLOCK_N, range_end, offs_n, m_i, l_i, acc)
-                k_b, v_b = k_next_b, v_next_b
-        # Fold the key lanes into one state per head, then into the running state.
-        m_c = tl.max(m_i, 1)
-        m_c_ref = tl.where(m_c > float("-inf"), m_c, 0.0)
-        w = tl.exp2(m_i - m_c_ref[:, None])  # 0 for lanes that saw no key
-        l_c = tl.sum(l_i * w, 1)
-        acc_c = tl.sum(acc * w[:, :, None], 1)
-        if many:  # the range's own state (merged into an empty one, as the combine reads it)
+        m_c, l_c, acc_c = _decode_range(
+            q, k_head, v_head, table, qd, own_plane_table, key_depth_ptr, range_start,
+            tl.minimum(range_start + split_size, limit), offs_n, offs_d, plane_offset, plane_modulus, stride_cb,
+            stride_co, stride_tp, stride_tb, stride_kdb, stride_kdo, GP, BLOCK_N, HEAD_DIM, DP, BLOCK_SIZE,
+            HAS_KEY_DEPTH, KV_ALIGNED, TILES)
+        if SPLIT and many:  # the range's own state (merged into an empty one, as the combine reads it)
             m_p, l_p, acc_p = _merge(tl.full([GP], float("-inf"), tl.float32), tl.zeros([GP], tl.float32),
                                      tl.zeros([GP, DP], tl.float32), m_c, l_c, acc_c)
             idx = (token * n_heads + head) * n_splits_max + c
@@ -654,8 +676,7 @@ def _decode_attention_kernel(
             tl.store(ws_ptr + ml_base + 2 * idx + 1, l_p, mask=g_ok)
         else:
             m_run, l_run, acc_run = _merge(m_run, l_run, acc_run, m_c, l_c, acc_c)
-
-    if many:
+    if SPLIT and many:
         if MERGE_IN_PLACE:
             # Every thread's stores precede the count (barrier, then a release at GPU scope); the
             # last program's acquire orders its reads, which bypass L1 (".cg"), after all of them.

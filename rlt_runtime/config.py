@@ -61,10 +61,14 @@ class SpeculativeConfig:
     draft_loops: Optional[int] = None  # default: 2 for Ouro, depth // 4 for Huginn
     draft_policy: str = "adaptive"
     synthetic_acceptance: Optional[float] = None  # benchmark aid only: accept each draft with this probability
+    # Greedy rows draft none in a step where more rows than this decode (a large batch's step is no
+    # longer bound by the weights, so drafts cost what they save); sampled rows keep their counts.
+    disable_by_batch_size: Optional[int] = 64
 
     def validate(self, depth: int) -> None:
         _int(self.num_speculative_tokens, "speculative_config.num_speculative_tokens", 1, 16)
         _int(self.draft_loops, "speculative_config.draft_loops", 1, depth - 1, allow_none=True)
+        _int(self.disable_by_batch_size, "speculative_config.disable_by_batch_size", 1, allow_none=True)
         _choice(self.draft_policy, "speculative_config.draft_policy", DRAFT_POLICIES)
         if self.synthetic_acceptance is not None and not 0.0 <= float(self.synthetic_acceptance) <= 1.0:
             raise _fail("speculative_config.synthetic_acceptance", "None or a number in [0, 1]", self.synthetic_acceptance)

@@ -281,6 +281,20 @@ MUTANTS = (
         "FP8 weight and K/V tiles are widened by Triton's cast again (a slow f16 -> bf16 conversion per element on the GPU)",
     ),
     Mutant(
+        "crowded-steps-never-stop-greedy-drafts", "rlt_runtime/engine/scheduler.py",
+        "crowded = limit is not None and len(decoding) > limit  # greedy rows draft none",
+        "crowded = False  # greedy rows draft none",
+        ("tests/runtime/test_speculative.py::test_greedy_rows_stop_drafting_in_crowded_steps",),
+        "speculative_config.disable_by_batch_size is ignored: greedy rows draft in steps of any batch",
+    ),
+    Mutant(
+        "crowded-steps-stop-sampled-drafts", "rlt_runtime/engine/scheduler.py",
+        "0 if crowded and r.params.greedy else None)",
+        "0 if crowded else None)",
+        ("tests/runtime/test_speculative.py::test_greedy_rows_stop_drafting_in_crowded_steps",),
+        "sampled rows stop drafting in crowded steps: their draft counts (and seeded tokens) depend on the batch",
+    ),
+    Mutant(
         "fp8-wide-steps-for-every-weight", "rlt_kernels/gemm.py",
         "if w_elem == 1 and accumulators == 1 and k <= FP8_WIDE_STEP_MAX_K:",
         "if w_elem == 1:",
@@ -324,8 +338,8 @@ MUTANTS = (
     ),
     Mutant(
         "decode-range-program-takes-one-range", "rlt_kernels/attention.py",
-        "c_step = tl.where(partial != 0, tl.num_programs(2), 1)  # a split launch's program takes every c_step-th range",
-        "c_step = tl.where(partial != 0, n_ranges, 1)  # a split launch's program takes every c_step-th range",
+        "c_step = tl.num_programs(2)",
+        "c_step = n_ranges",
         ("tests/kernels/test_attention.py::test_decode_range_programs_keep_bits",),
         "a split decode launch with fewer range programs than key ranges computes only each program's first range",
     ),
@@ -338,8 +352,8 @@ MUTANTS = (
     ),
     Mutant(
         "keyless-decode-row-unwritten", "rlt_kernels/attention.py",
-        "if (partial != 0) & (c_lo >= tl.maximum(n_ranges, 1)):",
-        "if (partial != 0) & (c_lo >= n_ranges):",
+        "if c_lo >= tl.maximum(n_ranges, 1):",
+        "if c_lo >= n_ranges:",
         ("tests/kernels/test_attention.py::test_decode_ranges_merged_in_place",),
         "a split decode row that sees no key is left unwritten when ranges merge in place (no combine kernel zeroes it)",
     ),

@@ -26,6 +26,11 @@ drafts the winner, else doubles it (32, 64, ... up to MAX_PROBE_EVERY): drafts t
 cost one probe round in ever longer stretches, and a deeper position that was judged too early is
 measured again.
 
+Greedy rows (temperature 0) commit the same tokens whatever they draft, so for them the count may
+follow the load: in a step where more than `disable_by_batch_size` rows decode they draft none (a
+large batch's step is no longer bound by reading the weights, and a round's extra tokens cost about
+what they save). Sampled rows never see that limit.
+
 Timing of information: with async scheduling a request's round m is planned while round m - 1 is
 still in flight, so round m's count uses the request's results through round m - 2 (round 0 is
 the token its prefill sampled) and the count round m - 1 took. Sync scheduling follows the same
@@ -77,6 +82,7 @@ class DraftPolicy:
     draft_loops: int
     depth: int
     adaptive: bool = True
+    disable_by_batch_size: int | None = None  # greedy rows draft none in steps with more decoding rows
     chosen: dict = field(default_factory=lambda: defaultdict(int))  # k -> committed request-rounds (a stat)
 
     def new_state(self, max_tokens: int) -> DraftState:
@@ -111,9 +117,10 @@ class DraftPolicy:
             best.append(best_k)
         return tuple(best)
 
-    def drafts(self, state: DraftState, in_flight: int) -> int:
+    def drafts(self, state: DraftState, in_flight: int, limit: int | None = None) -> int:
         """Drafts for the request's next round; in_flight: its rounds submitted whose results have
-        not arrived (0 or 1; its prefill's sampled token counts as round 0)."""
+        not arrived (0 or 1; its prefill's sampled token counts as round 0); limit: at most this
+        many (the scheduler's, for rows whose tokens do not depend on the count)."""
         if in_flight not in (0, 1):
             raise ValueError(f"a request has 0 or 1 rounds in flight, got {in_flight}")
         m = state.current.round + 1 + in_flight
@@ -121,6 +128,8 @@ class DraftPolicy:
         assert base.round == m - 2, (base.round, m)
         k_prev = 0 if m == 1 else state.decided[m - 1]
         cap = min(self.max_drafts, state.max_tokens - base.tokens - k_prev - 2)
+        if limit is not None:
+            cap = min(cap, limit)
         if cap <= 0:
             k = 0
         elif not self.adaptive:

@@ -235,7 +235,8 @@ class LLMEngine:
         self.executor.init_speculation(spec.num_speculative_tokens, d, spec.synthetic_acceptance, sizes)
         # At most one round of K drafts must fit the token budget (rows never draft less to fit).
         k_max = min(spec.num_speculative_tokens, self.max_num_batched_tokens - 1)
-        self.policy = DraftPolicy(k_max, d, self.depth, adaptive=spec.draft_policy == "adaptive")
+        self.policy = DraftPolicy(k_max, d, self.depth, adaptive=spec.draft_policy == "adaptive",
+                                  disable_by_batch_size=spec.disable_by_batch_size)
         self.scheduler.draft_policy = self.policy
         self.spec_stats = {"rounds": 0, "drafted": 0, "accepted": 0, "committed": 0, "verify_rows": 0,
                            "accepted_per_position": [0] * spec.num_speculative_tokens,

@@ -187,13 +187,18 @@ class Scheduler:
         prefills = [r.is_prefilling for r in self.running]
         if not prefill_only and not self.hold_decodes:
             decoding = [r for r, p in zip(self.running, prefills) if not p]
+            limit = self.draft_policy.disable_by_batch_size if self.draft_policy is not None else None
+            crowded = limit is not None and len(decoding) > limit  # greedy rows draft none
             for r in sorted(decoding, key=self._order_key):
                 if out.preempted and r not in self.running:  # preempted while scheduling this step
                     continue
                 if len(r.output_token_ids) + r.inflight_outputs >= r.max_tokens or budget < 1:
                     continue
                 pos = r.num_computed + r.num_inflight
-                k = self.draft_policy.drafts(r.draft, r.inflight_outputs) if r.draft is not None else 0
+                k = 0
+                if r.draft is not None:
+                    k = self.draft_policy.drafts(r.draft, r.inflight_outputs,
+                                                 0 if crowded and r.params.greedy else None)
                 if 1 + k > budget:
                     continue
                 if not self._allocate(r, pos + k + 1, out):

@@ -77,7 +77,8 @@ HELP = {
     "async_scheduling": "overlap host scheduling of step N+1 with device step N",
     "batch_invariant": "results independent of batch composition (fixed kernel tiles)",
     "cuda_graph_sizes": "decode row buckets captured as CUDA graphs",
-    "speculative_config": "JSON: {\"num_speculative_tokens\": K, \"draft_loops\": d, \"draft_policy\": \"adaptive\"}",
+    "speculative_config": "JSON: {\"num_speculative_tokens\": K, \"draft_loops\": d, \"draft_policy\": \"adaptive\", "
+                          "\"disable_by_batch_size\": 64}",
     "max_stop_strings": "most stop strings one request may give (default 128; more is a 400 naming stop)",
     "max_stop_chars": "most characters one request's stop strings may hold in all (default 4096)",
     "enable_penalties": "keep the per-slot state of repetition/presence/frequency penalties (max_num_seqs x vocab "
@@ -136,6 +137,8 @@ def add_engine_args(parser: argparse.ArgumentParser, skip=()) -> None:
     spec.add_argument("--draft-loops", dest="spec_draft_loops", type=int, default=None, help="loops the draft runs (d)")
     spec.add_argument("--draft-policy", dest="spec_draft_policy", choices=DRAFT_POLICIES, default=None,
                       help="adaptive (choose k per round) or fixed (always K)")
+    spec.add_argument("--speculative-disable-by-batch-size", dest="spec_disable_by_batch_size", type=int, default=None,
+                      help="greedy rows draft none in steps where more rows than this decode (default 64)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -154,8 +157,9 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
             out[key[len("vllm_"):]] = value
     if shorthand:
         if "speculative_config" in out:
-            raise ConfigError("give either --speculative-config or --speculative-tokens/--draft-loops/--draft-policy")
+            raise ConfigError("give either --speculative-config or --speculative-tokens/--draft-loops/--draft-policy/"
+                              "--speculative-disable-by-batch-size")
         if "num_speculative_tokens" not in shorthand:
-            raise ConfigError("--draft-loops/--draft-policy need --speculative-tokens")
+            raise ConfigError("--draft-loops/--draft-policy/--speculative-disable-by-batch-size need --speculative-tokens")
         out["speculative_config"] = shorthand
     return out

@@ -70,9 +70,10 @@ def test_middle_and_prefill_tiles_move_by_tma(tma_linear):
     assert tma_linear["down fp8 2048"]["widening"]["cvt.bf16.f16"] == 0
 
 
+@pytest.mark.parametrize("launch", ["split", "unsplit"])
 @pytest.mark.parametrize("cache", ["bf16", "fp8"])
-def test_decode_kernel_reads_key_rows_in_16_byte_vectors(reports, cache):
-    loads = reports[f"decode attention {cache} depth-aware, 4 warps"]["loads"]
+def test_decode_kernel_reads_key_rows_in_16_byte_vectors(reports, cache, launch):
+    loads = reports[f"decode attention {cache} depth-aware, 4 warps, {launch}"]["loads"]
     assert loads["ld.global.v4.b32"] >= 4, loads  # K and V of the tiles in flight
     assert loads["ld.global.b16"] <= 1, loads  # q's load, nothing per key
 

@@ -196,3 +196,15 @@ def test_a_round_in_flight_is_the_only_one():
     policy = DraftPolicy(max_drafts=2, draft_loops=1, depth=4)
     with pytest.raises(ValueError, match="in flight"):
         policy.drafts(policy.new_state(10), 2)
+
+
+def test_a_limit_caps_the_count_and_is_remembered():
+    """`drafts(..., limit)` takes at most `limit` drafts and records the count it gave, so the
+    next round's plan (which reads the count round m - 1 took) sees what really ran."""
+    policy = DraftPolicy(4, 2, 4, adaptive=False)
+    state = policy.new_state(100)
+    assert policy.drafts(state, 1, limit=0) == 0 and state.decided[1] == 0
+    policy.observe(state, 0, 1)
+    assert policy.drafts(state, 1) == 4 and state.decided[2] == 4
+    policy.observe(state, 0, 1)  # round 1 committed its one token
+    assert policy.drafts(state, 1, limit=2) == 2

@@ -262,3 +262,39 @@ def test_speculation_with_plane_sharing_layouts_is_rejected():
         LLM("ouro-tiny", kv_layout="shared", speculative_config=spec())
     with pytest.raises(ConfigError, match="kv_layout='compress-s4'"):
         LLM("huginn-tiny", kv_layout="compress-s4", num_loops=8, speculative_config=spec(d=2))
+
+
+@pytest.mark.parametrize("async_mode", [False, True])
+def test_greedy_rows_stop_drafting_in_crowded_steps(async_mode):
+    """speculative_config.disable_by_batch_size: in a step where more rows than that decode, greedy
+    rows draft none while a seeded sampled row keeps drafting; once few enough rows decode, greedy
+    rows draft again. Greedy tokens equal plain decoding, and the sampled row's equal what it
+    commits alone (its counts never depend on the batch)."""
+    config = dict(spec(3, 1, "fixed"), disable_by_batch_size=2)
+    llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, speculative_config=config, async_scheduling=async_mode)
+    spec_runner, rounds = llm.engine.executor.worker.runner.spec, []
+    run_round = spec_runner.run_round
+
+    def recorded(requests, num_drafts, *rest, **kw):
+        rounds.append([(r.greedy, k) for r, k in zip(requests, num_drafts)])
+        return run_round(requests, num_drafts, *rest, **kw)
+
+    spec_runner.run_round = recorded
+    greedy = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (6, 8, 30)]
+    sampled = SamplingParams(max_tokens=30, temperature=0.8, seed=7, ignore_eos=True)
+    prompts = [[5, 6, 7], [9, 10], [11, 12, 13, 14], [15, 16]]
+    outs = llm.generate(prompts, greedy + [sampled], use_tqdm=False)
+    plain = LLM("ouro-tiny", dtype="float32", max_num_seqs=4).generate(prompts[:3], greedy, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs[:3]] == [o.outputs[0].token_ids for o in plain]
+    alone = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, speculative_config=config).generate(
+        prompts[3:], [sampled], use_tqdm=False)[0]
+    assert outs[3].outputs[0].token_ids == alone.outputs[0].token_ids
+    crowded = [r for r in rounds if len(r) > 2]
+    assert crowded and all(k == 0 for r in crowded for is_greedy, k in r if is_greedy)
+    assert any(k > 0 for r in crowded for is_greedy, k in r if not is_greedy)
+    assert any(k > 0 for r in rounds if len(r) <= 2 for is_greedy, k in r if is_greedy)
+
+
+def test_disable_by_batch_size_is_validated():
+    with pytest.raises(ConfigError, match="disable_by_batch_size"):
+        LLM("ouro-tiny", dtype="float32", speculative_config=dict(spec(), disable_by_batch_size=0))
