@@ -147,6 +147,12 @@ class DraftPolicy:
     def observe(self, state: DraftState, k: int, committed: int) -> None:
         """Fold one committed round of the request: k drafts, `committed` tokens (accepted + 1)."""
         h = state.current
+        if h.round >= 0:
+            self.chosen[k] += 1
+        state.previous = h
+        if k == 0:  # a plain step: no position was offered, so only the round and the tokens move
+            state.current = DraftHistory(h.round + 1, h.tokens + committed, h.offered, h.passed, h.last, h.wait, h.best)
+            return
         accepted = committed - 1
         offered, passed = list(h.offered), list(h.passed)
         for i in range(min(k, accepted + 1)):  # draft i + 1 was tested: the i before it passed
@@ -158,8 +164,5 @@ class DraftPolicy:
             for p in range(k):  # the round took position p + 1
                 last[p] = h.round + 1
                 wait[p] = PROBE_EVERY if best[-1] > p or accepted > p else min(2 * wait[p], MAX_PROBE_EVERY)
-        state.previous = h
         state.current = DraftHistory(round=h.round + 1, tokens=h.tokens + committed, offered=tuple(offered),
                                      passed=tuple(passed), last=tuple(last), wait=tuple(wait), best=best)
-        if h.round >= 0:
-            self.chosen[k] += 1
