@@ -68,7 +68,7 @@ DEFAULTS = dict(
     preemption_mode="recompute", tiny_pool=0, max_num_seqs=4, max_num_batched_tokens=32, prefill_chunk_size=None,
     execution_mode="eager", async_scheduling=False, cuda_graph_sizes=[1, 2, 4], requests=3, max_tokens=8,
     max_model_len=256, gpu_memory_utilization=0.04, workload_seed=0, plant=None, time_limit_s=None,
-    features=[], quantization=None, kv_cache_dtype="auto",
+    features=[], quantization=None, kv_cache_dtype="auto", split_keys=None,
 )
 
 
@@ -107,6 +107,8 @@ def describe(c: dict) -> str:
         parts.append("fp8" + ("w" if c["quantization"] else "") + ("kv" if c["kv_cache_dtype"] == "fp8" else ""))
     if c["loop_bounds"]:
         parts.append("loops2-3")
+    if c["split_keys"]:
+        parts.append(f"split{c['split_keys']}")
     if c["plant"]:
         parts.append(f"plant-{c['plant']}")
     return " ".join(parts)
@@ -162,6 +164,9 @@ def draw_case(index: int, seed: int, device: str) -> dict:
     f["features"] = sorted(rng.sample(FEATURES, rng.choice([0, 1, 1, 2])))
     f["kv_cache_dtype"] = "fp8" if rng.random() < 0.25 else "auto"
     f["quantization"] = "fp8" if rng.random() < 0.15 else None
+    # Attention over 64-key ranges with longer prompts: decode and prefill launches split their keys
+    # (range programs, merged in place) as they do at long contexts.
+    f["split_keys"] = 64 if rng.random() < 0.3 else None
     return complete(index, f)
 
 

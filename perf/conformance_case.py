@@ -27,6 +27,8 @@ Equalities checked (the ones docs/design.md and README.md promise):
   guided requests and FP8 cases are left out, they have no fp64 counterpart);
 * every guided sample ends with the grammar ("stop") and its text matches the regex or parses as
   JSON of the schema;
+* with `split_keys` (64-key attention ranges and a shared preamble that carries every request past
+  one range) the same equalities hold where decode and prefill attention split their keys;
 * the block/slot invariants hold after every step, the KV pool is full again at the end, no graph
   capture failed (a mode that fell back to eager proves nothing), and fixed-K speculation ran rounds (when a request could draft).
 """
@@ -76,6 +78,10 @@ def build_workload(case: dict, vocab: int) -> list[Work]:
     frng = random.Random(f"{case['workload_seed']}:features")
     hi = vocab - 33  # special tokens sit at the top of the vocabulary
     prefixes = [[rng.randrange(3, hi) for _ in range(rng.choice([16, 32]))] for _ in range(2)]
+    preamble = []  # split_keys: one shared preamble of split_keys - 16 tokens, so requests cross a key range
+    if case["split_keys"]:
+        prng = random.Random(f"{case['workload_seed']}:preamble")
+        preamble = [prng.randrange(3, hi) for _ in range(case["split_keys"] - 16)]
     work = []
     for i in range(case["requests"]):
         if rng.random() < 0.6:
@@ -93,7 +99,7 @@ def build_workload(case: dict, vocab: int) -> list[Work]:
             exit_threshold=rng.choice(case["exit_thresholds"]) if case["exit_thresholds"] else 1.0,
             min_loops=2 if loops else None, max_loops=3 if loops else None,
         )
-        work.append(Work(f"r{i}", prompt, rng.randrange(0, 6), with_features(params, case, frng, hi)))
+        work.append(Work(f"r{i}", preamble + prompt, rng.randrange(0, 6), with_features(params, case, frng, hi)))
     return work
 
 
@@ -363,6 +369,10 @@ def run_case(case: dict) -> dict:
     if "guided" in case.get("features", ()) and importlib.util.find_spec("xgrammar") is None:
         return {"status": "config-error", "detail": "guided decoding needs the xgrammar package (not installed here)",
                 "checks": [], "stats": {}}
+    if case["split_keys"]:  # every engine of this process splits attention keys into ranges this long
+        import rlt_kernels.attention as attention
+
+        attention.DEFAULT_SPLIT_SIZE = case["split_keys"]
     vocab = preset_config(case["model"]).vocab_size
     work = build_workload(case, vocab)
     opts = engine_options(case, device)
@@ -408,6 +418,9 @@ def run_case(case: dict) -> dict:
             kind = "alone (eager, sync, same speculation)" if w.request_id in sampled_spec else "alone (eager, sync)"
             problems.append(f"{w.request_id} vs {kind}: {diff}")
     checks.append(f"{len(work) - len(sampled_spec)} requests vs alone eager, {len(sampled_spec)} vs alone speculative")
+    if case["split_keys"]:
+        crossing = sum(len(w.prompt) + w.params.max_tokens > case["split_keys"] for w in work)
+        checks.append(f"{crossing} requests reach past one {case['split_keys']}-key attention range")
     drawn = feature_counts(work)
     if drawn:
         checks.append("requests with features: " + ", ".join(f"{k} {v}" for k, v in drawn.items()))
