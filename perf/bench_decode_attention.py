@@ -207,7 +207,7 @@ def markdown(res: dict) -> str:
              "| tables cover | batch | keys | K/V MB | rlt decode | rlt tile (prompt rows) | SDPA cuDNN, dense | SDPA FA2, dense | cuDNN paged |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in res["cases"]:
-        lines.append(f"| {r.get('context_limit', CONTEXT_LIMIT)} | {r['batch']} | {r['keys']} | {r['kv_mb']:.1f} | "
+        lines.append(f"| {r['context_limit']} | {r['batch']} | {r['keys']} | {r['kv_mb']:.1f} | "
                      f"{us(r['decode_us'])} ({pct(r['decode_frac'])}) | "
                      f"{us(r['tile_us'])} ({pct(r['tile_frac'])}) | {us(r['sdpa_cudnn_us'])} ({pct(r['sdpa_cudnn_frac'])}) | "
                      f"{us(r['sdpa_flash_us'])} ({pct(r['sdpa_flash_frac'])}) | "
