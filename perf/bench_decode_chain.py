@@ -30,11 +30,14 @@ from rlt_kernels import attention, gemm, kv_cache, linear_norm, norms
 from rlt_kernels.fp8 import quantize_weight_fp8
 
 HIDDEN, HEADS, HEAD_DIM, FFN, LAYERS, LOOPS, KEYS, BLOCK, MAX_CONTEXT = 2048, 16, 128, 5632, 24, 4, 192, 16, 4096
-VARIANTS = {  # name: (launch environment, split decode attention merging its key ranges in place)
-    "stream order": ({"RLT_PDL": "0"}, False),
-    "dependent launches": ({}, False),
-    "dependent launches + in-place merge": ({}, True),
+VARIANTS = {  # name: (launch environment, split decode attention merging its key ranges in place,
+    #                RoPE + K/V write inside the attention launch)
+    "stream order": ({"RLT_PDL": "0"}, False, False),
+    "dependent launches": ({}, False, False),
+    "dependent launches + in-place merge": ({}, True, False),
+    "dependent launches + in-place merge + RoPE in attention": ({}, True, True),
 }
+ENGINE_VARIANT = "dependent launches + in-place merge + RoPE in attention"  # what the engine's decode runs
 KNOBS = ("RLT_PDL",)
 # Ablations (--ablate): the engine's launch (dependent launches, in-place merge) with kernels left
 # out, each dropped kernel's output replaced by its input; what each kernel costs in the chain.
@@ -79,6 +82,7 @@ class Chain:
         self.batch = batch
         self.range_counters = attention.new_range_counters(device)
         self.merge_in_place = False
+        self.fused_rope = False  # rope_paged_attention instead of rope_kv_scatter + paged_attention
         self.drop = frozenset()  # ABLATIONS: kernels left out (timing only; the output is meaningless)
 
     def step(self) -> torch.Tensor:
@@ -94,11 +98,16 @@ class Chain:
                 q, k, v = (qkv[:, j * HEADS * HEAD_DIM:(j + 1) * HEADS * HEAD_DIM].view(b, HEADS, HEAD_DIM)
                            for j in range(3))
                 kc, vc = self.caches[i]
-                q_rot = q if "rope" in self.drop else kv_cache.rope_kv_scatter(
-                    q, k, v, self.positions, self.cos_sin, kc, vc, self.slots)
-                attn = q_rot.reshape(b, -1) if "attention" in self.drop else attention.paged_attention(
-                    q_rot, kc, vc, self.tables, self.seq_lens, self.qsl, workspace=self.workspace, decode_from=0,
-                    range_counters=range_counters).view(b, -1)
+                if self.fused_rope and not self.drop:
+                    attn = attention.rope_paged_attention(
+                        q, k, v, self.positions, self.cos_sin, kc, vc, self.slots, self.tables, self.seq_lens,
+                        self.qsl, workspace=self.workspace, range_counters=range_counters).view(b, -1)
+                else:
+                    q_rot = q if "rope" in self.drop else kv_cache.rope_kv_scatter(
+                        q, k, v, self.positions, self.cos_sin, kc, vc, self.slots)
+                    attn = q_rot.reshape(b, -1) if "attention" in self.drop else attention.paged_attention(
+                        q_rot, kc, vc, self.tables, self.seq_lens, self.qsl, workspace=self.workspace, decode_from=0,
+                        range_counters=range_counters).view(b, -1)
                 if "norms" in self.drop:
                     h = n = gemm.linear(attn, w["o"], weight_scale=sc.get("o"))
                 else:
@@ -121,7 +130,7 @@ def weight_bytes(fp8: bool = False) -> int:
 
 def time_variant(chain: Chain, variant: tuple, replays: int = 20) -> tuple[float, torch.Tensor]:
     """(median ms per graph replay, the step's output) launched as `variant` (see VARIANTS)."""
-    env, chain.merge_in_place = variant
+    env, chain.merge_in_place, chain.fused_rope = variant
     for key in KNOBS:
         os.environ.pop(key, None)
     os.environ.update(env)
@@ -161,7 +170,7 @@ def ablate(batches: list[int], fp8: bool = False) -> dict:
         chain, rows = Chain(b, fp8=fp8), {}
         for name, drop in ABLATIONS.items():
             chain.drop = frozenset(drop)
-            ms, _ = time_variant(chain, VARIANTS["dependent launches + in-place merge"])
+            ms, _ = time_variant(chain, VARIANTS[ENGINE_VARIANT])
             rows[name] = ms * 1e3 / (LAYERS * LOOPS)
             print(f"batch {b:4d}  {name:24s} {rows[name]:6.1f} us per layer-loop", flush=True)
         res["batches"][b] = rows

@@ -133,11 +133,18 @@ def attention_reports() -> dict:
                 num_stages=stages)
         cfg = attention._decode_shape(16, 16, 128)
         warps = cfg.pop("num_warps")
+        rope_ptrs = dict(ptrs, rope_k_ptr="*bf16", rope_v_ptr="*bf16", pos_ptr="*i64", cos_sin_ptr="*fp32",
+                         write_slot_ptr="*i64", q_bias_ptr="*bf16", k_bias_ptr="*bf16")
+        rope_off = dict(ROPE=False, GPTJ=False, HAS_Q_BIAS=False, HAS_K_BIAS=False, UNFUSED=False)
         for split, tiles in ((True, attention.DECODE_TILES_SMALL_LAUNCH), (False, attention.DECODE_TILES)):
-            out[f"decode attention {cache} depth-aware, {warps} warps, {'split' if split else 'unsplit'}"] = compile_sm90(
-                attention._decode_attention_kernel, ptrs,
-                dict(cfg, SPLIT=split, TILES=tiles, MERGE_IN_PLACE=split, **flags), floats=("qk_scale",),
-                num_warps=warps, num_stages=attention.DECODE_STAGES)
+            for rope in (False, True):
+                name = (f"decode attention {cache} depth-aware, {warps} warps, {'split' if split else 'unsplit'}"
+                        + (", RoPE + K/V write" if rope else ""))
+                out[name] = compile_sm90(
+                    attention._decode_attention_kernel, rope_ptrs,
+                    dict(cfg, SPLIT=split, TILES=tiles, MERGE_IN_PLACE=split, **flags,
+                         **dict(rope_off, ROPE=rope, UNFUSED=rope)),
+                    floats=("qk_scale",), num_warps=warps, num_stages=attention.DECODE_STAGES)
     return out
 
 

@@ -4,6 +4,7 @@ Every kernel has a torch reference with the same signature in `rlt_kernels.refer
 Public kernels (see docs/kernels.md):
 
     paged_attention        paged attention with loop-depth indirection and fixed-size split-KV
+    rope_paged_attention   decode passes: RoPE, the K/V write and decode attention in one launch
     kv_scatter, rope_kv_scatter          masked K/V writes into paged caches (+ fused RoPE)
     gather_rows, scatter_rows, finalize_last_exited   routing between slot pools and batches
     linear                 batch-invariant GEMM (+ fused SwiGLU), device-side active-row count
@@ -19,6 +20,7 @@ import importlib
 
 _EXPORTS = {
     "paged_attention": "attention",
+    "rope_paged_attention": "attention",
     "attention_workspace_size": "attention",
     "new_attention_workspace": "attention",
     "new_range_counters": "attention",

@@ -83,9 +83,10 @@ import torch
 from ._dot import exact_dots, mma
 from ._rows import active_count, compute_dtype
 from ._pdl import pdl_launch, wait_for_inputs
-from ._triton import check_launchable, tl, triton
+from ._triton import check_launchable, interpreter_active, tl, triton
 from ._widen import inline_widening, widen_fp8
 from .fp8 import FP8_DTYPE, check_kv_scales
+from .kv_cache import rotate_heads, to_cache, check_rope_inputs, rope_angles, rope_kv_scatter, slot_offset
 
 KEY_TILE = 64
 DEFAULT_SPLIT_SIZE = 1024
@@ -542,6 +543,21 @@ def _lane_update(q, k, v, start, range_end, offs_n, m_i, l_i, acc):
 
 
 @triton.jit
+def _slot_fetch(k_head, v_head, table, own_plane_table, key_depth_ptr, blk, kd, qd, start, lap, range_end, offs_n,
+                offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb, stride_kdo,
+                BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr, HAS_KEY_DEPTH: tl.constexpr,
+                KV_ALIGNED: tl.constexpr):
+    """One prefetch slot of `_decode_range`: K and V of key tile ``start`` (its block ids ``blk``/``kd``
+    looked up one lap before) and the block ids of the slot's next tile, ``start + lap``."""
+    k, v = _decode_kv_tile(k_head, v_head, table, blk, kd, qd, start, range_end, offs_n, offs_d, plane_offset,
+                           plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, BLOCK_SIZE, HEAD_DIM, DP,
+                           HAS_KEY_DEPTH, KV_ALIGNED)
+    blk, kd = _tile_keys(own_plane_table, table, key_depth_ptr, start + lap, range_end, offs_n, BLOCK_SIZE,
+                         stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+    return k, v, blk, kd
+
+
+@triton.jit
 def _decode_range(q, k_head, v_head, table, qd, own_plane_table, key_depth_ptr, range_start, range_end, offs_n, offs_d,
                   plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb, stride_kdo,
                   GP: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr,
@@ -552,43 +568,74 @@ def _decode_range(q, k_head, v_head, table, qd, own_plane_table, key_depth_ptr, 
     m_i = tl.full([GP, BLOCK_N], float("-inf"), tl.float32)
     l_i = tl.zeros([GP, BLOCK_N], tl.float32)
     acc = tl.zeros([GP, BLOCK_N, DP], tl.float32)
-    # K/V run TILES key tiles ahead of the arithmetic, block ids and key depths 2 * TILES; an
-    # iteration takes TILES tiles in key order, so a row's bits do not depend on TILES.
+    # TILES (1..4) prefetch slots: slot j holds key tile start + j * BLOCK_N of an iteration, its K/V
+    # loaded one iteration (a lap of TILES tiles) ahead of the arithmetic and its block ids and key
+    # depths two laps ahead. An iteration applies its tiles in key order, so a row's bits do not
+    # depend on TILES.
+    lap = TILES * BLOCK_N
     blk_a, kd_a = _tile_keys(own_plane_table, table, key_depth_ptr, range_start, range_end, offs_n,
                              BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
-    k_a, v_a = _decode_kv_tile(k_head, v_head, table, blk_a, kd_a, qd, range_start, range_end, offs_n, offs_d,
-                               plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb,
-                               BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
-    blk_a, kd_a = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + TILES * BLOCK_N, range_end,
-                             offs_n, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
-    if TILES == 2:
+    k_a, v_a, blk_a, kd_a = _slot_fetch(k_head, v_head, table, own_plane_table, key_depth_ptr, blk_a, kd_a, qd,
+                                        range_start, lap, range_end, offs_n, offs_d, plane_offset, plane_modulus,
+                                        stride_cb, stride_co, stride_tp, stride_tb, stride_kdb, stride_kdo,
+                                        BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+    if TILES >= 2:
         blk_b, kd_b = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + BLOCK_N, range_end, offs_n,
                                  BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
-        k_b, v_b = _decode_kv_tile(k_head, v_head, table, blk_b, kd_b, qd, range_start + BLOCK_N, range_end,
-                                   offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp,
-                                   stride_tb, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
-        blk_b, kd_b = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + 3 * BLOCK_N, range_end,
+        k_b, v_b, blk_b, kd_b = _slot_fetch(k_head, v_head, table, own_plane_table, key_depth_ptr, blk_b, kd_b, qd,
+                                            range_start + BLOCK_N, lap, range_end, offs_n, offs_d, plane_offset,
+                                            plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb,
+                                            stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+    if TILES >= 3:
+        blk_c, kd_c = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + 2 * BLOCK_N, range_end,
                                  offs_n, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
-    for start in range(range_start, range_end, TILES * BLOCK_N):
-        ahead = start + TILES * BLOCK_N
-        k_next, v_next = _decode_kv_tile(k_head, v_head, table, blk_a, kd_a, qd, ahead, range_end,
-                                         offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co,
-                                         stride_tp, stride_tb, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
-        blk_a, kd_a = _tile_keys(own_plane_table, table, key_depth_ptr, ahead + TILES * BLOCK_N, range_end,
+        k_c, v_c, blk_c, kd_c = _slot_fetch(k_head, v_head, table, own_plane_table, key_depth_ptr, blk_c, kd_c, qd,
+                                            range_start + 2 * BLOCK_N, lap, range_end, offs_n, offs_d, plane_offset,
+                                            plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb,
+                                            stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+    if TILES >= 4:
+        blk_d, kd_d = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + 3 * BLOCK_N, range_end,
                                  offs_n, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
-        if TILES == 2:
-            k_next_b, v_next_b = _decode_kv_tile(k_head, v_head, table, blk_b, kd_b, qd, ahead + BLOCK_N,
-                                                 range_end, offs_n, offs_d, plane_offset, plane_modulus,
-                                                 stride_cb, stride_co, stride_tp, stride_tb, BLOCK_SIZE,
-                                                 HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
-            blk_b, kd_b = _tile_keys(own_plane_table, table, key_depth_ptr, ahead + 3 * BLOCK_N, range_end,
-                                     offs_n, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+        k_d, v_d, blk_d, kd_d = _slot_fetch(k_head, v_head, table, own_plane_table, key_depth_ptr, blk_d, kd_d, qd,
+                                            range_start + 3 * BLOCK_N, lap, range_end, offs_n, offs_d, plane_offset,
+                                            plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb,
+                                            stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+    for start in range(range_start, range_end, lap):
+        ahead = start + lap
+        k_next, v_next, blk_a, kd_a = _slot_fetch(
+            k_head, v_head, table, own_plane_table, key_depth_ptr, blk_a, kd_a, qd, ahead, lap, range_end, offs_n,
+            offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb, stride_kdo,
+            BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+        if TILES >= 2:
+            k_next_b, v_next_b, blk_b, kd_b = _slot_fetch(
+                k_head, v_head, table, own_plane_table, key_depth_ptr, blk_b, kd_b, qd, ahead + BLOCK_N, lap,
+                range_end, offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb,
+                stride_kdb, stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+        if TILES >= 3:
+            k_next_c, v_next_c, blk_c, kd_c = _slot_fetch(
+                k_head, v_head, table, own_plane_table, key_depth_ptr, blk_c, kd_c, qd, ahead + 2 * BLOCK_N, lap,
+                range_end, offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb,
+                stride_kdb, stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+        if TILES >= 4:
+            k_next_d, v_next_d, blk_d, kd_d = _slot_fetch(
+                k_head, v_head, table, own_plane_table, key_depth_ptr, blk_d, kd_d, qd, ahead + 3 * BLOCK_N, lap,
+                range_end, offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb,
+                stride_kdb, stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
         m_i, l_i, acc = _lane_update(q, k_a, v_a, start, range_end, offs_n, m_i, l_i, acc)
         k_a, v_a = k_next, v_next
-        if TILES == 2:
-            if start + BLOCK_N < range_end:  # a tile with no key is skipped, not applied
+        # A tile with no key is skipped, not applied.
+        if TILES >= 2:
+            if start + BLOCK_N < range_end:
                 m_i, l_i, acc = _lane_update(q, k_b, v_b, start + BLOCK_N, range_end, offs_n, m_i, l_i, acc)
             k_b, v_b = k_next_b, v_next_b
+        if TILES >= 3:
+            if start + 2 * BLOCK_N < range_end:
+                m_i, l_i, acc = _lane_update(q, k_c, v_c, start + 2 * BLOCK_N, range_end, offs_n, m_i, l_i, acc)
+            k_c, v_c = k_next_c, v_next_c
+        if TILES >= 4:
+            if start + 3 * BLOCK_N < range_end:
+                m_i, l_i, acc = _lane_update(q, k_d, v_d, start + 3 * BLOCK_N, range_end, offs_n, m_i, l_i, acc)
+            k_d, v_d = k_next_d, v_next_d
     # Fold the key lanes into one state per head.
     m_c = tl.max(m_i, 1)
     m_c_ref = tl.where(m_c > float("-inf"), m_c, 0.0)
@@ -596,6 +643,29 @@ def _decode_range(q, k_head, v_head, table, qd, own_plane_table, key_depth_ptr, 
     l_c = tl.sum(l_i * w, 1)
     acc_c = tl.sum(acc * w[:, :, None], 1)
     return m_c, l_c, acc_c
+
+
+@triton.jit
+def _write_own_kv(k_raw_ptr, v_raw_ptr, k_bias_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot_ptr, token,
+                  kvh, n_kv_heads, offs_d, partner, cos, signed_sin, stride_kt, stride_kh, stride_vt, stride_vh,
+                  stride_kbh, stride_cb, stride_co, stride_ch, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                  HAS_K_BIAS: tl.constexpr, KV_FP8: tl.constexpr, UNFUSED: tl.constexpr):
+    """`kv_cache.rope_kv_scatter`'s write of one token's KV head ``kvh``: k rotated (rounded to k's
+    dtype, then the cache's), v copied, both at the token's slot (a negative slot writes nothing);
+    then a barrier, so the program's later key loads see them."""
+    slot = tl.load(slot_ptr + token)
+    if slot >= 0:
+        heads = kvh + tl.arange(0, 1)
+        k = rotate_heads(k_raw_ptr, k_bias_ptr, token, heads, n_kv_heads, stride_kt, stride_kh, stride_kbh, offs_d,
+                         partner, cos, signed_sin, HEAD_DIM, HAS_K_BIAS, False, UNFUSED)
+        k = to_cache(k.to(k_raw_ptr.dtype.element_ty), k_cache_ptr, k_scale_ptr, heads, n_kv_heads, KV_FP8)
+        mask = offs_d[None, :] < HEAD_DIM
+        v = tl.load(v_raw_ptr + token * stride_vt + kvh.to(tl.int64) * stride_vh + offs_d[None, :], mask=mask)
+        v = to_cache(v, v_cache_ptr, v_scale_ptr, heads, n_kv_heads, KV_FP8)
+        dst = slot_offset(slot, BLOCK_SIZE, stride_cb, stride_co) + kvh.to(tl.int64) * stride_ch + offs_d[None, :]
+        tl.store(k_cache_ptr + dst, k, mask=mask)
+        tl.store(v_cache_ptr + dst, v, mask=mask)
+    tl.debug_barrier()
 
 
 @triton.jit
@@ -611,6 +681,10 @@ def _decode_attention_kernel(
     BLOCK_SIZE: tl.constexpr, HAS_ACTIVE: tl.constexpr, HAS_SLOTS: tl.constexpr, QDEPTH_TENSOR: tl.constexpr,
     HAS_KEY_DEPTH: tl.constexpr, DECODE_FROM_TENSOR: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr,
     TILES: tl.constexpr, MERGE_IN_PLACE: tl.constexpr, KV_ALIGNED: tl.constexpr,
+    rope_k_ptr, rope_v_ptr, pos_ptr, cos_sin_ptr, write_slot_ptr, q_bias_ptr, k_bias_ptr,
+    stride_rkt, stride_rkh, stride_rvt, stride_rvh, stride_cs, stride_qbh, stride_kbh, n_kv_heads,
+    ROPE: tl.constexpr, GPTJ: tl.constexpr, HAS_Q_BIAS: tl.constexpr, HAS_K_BIAS: tl.constexpr,
+    UNFUSED: tl.constexpr,
 ):
     """The decode arithmetic: one program per (query token program_id(0), KV head program_id(1)),
     and with SPLIT (a split launch) per range program program_id(2), which takes every
@@ -623,7 +697,12 @@ def _decode_attention_kernel(
     program of the row to finish (counted on counters_ptr[token * KVH + kvh], which it puts back to
     zero) merges them itself, as `_decode_combine_kernel` would. SPLIT is a compile-time flag: the
     unsplit kernel keeps one plain loop over the row's ranges (a runtime range step and workspace
-    stores in that loop cost unsplit launches 6-10%, H200)."""
+    stores in that loop cost unsplit launches 6-10%, H200).
+
+    ROPE (`rope_paged_attention`, one query per sequence): q_ptr holds the unrotated q; the program
+    rotates its heads' q in registers, and the program whose ranges hold the row's own key
+    rotates that token's k, writes it and v into the cache at write_slot_ptr[token] (as
+    `kv_cache.rope_kv_scatter` does, same bits) and passes a barrier before it reads any key."""
     wait_for_inputs(PDL)
     seq, token, position, idle = _locate_row(qsl_ptr, active_ptr, seq_lens_ptr, n_seqs, HAS_ACTIVE)
     if idle:
@@ -643,7 +722,23 @@ def _decode_attention_kernel(
     offs_d = tl.arange(0, DP)
     offs_n = tl.arange(0, BLOCK_N)
     io_mask = _dim_mask(g_ok, offs_d, HEAD_DIM, DP)
-    q = tl.load(q_ptr + token * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=io_mask, other=0.0)
+    if SPLIT:
+        c_step = tl.num_programs(2)
+    else:
+        c_step = 1  # (compile time: one plain loop)
+    if ROPE:
+        partner, cos, signed_sin = rope_angles(cos_sin_ptr + tl.load(pos_ptr + token).to(tl.int64) * stride_cs,
+                                               offs_d, HEAD_DIM, GPTJ)
+        q = rotate_heads(q_ptr, q_bias_ptr, token, head, n_heads, stride_qt, stride_qh, stride_qbh, offs_d, partner,
+                         cos, signed_sin, HEAD_DIM, HAS_Q_BIAS, False, UNFUSED).to(q_ptr.dtype.element_ty)
+        q = tl.where(io_mask, q, 0.0)
+        if c_lo == (tl.maximum(n_ranges, 1) - 1) % c_step:  # this program's ranges hold the row's own key
+            _write_own_kv(rope_k_ptr, rope_v_ptr, k_bias_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, write_slot_ptr,
+                          token, kvh, n_kv_heads, offs_d, partner, cos, signed_sin, stride_rkt, stride_rkh,
+                          stride_rvt, stride_rvh, stride_kbh, stride_cb, stride_co, stride_ch, HEAD_DIM,
+                          BLOCK_SIZE, HAS_K_BIAS, KV_FP8, UNFUSED)
+    else:
+        q = tl.load(q_ptr + token * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=io_mask, other=0.0)
     if KV_FP8:  # FP8 K/V are widened exactly; K's scale joins the score scale, V's the output's
         qk_scale = qk_scale * tl.load(k_scale_ptr + kvh)
     q = (q.to(tl.float32) * qk_scale)[:, None, :]  # [GP, 1, DP]
@@ -656,10 +751,6 @@ def _decode_attention_kernel(
     l_run = tl.zeros([GP], tl.float32)
     acc_run = tl.zeros([GP, DP], tl.float32)
     many = n_ranges > 1  # a split row of several ranges: each goes to the workspace, merged once all are there
-    if SPLIT:
-        c_step = tl.num_programs(2)
-    else:
-        c_step = 1  # (compile time: one plain loop)
     for c in range(c_lo, n_ranges, c_step):
         range_start = c * split_size
         m_c, l_c, acc_c = _decode_range(
@@ -765,17 +856,27 @@ SPLIT_BELOW_PROGRAMS_PER_SM = 2
 DECODE_LANE_ELEMENTS = 16
 DECODE_WARPS = 4
 DECODE_STAGES = 1
-# Key tiles the decode kernel keeps in flight (loads issued ahead of the arithmetic; any value
-# gives the same bits): two where the launch has at most one (token, KV head) per SM, each program
-# then bound by load latency (H200, Ouro 16 x 128: batch 1 x 192 keys 10.2 -> 9.4 us, 1 x 4096 keys
-# 46.7 -> 35.6 us), one in fuller launches (batch 64 x 192: 39.2 us against 44.2 with two).
-DECODE_TILES_SMALL_LAUNCH = 2
+# Key tiles the decode kernel keeps in flight (loads issued ahead of the arithmetic; 1..4, any value
+# gives the same bits): four where the launch has at most one (token, KV head) per SM, each program
+# then bound by load latency, one in fuller launches. H200, Ouro 16 x 128: 1 -> 2 tiles at batch 1 x
+# 192 keys 10.2 -> 9.4 us, 1 x 4096 keys 46.7 -> 35.6 us; 2 -> 4 tiles in the decode chain of 96
+# layer-loops (perf.bench_decode_chain, 64-key-range tables of 4K keys) 4.461 -> 4.333 ms at batch 1
+# and 4.698 -> 4.562 at batch 4 (3 tiles: 4.388 / 4.593); batch 64 x 192 keys 38.3 us with one
+# tile against 44.5 with two and 51.2 with four.
+DECODE_TILES_SMALL_LAUNCH = 4
 DECODE_TILES = 1
 # Programs per SM a split decode launch aims for (`_decode_range_programs`). H200, Ouro 16 x 128,
 # tables as wide as a 64K context (64 ranges), against a program per range: batch 16 x 192 keys
 # 18.0 -> 10.2 us, x 32K keys 1090 -> 1077 (one program per row, each row's ranges in series:
 # 1553); batch 1 x 192 keys 7.1 -> 6.4, x 4096 32.2 -> 23.2, x 32K 74 -> 82.
 DECODE_RANGE_PROGRAMS_PER_SM = 2
+# `rope_paged_attention` rotates q and writes the token's K/V inside the decode launch only while the
+# launch has fewer (token, KV head) programs than this per SM (the launches that split their keys).
+# The prologue costs the unsplit kernel registers (96 -> 117 at sm_90, one program per SM less), so
+# fuller launches keep `rope_kv_scatter` before the attention (same bits). H200, the decode chain of
+# perf.bench_decode_chain, ms per step, two kernels -> fused: batch 1 4.449 -> 4.333 (4 key tiles in
+# flight), 16: 5.447 -> 5.303, 64: 8.048 -> 8.000, 256: 18.68 -> 19.91.
+FUSED_ROPE_BELOW_PROGRAMS_PER_SM = 2
 # Largest workspace the call allocates by itself when it decides to split (no workspace given).
 AUTO_WORKSPACE_BYTES = 256 << 20
 # decode_from=None: no row takes the decode arithmetic.
@@ -894,6 +995,21 @@ def _check_int(name, t, dtypes=(torch.int32,), dim=1):
                          f"{t.dim()}-D {t.dtype}")
 
 
+def _rope_args(rope, q, kvh: int) -> dict:
+    """The decode kernel's RoPE arguments: `rope_paged_attention`'s inputs, or inert ones."""
+    if rope is None:
+        return dict(rope_k_ptr=q, rope_v_ptr=q, pos_ptr=q, cos_sin_ptr=q, write_slot_ptr=q, q_bias_ptr=q, k_bias_ptr=q,
+                    stride_rkt=0, stride_rkh=0, stride_rvt=0, stride_rvh=0, stride_cs=0, stride_qbh=0, stride_kbh=0,
+                    n_kv_heads=kvh, ROPE=False, GPTJ=False, HAS_Q_BIAS=False, HAS_K_BIAS=False, UNFUSED=False)
+    k, v, positions, cos_sin, slots, q_bias, k_bias, gptj = rope
+    return dict(rope_k_ptr=k, rope_v_ptr=v, pos_ptr=positions, cos_sin_ptr=cos_sin, write_slot_ptr=slots,
+                q_bias_ptr=q if q_bias is None else q_bias, k_bias_ptr=k if k_bias is None else k_bias,
+                stride_rkt=k.stride(0), stride_rkh=k.stride(1), stride_rvt=v.stride(0), stride_rvh=v.stride(1),
+                stride_cs=cos_sin.stride(0), stride_qbh=0 if q_bias is None else q_bias.stride(0),
+                stride_kbh=0 if k_bias is None else k_bias.stride(0), n_kv_heads=kvh, ROPE=True, GPTJ=gptj,
+                HAS_Q_BIAS=q_bias is not None, HAS_K_BIAS=k_bias is not None, UNFUSED=not interpreter_active())
+
+
 def paged_attention(
     q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *,
     scale=None, out=None, workspace=None, seq_slots=None, query_depth=None, key_depth=None,
@@ -912,6 +1028,79 @@ def paged_attention(
     `new_range_counters` (zero between calls; one per stream) lets a split decode launch merge its
     key ranges without the combine kernel. Returns out.
     """
+    return _attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale=scale, out=out,
+                      workspace=workspace, seq_slots=seq_slots, query_depth=query_depth, key_depth=key_depth,
+                      plane_offset=plane_offset, plane_modulus=plane_modulus, active_seqs=active_seqs,
+                      split_size=split_size, decode_from=decode_from, k_scale=k_scale, v_scale=v_scale,
+                      range_counters=range_counters)
+
+
+def rope_paged_attention_reference(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables, seq_lens,
+                                   query_start_loc, *, style="neox", q_bias=None, k_bias=None, k_scale=None,
+                                   v_scale=None, active_seqs=None, **attention_kwargs):
+    """Torch reference of `rope_paged_attention`: `rope_kv_scatter_reference` (live rows: the
+    live sequences, one query each), then `paged_attention_reference` with the decode arithmetic."""
+    from .kv_cache import rope_kv_scatter_reference
+
+    q_rot = rope_kv_scatter_reference(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, style=style,
+                                      q_bias=q_bias, k_bias=k_bias, active_rows=active_seqs, k_scale=k_scale,
+                                      v_scale=v_scale)
+    return paged_attention_reference(q_rot, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                                     active_seqs=active_seqs, decode_from=0, k_scale=k_scale, v_scale=v_scale,
+                                     **attention_kwargs)
+
+
+def rope_paged_attention(
+    q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables, seq_lens, query_start_loc, *,
+    style="neox", q_bias=None, k_bias=None, k_scale=None, v_scale=None, active_seqs=None, **attention_kwargs,
+):
+    """`rope_kv_scatter` then `paged_attention` with the decode arithmetic, for passes with one
+    query token per sequence (decode steps and draft passes). Launches of fewer than
+    FUSED_ROPE_BELOW_PROGRAMS_PER_SM (token, KV head) programs per SM run as one: the decode
+    program rotates q in registers and writes its KV head's rotated k and v at the token's slot
+    before it reads keys, so no rotated q goes through memory and no scatter kernel runs. Fuller
+    launches run the two kernels. Same bits either way.
+
+    q [S, H, D] (unrotated), k, v [S, KVH, D], positions [S], cos_sin [P, D] fp32, slot_mapping [S]
+    int64, style / q_bias / k_bias as in `rope_kv_scatter`; seq_lens [S]; query_start_loc [S + 1]
+    must be 0, 1, ..., S (not checked on the device). active_seqs limits both the writes and the
+    rows attended. The other keywords are `paged_attention`'s (decode_from is 0). Returns out.
+    """
+    check_rope_inputs(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, style=style, q_bias=q_bias,
+                      k_bias=k_bias, active_rows=active_seqs, k_scale=k_scale, v_scale=v_scale)
+    if seq_lens.shape[0] != q.shape[0]:
+        raise ValueError(f"rope_paged_attention takes one query per sequence: q has {q.shape[0]} rows for "
+                         f"{seq_lens.shape[0]} sequences")
+    if "decode_from" in attention_kwargs:
+        raise ValueError("rope_paged_attention always takes the decode arithmetic (decode_from=0)")
+    check_launchable(k, v, positions, cos_sin, slot_mapping, q_bias, k_bias)
+    scales = {} if k_scale is None else dict(k_scale=k_scale, v_scale=v_scale)
+    if not _fuses_rope(q.shape[0] * k_cache.shape[2], q.device):
+        q_rot = rope_kv_scatter(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, style=style, q_bias=q_bias,
+                                k_bias=k_bias, active_rows=active_seqs, **scales)
+        return _attention(q_rot, k_cache, v_cache, block_tables, seq_lens, query_start_loc, decode_from=0,
+                          active_seqs=active_seqs, **scales, **attention_kwargs)
+    rope = (k, v, positions, cos_sin, slot_mapping, q_bias, k_bias, style == "gptj")
+    return _attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, decode_from=0,
+                      active_seqs=active_seqs, rope=rope, **scales, **attention_kwargs)
+
+
+def _fuses_rope(programs: int, device: torch.device) -> bool:
+    """Whether a decode launch of ``programs`` (token, KV head) programs rotates and writes K/V
+    itself: below FUSED_ROPE_BELOW_PROGRAMS_PER_SM per SM, and always under the interpreter (no SM
+    count). Either way gives the same bits."""
+    sms = _sm_count(device)
+    return sms == 0 or programs < FUSED_ROPE_BELOW_PROGRAMS_PER_SM * sms
+
+
+def _attention(
+    q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *,
+    scale=None, out=None, workspace=None, seq_slots=None, query_depth=None, key_depth=None,
+    plane_offset=0, plane_modulus=None, active_seqs=None, split_size=None, decode_from=None,
+    k_scale=None, v_scale=None, range_counters=None, rope=None,
+):
+    """`paged_attention`; rope: `rope_paged_attention`'s (k, v, positions, cos_sin, slot_mapping,
+    q_bias, k_bias, gptj) for the decode launch."""
     if range_counters is not None and (range_counters.dtype != torch.int32 or range_counters.device != q.device):
         raise ValueError("range_counters must be an int32 tensor on q's device (new_range_counters)")
     check_launchable(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out, workspace,
@@ -1027,7 +1216,7 @@ def paged_attention(
             small = grid[0] * grid[1] <= _sm_count(q.device)  # at most one row's program per SM
             merge_in_place = split_launch and range_counters is not None and range_counters.numel() >= programs * kvh
             extra = dict(TILES=DECODE_TILES_SMALL_LAUNCH if small else DECODE_TILES, MERGE_IN_PLACE=merge_in_place,
-                         counters_ptr=range_counters if merge_in_place else ws)
+                         counters_ptr=range_counters if merge_in_place else ws, **_rope_args(rope, q, kvh))
         kernel[grid](
             *ptrs[:4], ws, *ptrs[5:], *scalars, ml_base, int(split_launch), *strides,
             num_warps=num_warps, num_stages=num_stages, **cfg, **flags, **extra, PDL=pdl, launch_pdl=pdl,

@@ -23,9 +23,12 @@ import torch
 
 from ._rows import active_count
 from ._pdl import pdl_launch, wait_for_inputs
-from ._triton import check_launchable, tl, triton
+from ._triton import HAS_TRITON, check_launchable, tl, triton
 from .fp8 import FP8_DTYPE, FP8_MAX, check_kv_scales, quantize_fp8
 from .norms import apply_rope_reference
+
+if HAS_TRITON:
+    from triton.language.extra import libdevice
 
 FP8_LIMIT = tl.constexpr(FP8_MAX)  # a constexpr object: Triton 3.6 reads no other globals in kernels
 TILE_ELEMENTS = 2048  # heads x head_dim elements per program and tensor
@@ -97,11 +100,13 @@ def _round_to_e4m3(y):
     ulp = ((tl.maximum(exp_bits, 127 - 6) - 3) << 23).to(tl.float32, bitcast=True)
     shift = ulp * 12582912.0  # 1.5 * 2^23 ulps: the sum's fp32 ulp is this binade's e4m3 ulp
     r = (a + shift) - shift
-    return tl.where(y < 0, -r, r)
+    # y's sign bit onto r >= 0 (a negative y that rounds to zero gives -0, as torch's cast does)
+    sign = y.to(tl.int32, bitcast=True) & -2147483648
+    return (r.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _to_cache(x, cache_ptr, scale_ptr, heads, num_heads, FP8: tl.constexpr):
+def to_cache(x, cache_ptr, scale_ptr, heads, num_heads, FP8: tl.constexpr):
     """A [BLOCK_H, BLOCK_D] tile in the cache's dtype: a cast, or with FP8 x / scale[head] in
     fp32, clamped to ±448 and rounded to nearest even."""
     if FP8:
@@ -140,19 +145,40 @@ def _kv_scatter_kernel(
             v = tl.load(v_ptr + t64 * stride_vt + h64 * stride_vh + dims[None, :], mask=mask)
             k_dst = k_cache_ptr + slot_offset(slot, block_size, stride_kcb, stride_kcs) + h64 * stride_kch
             v_dst = v_cache_ptr + slot_offset(slot, block_size, stride_vcb, stride_vcs) + h64 * stride_vch
-            tl.store(k_dst + dims[None, :], _to_cache(k, k_cache_ptr, k_scale_ptr, heads, num_kv_heads, FP8), mask=mask)
-            tl.store(v_dst + dims[None, :], _to_cache(v, v_cache_ptr, v_scale_ptr, heads, num_kv_heads, FP8), mask=mask)
+            tl.store(k_dst + dims[None, :], to_cache(k, k_cache_ptr, k_scale_ptr, heads, num_kv_heads, FP8), mask=mask)
+            tl.store(v_dst + dims[None, :], to_cache(v, v_cache_ptr, v_scale_ptr, heads, num_kv_heads, FP8), mask=mask)
 
 
 @triton.jit
-def _rotate_tile(
+def rope_angles(cos_sin_row, dims, HEAD_DIM: tl.constexpr, GPTJ: tl.constexpr):
+    """(partner, cos, signed_sin) [BLOCK_D] of one position's row of the cos/sin table: the
+    dimension each element rotates with, and the factors of x' = x * cos + partner * signed_sin.
+    GPTJ pairs (2i, 2i + 1) share angle i, else (i, i + D/2)."""
+    if GPTJ:
+        first = (dims % 2) == 0
+        partner = dims ^ 1
+        freq = dims // 2
+    else:
+        first = dims < HEAD_DIM // 2
+        partner = tl.where(first, dims + HEAD_DIM // 2, dims - HEAD_DIM // 2)
+        freq = tl.where(first, dims, dims - HEAD_DIM // 2)
+    cos = tl.load(cos_sin_row + freq, mask=dims < HEAD_DIM, other=0)
+    sin = tl.load(cos_sin_row + HEAD_DIM // 2 + freq, mask=dims < HEAD_DIM, other=0)
+    return partner, cos, tl.where(first, -sin, sin)
+
+
+@triton.jit
+def rotate_heads(
     x_ptr, bias_ptr, row, heads, num_heads, stride_t, stride_h, stride_bias_h, dims, partner, cos, signed_sin,
-    HEAD_DIM: tl.constexpr, HAS_BIAS: tl.constexpr, FP64: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HAS_BIAS: tl.constexpr, FP64: tl.constexpr, UNFUSED: tl.constexpr,
 ):
     """Rotated tile [BLOCK_H, BLOCK_D] of token ``row``: (x + b) * cos + (x' + b') * ±sin.
 
     x' is the rotation partner of each element; the math runs in fp32 (fp64 when FP64) and
     matches the reference operation for operation: x1*cos - x2*sin == x1*cos + x2*(-sin).
+    UNFUSED (kernels compiled with FP fusion on, outside the interpreter): the products and
+    their sum through libdevice's round-to-nearest multiply and add, which no FMA contraction
+    merges, so the result is the same as in a kernel compiled without fusion.
     """
     if FP64:
         cos = cos.to(tl.float64)
@@ -166,6 +192,8 @@ def _rotate_tile(
         bias = bias_ptr + h64 * stride_bias_h
         x = x + tl.load(bias + dims[None, :], mask=mask, other=0).to(cos.dtype)
         y = y + tl.load(bias + partner[None, :], mask=mask, other=0).to(cos.dtype)
+    if UNFUSED:
+        return libdevice.add_rn(libdevice.mul_rn(x, cos[None, :]), libdevice.mul_rn(y, signed_sin[None, :]))
     return x * cos[None, :] + y * signed_sin[None, :]
 
 
@@ -188,24 +216,14 @@ def _rope_kv_scatter_kernel(
     c = tl.program_id(1)
     if t < row_limit(active_ptr, num_rows, HAS_ACTIVE):
         dims = tl.arange(0, BLOCK_D)
-        if GPTJ:  # pairs (2i, 2i + 1) share angle i
-            first = (dims % 2) == 0
-            partner = dims ^ 1
-            freq = dims // 2
-        else:  # pairs (i, i + D/2) share angle i
-            first = dims < HEAD_DIM // 2
-            partner = tl.where(first, dims + HEAD_DIM // 2, dims - HEAD_DIM // 2)
-            freq = tl.where(first, dims, dims - HEAD_DIM // 2)
         t64 = t.to(tl.int64)
-        table = cos_sin_ptr + tl.load(pos_ptr + t).to(tl.int64) * stride_cs
-        cos = tl.load(table + freq, mask=dims < HEAD_DIM, other=0)
-        sin = tl.load(table + HEAD_DIM // 2 + freq, mask=dims < HEAD_DIM, other=0)
-        signed_sin = tl.where(first, -sin, sin)
+        partner, cos, signed_sin = rope_angles(cos_sin_ptr + tl.load(pos_ptr + t).to(tl.int64) * stride_cs, dims,
+                                               HEAD_DIM, GPTJ)
         if c < q_chunks:
             heads = c * BLOCK_H + tl.arange(0, BLOCK_H)
-            q = _rotate_tile(
+            q = rotate_heads(
                 q_ptr, q_bias_ptr, t64, heads, num_q_heads, stride_qt, stride_qh, stride_qbh, dims, partner,
-                cos, signed_sin, HEAD_DIM, HAS_Q_BIAS, Q_FP64,
+                cos, signed_sin, HEAD_DIM, HAS_Q_BIAS, Q_FP64, False,
             )
             q = q.to(q_ptr.dtype.element_ty).to(q_out_ptr.dtype.element_ty)
             h64 = heads.to(tl.int64)[:, None]
@@ -215,18 +233,18 @@ def _rope_kv_scatter_kernel(
             slot = tl.load(slot_ptr + t)
             if slot >= 0:
                 heads = (c - q_chunks) * BLOCK_H + tl.arange(0, BLOCK_H)
-                k = _rotate_tile(
+                k = rotate_heads(
                     k_ptr, k_bias_ptr, t64, heads, num_kv_heads, stride_kt, stride_kh, stride_kbh, dims, partner,
-                    cos, signed_sin, HEAD_DIM, HAS_K_BIAS, K_FP64,
+                    cos, signed_sin, HEAD_DIM, HAS_K_BIAS, K_FP64, False,
                 )
-                k = _to_cache(k.to(k_ptr.dtype.element_ty), k_cache_ptr, k_scale_ptr, heads, num_kv_heads, FP8)
+                k = to_cache(k.to(k_ptr.dtype.element_ty), k_cache_ptr, k_scale_ptr, heads, num_kv_heads, FP8)
                 h64 = heads.to(tl.int64)[:, None]
                 mask = _head_mask(heads, dims, num_kv_heads, HEAD_DIM)
                 v = tl.load(v_ptr + t64 * stride_vt + h64 * stride_vh + dims[None, :], mask=mask)
                 k_dst = k_cache_ptr + slot_offset(slot, block_size, stride_kcb, stride_kcs) + h64 * stride_kch
                 v_dst = v_cache_ptr + slot_offset(slot, block_size, stride_vcb, stride_vcs) + h64 * stride_vch
                 tl.store(k_dst + dims[None, :], k, mask=mask)
-                tl.store(v_dst + dims[None, :], _to_cache(v, v_cache_ptr, v_scale_ptr, heads, num_kv_heads, FP8),
+                tl.store(v_dst + dims[None, :], to_cache(v, v_cache_ptr, v_scale_ptr, heads, num_kv_heads, FP8),
                          mask=mask)
 
 
@@ -294,6 +312,28 @@ def kv_scatter(k, v, k_cache, v_cache, slot_mapping, *, active_rows=None, k_scal
     )
 
 
+def check_rope_inputs(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, *, style, q_bias, k_bias,
+                      active_rows, k_scale, v_scale) -> None:
+    """ValueError naming the argument where `rope_kv_scatter`'s inputs (shared by
+    `attention.rope_paged_attention`) do not fit together."""
+    if style not in ("neox", "gptj"):
+        raise ValueError(f"style must be 'neox' or 'gptj', got {style!r}")
+    _check_kv(k, v, k_cache, v_cache, slot_mapping, active_rows)
+    _check_scales(k_cache, v_cache, k_scale, v_scale)
+    if q.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(f"q must be [T, H, D] matching k {tuple(k.shape)}, got {tuple(q.shape)}")
+    num_rows, num_heads, head_dim = q.shape
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even for RoPE, got {head_dim}")
+    if positions.shape != (num_rows,):
+        raise ValueError(f"positions must be [{num_rows}], got {tuple(positions.shape)}")
+    if cos_sin.dim() != 2 or cos_sin.shape[1] != head_dim or cos_sin.stride(1) != 1:
+        raise ValueError(f"cos_sin must be a row-contiguous [P, {head_dim}] table, got {tuple(cos_sin.shape)}")
+    for name, bias, heads in (("q_bias", q_bias, num_heads), ("k_bias", k_bias, k.shape[1])):
+        if bias is not None and (tuple(bias.shape) != (heads, head_dim) or bias.stride(1) != 1):
+            raise ValueError(f"{name} must be a row-contiguous [{heads}, {head_dim}] tensor, got {tuple(bias.shape)}")
+
+
 def rope_kv_scatter(
     q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, *,
     style="neox", q_bias=None, k_bias=None, q_out=None, active_rows=None, k_scale=None, v_scale=None,
@@ -310,23 +350,10 @@ def rope_kv_scatter(
     q rotated but write no K/V. Graph-safe when q_out is given. float8_e4m3fn caches take
     k_scale / v_scale fp32 [KVH] (see the module docstring).
     """
-    if style not in ("neox", "gptj"):
-        raise ValueError(f"style must be 'neox' or 'gptj', got {style!r}")
-    _check_kv(k, v, k_cache, v_cache, slot_mapping, active_rows)
-    _check_scales(k_cache, v_cache, k_scale, v_scale)
-    if q.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-        raise ValueError(f"q must be [T, H, D] matching k {tuple(k.shape)}, got {tuple(q.shape)}")
+    check_rope_inputs(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, style=style, q_bias=q_bias,
+                      k_bias=k_bias, active_rows=active_rows, k_scale=k_scale, v_scale=v_scale)
     num_rows, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
-    if head_dim % 2:
-        raise ValueError(f"head_dim must be even for RoPE, got {head_dim}")
-    if positions.shape != (num_rows,):
-        raise ValueError(f"positions must be [{num_rows}], got {tuple(positions.shape)}")
-    if cos_sin.dim() != 2 or cos_sin.shape[1] != head_dim or cos_sin.stride(1) != 1:
-        raise ValueError(f"cos_sin must be a row-contiguous [P, {head_dim}] table, got {tuple(cos_sin.shape)}")
-    for name, bias, heads in (("q_bias", q_bias, num_heads), ("k_bias", k_bias, num_kv_heads)):
-        if bias is not None and (tuple(bias.shape) != (heads, head_dim) or bias.stride(1) != 1):
-            raise ValueError(f"{name} must be a row-contiguous [{heads}, {head_dim}] tensor, got {tuple(bias.shape)}")
     q_out = torch.empty_like(q) if q_out is None else q_out
     if q_out.shape != q.shape or q.stride(-1) != 1 or q_out.stride(-1) != 1:
         raise ValueError("q_out must have q's shape; q and q_out must be contiguous in head_dim")

@@ -428,6 +428,27 @@ MUTANTS = (
         ("tests/runtime/test_draft_policy.py::test_adaptive_measures_deeper_positions_again",),
         "a request whose deep draft positions were judged too early stays below its best count for good",
     ),
+    Mutant(
+        "fused-rope-split-writer-misses-its-range", "rlt_kernels/attention.py",
+        "if c_lo == (tl.maximum(n_ranges, 1) - 1) % c_step:  # this program's ranges hold the row's own key",
+        "if c_lo == tl.maximum(n_ranges, 1) % c_step:",
+        ("tests/kernels/test_rope_paged_attention.py::test_split_rows_write_their_own_key_once[2]",),
+        "in a split decode launch the range program that writes a row's own key is not the one that reads it",
+    ),
+    Mutant(
+        "fused-rope-q-unrotated", "rlt_kernels/attention.py",
+        "q = tl.where(io_mask, q, 0.0)",
+        "q = tl.load(q_ptr + token * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=io_mask, other=0.0)",
+        ("tests/kernels/test_rope_paged_attention.py::test_fused_pass_gives_the_two_kernels_bits[bf16 neox MHA]",),
+        "the fused decode launch attends with the unrotated q",
+    ),
+    Mutant(
+        "fused-rope-v-not-written", "rlt_kernels/attention.py",
+        "tl.store(v_cache_ptr + dst, v, mask=mask)",
+        "tl.store(v_cache_ptr + dst, v * 0, mask=mask)",
+        ("tests/kernels/test_rope_paged_attention.py::test_fused_pass_gives_the_two_kernels_bits[bf16 neox MHA]",),
+        "the fused decode launch writes the token's own value row wrongly",
+    ),
 )
 
 

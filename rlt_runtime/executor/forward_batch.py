@@ -56,7 +56,9 @@ class ForwardBatch:
     recomputed outputs take the decode arithmetic there, see `rlt_kernels.attention`), None when
     every row is a prompt token. key_depth_reads: False when every key the pass can see ran every
     loop (prompt tokens, and the tokens of requests that never exit early), so no key is read from
-    an earlier loop's plane and attention skips the key-depth table.
+    an earlier loop's plane and attention skips the key-depth table. one_query_per_sequence: rows
+    and sequences coincide (query_start_loc 0..S, decode_from 0), so `attend` rotates, writes and
+    attends in one launch (`rope_paged_attention`).
     """
 
     ops: Any
@@ -74,6 +76,7 @@ class ForwardBatch:
     workspace: Optional[torch.Tensor] = None
     decode_from: Any = None
     key_depth_reads: bool = True
+    one_query_per_sequence: bool = False  # decode passes: RoPE and the K/V write run inside the attention launch
     _slots: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -109,16 +112,23 @@ class ForwardBatch:
         k_cache, v_cache = self.kv.k[cache_layer], self.kv.v[cache_layer]
         scales = {} if self.kv.k_scale is None else dict(k_scale=self.kv.k_scale[cache_layer],
                                                          v_scale=self.kv.v_scale[cache_layer])
+        planes = dict(seq_slots=self.seq_slots, query_depth=spec.query_depth,
+                      key_depth=self.kv.key_depth if spec.use_key_depth and self.key_depth_reads else None,
+                      plane_offset=spec.plane_offset, plane_modulus=spec.plane_modulus, workspace=self.workspace)
+        if self.one_query_per_sequence:
+            out = ops.rope_paged_attention(
+                q, k, v, self.positions, self.cos_sin, k_cache, v_cache, self.slot_mapping(spec), self.kv.block_tables,
+                self.seq_lens, self.query_start_loc, style=self.rope_style, q_bias=q_bias, k_bias=k_bias,
+                active_seqs=self.active, **planes, **scales,
+            )
+            return out.view(out.shape[0], -1)
         q_rot = ops.rope_kv_scatter(
             q, k, v, self.positions, self.cos_sin, k_cache, v_cache, self.slot_mapping(spec),
             style=self.rope_style, q_bias=q_bias, k_bias=k_bias, active_rows=self.active, **scales,
         )
         out = ops.paged_attention(
             q_rot, k_cache, v_cache, self.kv.block_tables, self.seq_lens, self.query_start_loc,
-            seq_slots=self.seq_slots, query_depth=spec.query_depth,
-            key_depth=self.kv.key_depth if spec.use_key_depth and self.key_depth_reads else None,
-            plane_offset=spec.plane_offset, plane_modulus=spec.plane_modulus,
-            active_seqs=self.active if self.active_seqs is None else self.active_seqs, workspace=self.workspace,
-            decode_from=self.decode_from, **scales,
+            active_seqs=self.active if self.active_seqs is None else self.active_seqs, decode_from=self.decode_from,
+            **planes, **scales,
         )
         return out.view(out.shape[0], -1)

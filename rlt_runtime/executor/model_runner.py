@@ -698,7 +698,7 @@ class ModelRunner:
             ops=self.ops, kv=self.kv, positions=pos, token_slots=slots, seq_slots=slots,
             seq_lens=(pos + 1).to(torch.int32), query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=self.device),
             cos_sin=self.cos_sin, rope_style=self.model.rope_style, active=active, decode_from=0,
-            key_depth_reads=key_depth_reads,
+            key_depth_reads=key_depth_reads, one_query_per_sequence=True,
         )
 
     def _record_exit(self, batch: ForwardBatch, exit_now: torch.Tensor, t: int) -> None:

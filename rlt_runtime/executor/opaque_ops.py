@@ -97,6 +97,23 @@ def _paged_attention(impl: int, q: Tensor, k_cache: Tensor, v_cache: Tensor, blo
                  split_size=split_size, decode_from=decode_from if decode_froms is None else decode_froms, **scales)
 
 
+@_op("rope_paged_attention", ("k_cache", "v_cache", "out", "workspace"))
+def _rope_paged_attention(impl: int, q: Tensor, k: Tensor, v: Tensor, positions: Tensor, cos_sin: Tensor,
+                          k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor, block_tables: Tensor,
+                          seq_lens: Tensor, query_start_loc: Tensor, style: str, q_bias: Optional[Tensor],
+                          k_bias: Optional[Tensor], out: Tensor, workspace: Optional[Tensor],
+                          seq_slots: Optional[Tensor], query_depth: Optional[int], query_depths: Optional[Tensor],
+                          key_depth: Optional[Tensor], plane_offset: int, plane_modulus: Optional[int],
+                          active_seqs: Optional[Tensor], split_size: Optional[int], k_scale: Optional[Tensor],
+                          v_scale: Optional[Tensor]) -> None:
+    scales = {} if k_scale is None else dict(k_scale=k_scale, v_scale=v_scale)
+    _IMPLS[impl](q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
+                 style=style, q_bias=q_bias, k_bias=k_bias, out=out, workspace=workspace, seq_slots=seq_slots,
+                 query_depth=query_depth if query_depths is None else query_depths, key_depth=key_depth,
+                 plane_offset=plane_offset, plane_modulus=plane_modulus, active_seqs=active_seqs, split_size=split_size,
+                 **scales)
+
+
 @_op("scatter_rows", ("dst",))
 def _scatter_rows(impl: int, src: Tensor, index: Tensor, dst: Tensor, active_rows: Optional[Tensor]) -> None:
     _IMPLS[impl](src, index, dst, active_rows=active_rows)
@@ -140,7 +157,7 @@ def opaque(ops: SimpleNamespace) -> SimpleNamespace:
     """The same namespace with every kernel called through its custom op (signatures unchanged)."""
     i = {name: _register(getattr(ops, name)) for name in (
         "linear", "linear_residual_norm", "rms_norm", "residual_norm", "rope_kv_scatter", "paged_attention",
-        "scatter_rows", "sample", "filtered_probs", "compute_logprobs", "accept_draft", "finalize_last_exited")}
+        "rope_paged_attention", "scatter_rows", "sample", "filtered_probs", "compute_logprobs", "accept_draft", "finalize_last_exited")}
 
     def linear(x, weight, *, out=None, active_rows=None, activation=None):
         n = weight.shape[0] // 2 if activation == "swiglu" else weight.shape[0]
@@ -198,6 +215,20 @@ def opaque(ops: SimpleNamespace) -> SimpleNamespace:
                          decode_from if tensor_from else None, k_scale, v_scale)
         return out
 
+    def rope_paged_attention(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables, seq_lens,
+                             query_start_loc, *, style="neox", q_bias=None, k_bias=None, out=None, workspace=None,
+                             seq_slots=None, query_depth=None, key_depth=None, plane_offset=0, plane_modulus=None,
+                             active_seqs=None, split_size=None, k_scale=None, v_scale=None):
+        out = torch.empty_like(q) if out is None else out
+        tensor_depth = isinstance(query_depth, torch.Tensor)
+        _rope_paged_attention(i["rope_paged_attention"], q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping,
+                              block_tables, seq_lens, query_start_loc, style, q_bias, k_bias, out, workspace, seq_slots,
+                              None if tensor_depth or query_depth is None else int(query_depth),
+                              query_depth if tensor_depth else None, key_depth, int(plane_offset),
+                              None if plane_modulus is None else int(plane_modulus), active_seqs, split_size, k_scale,
+                              v_scale)
+        return out
+
     def scatter_rows(src, index, dst, *, active_rows=None):
         _scatter_rows(i["scatter_rows"], src, index, dst, active_rows)
         return dst
@@ -239,7 +270,7 @@ def opaque(ops: SimpleNamespace) -> SimpleNamespace:
     wrapped = dict(vars(ops))
     wrapped.update(linear=linear, linear_residual_norm=linear_residual_norm, rms_norm=rms_norm,
                    residual_norm=residual_norm, rope_kv_scatter=rope_kv_scatter,
-                   paged_attention=paged_attention, scatter_rows=scatter_rows, sample=sample,
+                   paged_attention=paged_attention, rope_paged_attention=rope_paged_attention, scatter_rows=scatter_rows, sample=sample,
                    filtered_probs=filtered_probs, compute_logprobs=compute_logprobs, accept_draft=accept_draft,
                    finalize_last_exited=finalize_last_exited)
     return SimpleNamespace(**wrapped)

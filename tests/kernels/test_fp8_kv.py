@@ -38,6 +38,7 @@ def test_kv_scatter_quantizes_like_torch(device, dtype):
     k = randn((6, KVH, D), dtype, device, gen, scale=40.0)  # spans subnormals, binade carries and clamping
     v = randn((6, KVH, D), dtype, device, gen, scale=4.0)
     k[0, 0, :4] = torch.tensor([7.8, -7.9, 500.0, 1e-4], dtype=dtype) * K_SCALE[0]
+    k[1, 0, :3] = torch.tensor([-1e-4, -0.0, 1e-4], dtype=dtype) * K_SCALE[0]  # round to -0, -0, +0 as torch's cast
     ks, vs = _scales(device)
     slots = torch.tensor([3, 17, -1, 40, 5, 100], dtype=torch.int64, device=device)
     active = torch.tensor([5], dtype=torch.int32, device=device)

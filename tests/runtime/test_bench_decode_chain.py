@@ -1,5 +1,6 @@
 """perf/bench_decode_chain: its floor counts Ouro-1.4B's layer weights once per layer-loop, and its
-chain runs (interpreter on CPU) with the same bits whichever way split attention is merged."""
+chain runs (interpreter on CPU) with the same bits whichever way split attention is merged and
+whether RoPE runs in the attention launch."""
 
 import math
 
@@ -30,6 +31,9 @@ def test_tiny_chain_gives_one_result_whichever_way_ranges_merge(monkeypatch):
     chain.merge_in_place = True
     assert torch.equal(chain.step(), combined) and torch.isfinite(combined).all()
     assert not chain.range_counters.any()
+    chain.fused_rope = True  # the engine's decode: RoPE and the K/V write inside the attention launch
+    assert torch.equal(chain.step(), combined)
+    chain.fused_rope = False
     for drop in chain_bench.ABLATIONS.values():  # every ablation runs, and leaving a kernel out changes the result
         chain.drop = frozenset(drop)
         out = chain.step()

@@ -15,18 +15,22 @@ def _attention_calls(llm: LLM, params: list[SamplingParams]) -> list[tuple]:
     runner = llm.engine.executor.worker.runner
     assert runner.layout.use_key_depth_reads
     calls = []
-    attend = runner.ops.paged_attention
+    attend, fused = runner.ops.paged_attention, runner.ops.rope_paged_attention
 
     def spied(*args, **kw):
         kind = "decode" if isinstance(kw["decode_from"], int) else "prefill"
         calls.append((kw["query_depth"], kw["key_depth"] is not None, kind))
         return attend(*args, **kw)
 
-    runner.ops.paged_attention = spied
+    def spied_fused(*args, **kw):  # decode passes: RoPE, the K/V write and attention in one op
+        calls.append((kw["query_depth"], kw["key_depth"] is not None, "decode"))
+        return fused(*args, **kw)
+
+    runner.ops.paged_attention, runner.ops.rope_paged_attention = spied, spied_fused
     try:
         llm.generate(["a looped model", "depth", "the loop runs"][: len(params)], params, use_tqdm=False)
     finally:
-        runner.ops.paged_attention = attend
+        runner.ops.paged_attention, runner.ops.rope_paged_attention = attend, fused
     return calls
 
 
