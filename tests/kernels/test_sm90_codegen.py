@@ -57,6 +57,33 @@ def tma_linear() -> dict:
                      "for w in ('bf16', 'fp8') for rows in (256, 2048) if w == 'bf16' or (name, rows) == ('down', 2048)}")
 
 
+@pytest.fixture(scope="module")
+def decode_linear() -> dict:
+    """Ouro's four layer weights at the 16- and 64-row transposed decode tiles, bf16 and FP8."""
+    return _compiled("{f'{name} {w} {rows}': s.linear_report(n, k, a, rows, w)[1] for name, n, k, a in "
+                     "s.OURO_WEIGHTS[:4] for w in ('bf16', 'fp8') for rows in (1, 64)}")
+
+
+def test_decode_tiles_fit_an_sm(decode_linear):
+    """Every decode tile compiles for sm_90 within one SM's shared memory and without spills: a tile
+    past the SM's shared memory compiles but fails at every launch (a weight-preloading experiment's
+    64-row SwiGLU tile needed 245,760 bytes against 232,448)."""
+    from rlt_kernels import gemm
+
+    assert len(decode_linear) == 16
+    for name, report in decode_linear.items():
+        assert "error" not in report, (name, report)
+        assert report["shared_bytes"] <= gemm.SM_SHARED_BYTES and report["stack_bytes"] == 0, (name, report)
+
+
+def test_decode_attention_variants_compile_without_spills(reports):
+    """Split and unsplit decode kernels, with and without RoPE and the K/V write, bf16 and FP8 caches."""
+    variants = {name: r for name, r in reports.items() if name.startswith("decode attention")}
+    assert len(variants) == 8 and sum("RoPE" in name for name in variants) == 4
+    for name, report in variants.items():
+        assert "error" not in report and report["stack_bytes"] == 0, (name, report)
+
+
 def test_middle_and_prefill_tiles_move_by_tma(tma_linear):
     """The middle and prefill tiles fetch x and the weight with the tensor memory accelerator
     (`_linear_tma_kernel`), compile for sm_90 with this Triton, and neither spill nor fall back to
