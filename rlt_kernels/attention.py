@@ -86,7 +86,8 @@ from ._pdl import pdl_launch, wait_for_inputs
 from ._triton import check_launchable, interpreter_active, tl, triton
 from ._widen import inline_widening, widen_fp8
 from .fp8 import FP8_DTYPE, check_kv_scales
-from .kv_cache import rotate_heads, to_cache, check_rope_inputs, rope_angles, rope_kv_scatter, slot_offset
+from .kv_cache import (check_rope_inputs, rope_angles, rope_kv_scatter, rope_kv_scatter_reference, rotate_heads,
+                       slot_offset, to_cache)
 
 KEY_TILE = 64
 DEFAULT_SPLIT_SIZE = 1024
@@ -558,6 +559,19 @@ def _slot_fetch(k_head, v_head, table, own_plane_table, key_depth_ptr, blk, kd, 
 
 
 @triton.jit
+def _slot_open(k_head, v_head, table, own_plane_table, key_depth_ptr, qd, start, lap, range_end, offs_n, offs_d,
+               plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb, stride_kdo,
+               BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr, HAS_KEY_DEPTH: tl.constexpr,
+               KV_ALIGNED: tl.constexpr):
+    """A prefetch slot's first `_slot_fetch`, its block ids looked up here: (K, V, next block ids)."""
+    blk, kd = _tile_keys(own_plane_table, table, key_depth_ptr, start, range_end, offs_n, BLOCK_SIZE, stride_tb,
+                         stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+    return _slot_fetch(k_head, v_head, table, own_plane_table, key_depth_ptr, blk, kd, qd, start, lap, range_end,
+                       offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb,
+                       stride_kdb, stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+
+
+@triton.jit
 def _decode_range(q, k_head, v_head, table, qd, own_plane_table, key_depth_ptr, range_start, range_end, offs_n, offs_d,
                   plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb, stride_kdo,
                   GP: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr,
@@ -573,33 +587,25 @@ def _decode_range(q, k_head, v_head, table, qd, own_plane_table, key_depth_ptr, 
     # depths two laps ahead. An iteration applies its tiles in key order, so a row's bits do not
     # depend on TILES.
     lap = TILES * BLOCK_N
-    blk_a, kd_a = _tile_keys(own_plane_table, table, key_depth_ptr, range_start, range_end, offs_n,
-                             BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
-    k_a, v_a, blk_a, kd_a = _slot_fetch(k_head, v_head, table, own_plane_table, key_depth_ptr, blk_a, kd_a, qd,
-                                        range_start, lap, range_end, offs_n, offs_d, plane_offset, plane_modulus,
-                                        stride_cb, stride_co, stride_tp, stride_tb, stride_kdb, stride_kdo,
-                                        BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+    k_a, v_a, blk_a, kd_a = _slot_open(k_head, v_head, table, own_plane_table, key_depth_ptr, qd, range_start, lap,
+                                       range_end, offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co,
+                                       stride_tp, stride_tb, stride_kdb, stride_kdo, BLOCK_SIZE, HEAD_DIM, DP,
+                                       HAS_KEY_DEPTH, KV_ALIGNED)
     if TILES >= 2:
-        blk_b, kd_b = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + BLOCK_N, range_end, offs_n,
-                                 BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
-        k_b, v_b, blk_b, kd_b = _slot_fetch(k_head, v_head, table, own_plane_table, key_depth_ptr, blk_b, kd_b, qd,
-                                            range_start + BLOCK_N, lap, range_end, offs_n, offs_d, plane_offset,
-                                            plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb,
-                                            stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+        k_b, v_b, blk_b, kd_b = _slot_open(k_head, v_head, table, own_plane_table, key_depth_ptr, qd,
+                                           range_start + BLOCK_N, lap, range_end, offs_n, offs_d, plane_offset,
+                                           plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb,
+                                           stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
     if TILES >= 3:
-        blk_c, kd_c = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + 2 * BLOCK_N, range_end,
-                                 offs_n, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
-        k_c, v_c, blk_c, kd_c = _slot_fetch(k_head, v_head, table, own_plane_table, key_depth_ptr, blk_c, kd_c, qd,
-                                            range_start + 2 * BLOCK_N, lap, range_end, offs_n, offs_d, plane_offset,
-                                            plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb,
-                                            stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+        k_c, v_c, blk_c, kd_c = _slot_open(k_head, v_head, table, own_plane_table, key_depth_ptr, qd,
+                                           range_start + 2 * BLOCK_N, lap, range_end, offs_n, offs_d, plane_offset,
+                                           plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb,
+                                           stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
     if TILES >= 4:
-        blk_d, kd_d = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + 3 * BLOCK_N, range_end,
-                                 offs_n, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
-        k_d, v_d, blk_d, kd_d = _slot_fetch(k_head, v_head, table, own_plane_table, key_depth_ptr, blk_d, kd_d, qd,
-                                            range_start + 3 * BLOCK_N, lap, range_end, offs_n, offs_d, plane_offset,
-                                            plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb,
-                                            stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+        k_d, v_d, blk_d, kd_d = _slot_open(k_head, v_head, table, own_plane_table, key_depth_ptr, qd,
+                                           range_start + 3 * BLOCK_N, lap, range_end, offs_n, offs_d, plane_offset,
+                                           plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb,
+                                           stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
     for start in range(range_start, range_end, lap):
         ahead = start + lap
         k_next, v_next, blk_a, kd_a = _slot_fetch(
@@ -1035,19 +1041,23 @@ def paged_attention(
                       range_counters=range_counters)
 
 
-def rope_paged_attention_reference(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables, seq_lens,
-                                   query_start_loc, *, style="neox", q_bias=None, k_bias=None, k_scale=None,
-                                   v_scale=None, active_seqs=None, **attention_kwargs):
-    """Torch reference of `rope_paged_attention`: `rope_kv_scatter_reference` (live rows: the
-    live sequences, one query each), then `paged_attention_reference` with the decode arithmetic."""
-    from .kv_cache import rope_kv_scatter_reference
+def rope_then_attend(rope_kv_scatter, paged_attention):
+    """`rope_paged_attention`'s contract as two ops one after the other: ``rope_kv_scatter`` (live
+    rows: the live sequences, one query each), then ``paged_attention`` with the decode arithmetic.
+    The reference, the fuller launches and backends without the fused form run it."""
+    def call(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables, seq_lens, query_start_loc, *,
+             style="neox", q_bias=None, k_bias=None, k_scale=None, v_scale=None, active_seqs=None, **attention_kwargs):
+        scales = {} if k_scale is None else dict(k_scale=k_scale, v_scale=v_scale)
+        q_rot = rope_kv_scatter(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, style=style, q_bias=q_bias,
+                                k_bias=k_bias, active_rows=active_seqs, **scales)
+        return paged_attention(q_rot, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                               active_seqs=active_seqs, decode_from=0, **scales, **attention_kwargs)
 
-    q_rot = rope_kv_scatter_reference(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, style=style,
-                                      q_bias=q_bias, k_bias=k_bias, active_rows=active_seqs, k_scale=k_scale,
-                                      v_scale=v_scale)
-    return paged_attention_reference(q_rot, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-                                     active_seqs=active_seqs, decode_from=0, k_scale=k_scale, v_scale=v_scale,
-                                     **attention_kwargs)
+    return call
+
+
+rope_paged_attention_reference = rope_then_attend(rope_kv_scatter_reference, paged_attention_reference)
+_rope_then_attend = rope_then_attend(rope_kv_scatter, paged_attention)
 
 
 def rope_paged_attention(
@@ -1074,15 +1084,13 @@ def rope_paged_attention(
     if "decode_from" in attention_kwargs:
         raise ValueError("rope_paged_attention always takes the decode arithmetic (decode_from=0)")
     check_launchable(k, v, positions, cos_sin, slot_mapping, q_bias, k_bias)
-    scales = {} if k_scale is None else dict(k_scale=k_scale, v_scale=v_scale)
     if not _fuses_rope(q.shape[0] * k_cache.shape[2], q.device):
-        q_rot = rope_kv_scatter(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, style=style, q_bias=q_bias,
-                                k_bias=k_bias, active_rows=active_seqs, **scales)
-        return _attention(q_rot, k_cache, v_cache, block_tables, seq_lens, query_start_loc, decode_from=0,
-                          active_seqs=active_seqs, **scales, **attention_kwargs)
+        return _rope_then_attend(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables, seq_lens,
+                                 query_start_loc, style=style, q_bias=q_bias, k_bias=k_bias, k_scale=k_scale,
+                                 v_scale=v_scale, active_seqs=active_seqs, **attention_kwargs)
     rope = (k, v, positions, cos_sin, slot_mapping, q_bias, k_bias, style == "gptj")
-    return _attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, decode_from=0,
-                      active_seqs=active_seqs, rope=rope, **scales, **attention_kwargs)
+    return _attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, decode_from=0, k_scale=k_scale,
+                      v_scale=v_scale, active_seqs=active_seqs, rope=rope, **attention_kwargs)
 
 
 def _fuses_rope(programs: int, device: torch.device) -> bool:

@@ -86,20 +86,6 @@ def composed_linear_residual_norm(linear, residual_norm):
     return call
 
 
-def composed_rope_paged_attention(rope_kv_scatter, paged_attention):
-    """`rope_paged_attention` as its two ops one after the other (for a `paged_attention` without
-    the fused form)."""
-    def call(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables, seq_lens, query_start_loc, *,
-             style="neox", q_bias=None, k_bias=None, k_scale=None, v_scale=None, active_seqs=None, **attention_kwargs):
-        scales = {} if k_scale is None else dict(k_scale=k_scale, v_scale=v_scale)
-        q_rot = rope_kv_scatter(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, style=style, q_bias=q_bias,
-                                k_bias=k_bias, active_rows=active_seqs, **scales)
-        return paged_attention(q_rot, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-                               active_seqs=active_seqs, decode_from=0, **attention_kwargs, **scales)
-
-    return call
-
-
 def select_ops(device: torch.device, attention_backend: str, batch_invariant: bool = True) -> SimpleNamespace:
     """The op namespace for a device and attention backend ("auto", "triton", "flash", "torch").
 
@@ -136,8 +122,10 @@ def select_ops(device: torch.device, attention_backend: str, batch_invariant: bo
         if not flash.flash_available():
             raise ConfigError("attention_backend='flash' needs flash-attn (pip install -e .[flash])")
         ops["paged_attention"] = flash.paged_attention
-    if attention_backend in ("torch", "flash") and use_triton:
-        ops["rope_paged_attention"] = composed_rope_paged_attention(ops["rope_kv_scatter"], ops["paged_attention"])
+    if attention_backend in ("torch", "flash") and use_triton:  # no fused form: RoPE's kernel, then the backend's
+        from rlt_kernels.attention import rope_then_attend
+
+        ops["rope_paged_attention"] = rope_then_attend(ops["rope_kv_scatter"], ops["paged_attention"])
     if on_cuda and not batch_invariant:
         ops["linear"] = cublas_linear
         ops["linear_residual_norm"] = composed_linear_residual_norm(cublas_linear, ops["residual_norm"])
