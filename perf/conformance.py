@@ -189,12 +189,14 @@ def matrix(num_cases: int, seed: int, device: str) -> list[dict]:
 
 
 def time_limit(case: dict) -> float:
-    """Seconds one case may take (startup, graph capture or compilation, the crowd, the references)."""
+    """Seconds one case may take (startup, graph capture or compilation, the crowd, the references).
+    H200, 8 cases at a time beside the GPU test suite: passing cases took up to 147 s (270 s for
+    ouro-1.4b, 247 s in compile mode); the limits leave room for that load."""
     if case["time_limit_s"] is not None:
         return float(case["time_limit_s"])
     if case["execution_mode"] == "compile" or case["model"] == "ouro-1.4b":
-        return 300.0
-    return 150.0 if case["device"] == "cuda" else 240.0
+        return 420.0
+    return 240.0
 
 
 def classify(case: dict, result: dict) -> dict:

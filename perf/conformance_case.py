@@ -48,7 +48,7 @@ from pathlib import Path
 
 # Faults a case may plant to test the harness itself (tests/runtime/test_conformance.py); the
 # matrix never sets one. flip-token: alter one output token of the crowd run before the comparison;
-# abort: os.abort() at start; hang: sleep past any time limit.
+# abort: os.abort() at start; hang: sleep past any time limit once the engine is built.
 PLANTS = ("flip-token", "abort", "hang")
 GUIDED_REGEX = "[a-c]{2}-[0-9]{2}"
 GUIDED_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
@@ -339,12 +339,23 @@ def _fp64_weights(preset: str):
     return _WEIGHTS[preset]
 
 
+def _graph_sets(stats: dict) -> dict:
+    """The engine's graph sets' stats by name (None where the mode has none)."""
+    return {"graphs": stats.get("graphs"), "prefill_graphs": stats.get("prefill_graphs"),
+            "speculative graphs": (stats.get("speculative") or {}).get("graphs")}
+
+
 def capture_failures(stats: dict) -> str:
     """'' when every graph bucket captured; else which graph set had failures."""
-    sets = {"graphs": stats.get("graphs"), "prefill_graphs": stats.get("prefill_graphs"),
-            "speculative graphs": (stats.get("speculative") or {}).get("graphs")}
-    bad = [f"{name}: {st['failed_captures']} failed captures" for name, st in sets.items() if st and st["failed_captures"]]
+    bad = [f"{name}: {st['failed_captures']} failed captures" for name, st in _graph_sets(stats).items()
+           if st and st["failed_captures"]]
     return "; ".join(bad)
+
+
+def captures(stats: dict) -> str:
+    """How many graphs the engine captured and in how many seconds."""
+    sets = [st for st in _graph_sets(stats).values() if st]
+    return f"{sum(st['captures'] for st in sets)} graph captures in {sum(st['capture_seconds'] for st in sets):.1f} s"
 
 
 def _release_memory() -> None:
@@ -354,6 +365,12 @@ def _release_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def _progress(what: str, start=time.monotonic()) -> None:
+    """One line on stderr per phase of the case, seconds since the process started: a case killed
+    at its time limit shows in its stderr tail where the time went."""
+    print(f"[{time.monotonic() - start:7.1f} s] {what}", file=sys.stderr, flush=True)
 
 
 def run_case(case: dict) -> dict:
@@ -383,6 +400,9 @@ def run_case(case: dict) -> dict:
         llm = LLM(case["model"], **opts)
     except ConfigError as exc:
         return {"status": "config-error", "detail": str(exc), "checks": [], "stats": {}}
+    _progress(f"engine built, {captures(llm.stats())}")
+    if case.get("plant") == "hang":
+        time.sleep(3600)
     checks = []
     try:
         got, keys = run_crowd(llm, work)
@@ -391,6 +411,7 @@ def run_case(case: dict) -> dict:
         return {"status": "fail", "detail": f"crowd run: {exc!r} at {Path(where.filename).name}:{where.lineno}",
                 "checks": checks, "stats": _stats(llm.stats())}
     stats = _stats(llm.stats())
+    _progress(f"crowd done ({stats['steps']} steps)")
     problems = []
     bad = capture_failures(llm.stats())
     if bad:
@@ -412,8 +433,10 @@ def run_case(case: dict) -> dict:
         refs[True] = LLM(case["model"], **alone_options(case, device, True, ample, samples))
     # One reference engine serves the requests one at a time, in the reverse of the crowd's admission
     # order: a request's result must depend neither on its arrival number nor on earlier requests.
+    _progress(f"{len(refs)} alone engine(s) built")
     for w in reversed(sorted(work, key=lambda w: w.arrival)):
         diff = first_difference(got[w.request_id], run_alone(refs[w.request_id in sampled_spec], w))
+        _progress(f"{w.request_id} alone done")
         if diff:
             kind = "alone (eager, sync, same speculation)" if w.request_id in sampled_spec else "alone (eager, sync)"
             problems.append(f"{w.request_id} vs {kind}: {diff}")
@@ -459,8 +482,6 @@ def main(argv: list[str]) -> int:
         raise ValueError(f"plant must be None or one of {PLANTS}, got {case['plant']!r}")
     if case.get("plant") == "abort":
         os.abort()
-    if case.get("plant") == "hang":
-        time.sleep(3600)
     start = time.monotonic()
     result = run_case(case)
     result["duration_s"] = round(time.monotonic() - start, 2)
