@@ -411,7 +411,7 @@ def run_case(case: dict) -> dict:
         return {"status": "fail", "detail": f"crowd run: {exc!r} at {Path(where.filename).name}:{where.lineno}",
                 "checks": checks, "stats": _stats(llm.stats())}
     stats = _stats(llm.stats())
-    _progress(f"crowd done ({stats['steps']} steps)")
+    _progress(f"crowd done, {stats['steps']} steps, {captures(llm.stats())} in all")
     problems = []
     bad = capture_failures(llm.stats())
     if bad:
