@@ -50,6 +50,7 @@ from pathlib import Path
 # matrix never sets one. flip-token: alter one output token of the crowd run before the comparison;
 # abort: os.abort() at start; hang: sleep past any time limit once the engine is built.
 PLANTS = ("flip-token", "abort", "hang")
+CROWD_PROGRESS_S = 15.0  # seconds between the crowd's progress lines on stderr
 GUIDED_REGEX = "[a-c]{2}-[0-9]{2}"
 GUIDED_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
                  "required": ["a"], "additionalProperties": False}
@@ -200,6 +201,12 @@ def row_keys(engine, request_id: str) -> list[int]:
     return [r.row_key for r in engine._groups[request_id]]
 
 
+def _progress(what: str, start=time.monotonic()) -> None:
+    """One line on stderr per phase of the case, seconds since the process started: a case killed
+    at its time limit shows in its stderr tail where the time went."""
+    print(f"[{time.monotonic() - start:7.1f} s] {what}", file=sys.stderr, flush=True)
+
+
 def run_crowd(llm, work: list[Work]) -> tuple[dict, dict]:
     """Add each request at its arrival step and step to the end, checking the block and slot
     invariants after every step and a full pool at the end. Returns ({request_id: [sample dicts]},
@@ -207,7 +214,11 @@ def run_crowd(llm, work: list[Work]) -> tuple[dict, dict]:
     eng = llm.engine
     pending = sorted(work, key=lambda w: w.arrival)
     done, keys, step = {}, {}, 0
+    shown = time.monotonic()
     while pending or eng.has_unfinished_requests():
+        if time.monotonic() - shown > CROWD_PROGRESS_S:  # a slow crowd shows what it is doing
+            shown = time.monotonic()
+            _progress(f"crowd at step {step}, {len(done)} of {len(work)} requests done, {captures(llm.stats())}")
         while pending and pending[0].arrival <= step:
             w = pending.pop(0)
             eng.add_request(w.request_id, w.prompt, w.params)
@@ -365,12 +376,6 @@ def _release_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-def _progress(what: str, start=time.monotonic()) -> None:
-    """One line on stderr per phase of the case, seconds since the process started: a case killed
-    at its time limit shows in its stderr tail where the time went."""
-    print(f"[{time.monotonic() - start:7.1f} s] {what}", file=sys.stderr, flush=True)
 
 
 def run_case(case: dict) -> dict:

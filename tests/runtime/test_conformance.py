@@ -8,7 +8,9 @@ import json
 import pytest
 
 from perf.conformance import FEATURES, classify, complete, matrix, run_matrix
-from perf.conformance_case import alone_options, build_workload, guided_problem, reference_difference, run_alone
+import perf.conformance_case as conformance_case
+from perf.conformance_case import (alone_options, build_workload, engine_options, guided_problem, reference_difference,
+                                   run_alone, run_crowd)
 from rlt_runtime import LLM, ConfigError, GuidedDecoding, SamplingParams
 from rlt_runtime.models.presets import preset_config
 
@@ -105,6 +107,20 @@ def test_fp64_reference_applies_the_logit_processing():
     unprocessed = run_alone(llm, type(w)(w.request_id, w.prompt, 0, plain))
     assert unprocessed[0]["token_ids"] != got[0]["token_ids"]
     assert "vs fp64 reference differ" in reference_difference(case, w, [0], unprocessed)
+
+
+def test_a_slow_crowd_reports_its_progress(monkeypatch, capsys):
+    """Every CROWD_PROGRESS_S the crowd writes its step, finished requests and graph captures to
+    stderr, so a case killed at its limit shows whether it was stepping or stuck."""
+    monkeypatch.setattr(conformance_case, "CROWD_PROGRESS_S", 0.0)
+    case = complete(0, dict(requests=2))
+    work = build_workload(case, preset_config("ouro-tiny").vocab_size)
+    done, _ = run_crowd(LLM("ouro-tiny", **engine_options(case, "cpu")), work)
+    assert len(done) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if "crowd at step" in line]
+    assert lines and lines[0].endswith("crowd at step 0, 0 of 2 requests done, 0 graph captures in 0.0 s")
+    steps = [int(line.split("crowd at step ")[1].split(",")[0]) for line in lines]
+    assert steps == list(range(len(steps))) and len(steps) > 2  # one line per step at a zero interval
 
 
 @pytest.mark.parametrize("guided,sample,ok", [
