@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU suite and every benchmark in one call.
-#   OUT=out bash perf/run_gpu.sh [tests|conformance|kernels|decode-attn|chain|gemm-sweep|attn-sweep|engine|gaps|compile|spec|serving|fp8 ...]
+#   OUT=out bash perf/run_gpu.sh [tests|validate|conformance|kernels|decode-attn|chain|gemm-sweep|attn-sweep|engine|gaps|compile|spec|serving|fp8 ...]
 #   (default: all but the sweeps; `tests` runs the GPU pytest suite and the conformance matrix side by
 #   side on the device, each with its own time limit, PART_TIMEOUT and CONF_TIMEOUT (default 480 s), so
-#   both fit one device call). Narrowing a part: TESTS_K (pytest -k for the GPU tests),
+#   both fit one device call; `validate` runs the same two one after the other). Narrowing a part: TESTS_K (pytest -k for the GPU tests),
 #   CONF_CASES, CONF_SEED, CONF_WORKERS, CONF_BUDGET, CONF_ONLY, CONF_FIRST (the conformance matrix: perf/conformance.py),
 #   RLT_SWEEP_K (weights and sweeps of gemm-sweep, e.g. "skinny and ouro.o" for the transposed decode tiles), RLT_SPEC_CONFIGS (fixed2,fixed4,adaptive), RLT_SPEC_BATCHES,
 #   RLT_SPEC_ACCEPTANCE (measured,0.7,0.9),
@@ -29,6 +29,14 @@ conformance() {  # Random engine configurations, each case in its own process, b
   echo "conformance exit code $?" | tee -a "$WORK/conformance.log"
   grep -E -A1 "^ *(fail|crash|timeout) " "$WORK/conformance.log"; grep "^conformance:" "$WORK/conformance.log"
 }
+gpu_tests() {  # Every GPU test, spread over pytest-xdist workers sharing the device (a device fault takes
+               # down one worker, which is replaced; its test is reported as failed).
+  timeout "$PART_TIMEOUT" python3 -m pytest tests -m gpu -n "${WORKERS:-6}" -v -p no:cacheprovider -rfE ${TESTS_K:+-k "$TESTS_K"} \
+    --tb=short --junitxml="$WORK/gpu_tests.xml" > "$WORK/gpu_tests.log" 2>&1
+}
+gpu_tests_summary() {
+  grep -E "^(FAILED|ERROR)|^=+ .*(passed|failed|error).* =+$" "$WORK/gpu_tests.log" | tee "$WORK/gpu_tests_summary.txt"
+}
 trap pack EXIT
 parts=${*:-tests kernels decode-attn engine compile spec serving}
 python3 - <<'PY' | tee "$WORK/env.txt"
@@ -39,15 +47,18 @@ PY
 for part in $parts; do
   start=$(date +%s)
   case $part in
-    tests)   # Every GPU test, spread over pytest-xdist workers sharing the device (a device fault
-             # takes down one worker, which is replaced; its test is reported as failed), and beside it
-             # the conformance matrix.
-             timeout "$PART_TIMEOUT" python3 -m pytest tests -m gpu -n "${WORKERS:-6}" -v -p no:cacheprovider -rfE ${TESTS_K:+-k "$TESTS_K"} \
-               --tb=short --junitxml="$WORK/gpu_tests.xml" > "$WORK/gpu_tests.log" 2>&1 &
+    tests)   # Every GPU test beside the conformance matrix.
+             gpu_tests &
              tests_pid=$!
              conformance
              wait "$tests_pid"
-             grep -E "^(FAILED|ERROR)|^=+ .*(passed|failed|error).* =+$" "$WORK/gpu_tests.log" | tee "$WORK/gpu_tests_summary.txt" ;;
+             gpu_tests_summary ;;
+    validate)  # The same two, one after the other: the GPU tests first, then the matrix on the Triton
+             # cache they filled (case processes that start together on a cold cache all compile the
+             # same kernels; on a warm cache the 72 cases once ran in 141 s, docs/gpu_validation.md).
+             gpu_tests
+             gpu_tests_summary
+             conformance ;;
     conformance) conformance ;;
     kernels) timeout "$PART_TIMEOUT" python3 -m pytest perf -q -p no:cacheprovider --benchmark-json="$WORK/kernels.json" \
                -k "not sweep" > "$WORK/kernel_bench.log" 2>&1; tail -n 15 "$WORK/kernel_bench.log"
