@@ -1,9 +1,10 @@
 """A decode step's layer-loops as one CUDA graph of rlt kernels, against the weight-byte floor.
 
     python -m perf.bench_decode_chain --out out/decode_chain [--batches 1,16,64] [--variants ...] [--ablate] [--fp8]
+                                     [--context 65536]
 
 Ouro-1.4B shapes (hidden 2048, 16 x 128 heads, MLP 5632, 24 layers, 4 loops: 96 layer-loops), bf16,
-each layer its own weights, 192 keys per sequence in block tables as wide as 4,096 keys (so the
+each layer its own weights, 192 keys per sequence in block tables as wide as the engine's 65,536 keys (so the
 attention splits its keys as the engine's graphs do at small batches): per layer-loop the engine's kernels -- qkv
 linear, RoPE + K/V scatter, decode attention (+ split combine), o linear + residual norm, SwiGLU
 linear, down linear + residual norm. No sampling, no exit gate: what is left is the chain whose
@@ -29,7 +30,11 @@ from perf.roofline import measure
 from rlt_kernels import attention, gemm, kv_cache, linear_norm, norms
 from rlt_kernels.fp8 import quantize_weight_fp8
 
-HIDDEN, HEADS, HEAD_DIM, FFN, LAYERS, LOOPS, KEYS, BLOCK, MAX_CONTEXT = 2048, 16, 128, 5632, 24, 4, 192, 16, 4096
+HIDDEN, HEADS, HEAD_DIM, FFN, LAYERS, LOOPS, KEYS, BLOCK = 2048, 16, 128, 5632, 24, 4, 192, 16
+# Block tables as wide as the engine's for Ouro-1.4B (its 65,536-key context): the table width sets a
+# split decode launch's range programs, and with them its launch (`--context`; the docs/perf tables
+# before 2026-12-03's session 16 used 4,096).
+MAX_CONTEXT = 65536
 VARIANTS = {  # name: (launch environment, split decode attention merging its key ranges in place,
     #                RoPE + K/V write inside the attention launch)
     "stream order": ({"RLT_PDL": "0"}, False, False),
@@ -49,7 +54,7 @@ class Chain:
     """Weights, caches and buffers of the chain at one batch size (the caches hold random keys);
     fp8: the four linear weights of every layer as FP8 with per-channel scales."""
 
-    def __init__(self, batch: int, device="cuda", dtype=torch.bfloat16, fp8: bool = False):
+    def __init__(self, batch: int, device="cuda", dtype=torch.bfloat16, fp8: bool = False, context: int | None = None):
         g = torch.Generator(device=device).manual_seed(0)
 
         def rand(*shape, scale=1.0):
@@ -66,8 +71,8 @@ class Chain:
                     w[name], scales[name] = quantize_weight_fp8(w[name])
         blocks_per_seq = -(-(KEYS + 1) // BLOCK)
         pages = torch.randperm(batch * blocks_per_seq, device=device, generator=g).to(torch.int32)
-        # Tables as wide as the engine's (MAX_CONTEXT keys), as the launch's split rule sees them.
-        self.tables = torch.zeros(1, batch, MAX_CONTEXT // BLOCK, dtype=torch.int32, device=device)
+        context = context or MAX_CONTEXT  # keys the tables cover, as the launch's split rule sees them
+        self.tables = torch.zeros(1, batch, context // BLOCK, dtype=torch.int32, device=device)
         self.tables[0, :, :blocks_per_seq] = pages.view(batch, blocks_per_seq)
         self.caches = [(rand(batch * blocks_per_seq, BLOCK, HEADS, HEAD_DIM),
                         rand(batch * blocks_per_seq, BLOCK, HEADS, HEAD_DIM)) for _ in range(LAYERS)]
@@ -77,7 +82,7 @@ class Chain:
         self.seq_lens = (self.positions + 1).to(torch.int32)
         self.qsl = torch.arange(batch + 1, dtype=torch.int32, device=device)
         self.cos_sin = norms.rope_cos_sin(4096, HEAD_DIM, 10000.0, device=device)
-        self.workspace = attention.new_attention_workspace(batch, HEADS, HEAD_DIM, MAX_CONTEXT, device=device)
+        self.workspace = attention.new_attention_workspace(batch, HEADS, HEAD_DIM, context, device=device)
         self.h0 = rand(batch, HIDDEN)
         self.batch = batch
         self.range_counters = attention.new_range_counters(device)
@@ -161,13 +166,13 @@ def time_variant(chain: Chain, variant: tuple, replays: int = 20) -> tuple[float
             os.environ.pop(key, None)
 
 
-def ablate(batches: list[int], fp8: bool = False) -> dict:
+def ablate(batches: list[int], fp8: bool = False, context: int | None = None) -> dict:
     """µs per layer-loop of each ABLATIONS entry at each batch (timing only)."""
     roof = measure()
     res = {"roofline": roof, "fp8": fp8,
            "floor_us_per_layer_loop": weight_bytes(fp8) / roof["copy_gbps"] / 1e3 / (LAYERS * LOOPS), "batches": {}}
     for b in batches:
-        chain, rows = Chain(b, fp8=fp8), {}
+        chain, rows = Chain(b, fp8=fp8, context=context), {}
         for name, drop in ABLATIONS.items():
             chain.drop = frozenset(drop)
             ms, _ = time_variant(chain, VARIANTS[ENGINE_VARIANT])
@@ -179,12 +184,12 @@ def ablate(batches: list[int], fp8: bool = False) -> dict:
     return res
 
 
-def run(batches: list[int], variants: list[str], fp8: bool = False) -> dict:
+def run(batches: list[int], variants: list[str], fp8: bool = False, context: int | None = None) -> dict:
     roof = measure()
     floor = weight_bytes(fp8) / (roof["copy_gbps"] * 1e9) * 1e3
     res = {"roofline": roof, "fp8": fp8, "floor_ms": floor, "layer_loops": LAYERS * LOOPS, "batches": {}}
     for b in batches:
-        chain = Chain(b, fp8=fp8)
+        chain = Chain(b, fp8=fp8, context=context)
         rows, reference = {}, None
         for name in variants:
             ms, out = time_variant(chain, VARIANTS[name])
@@ -205,9 +210,12 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS")
     ap.add_argument("--ablate", action="store_true", help="time the chain with kernels left out (ABLATIONS)")
     ap.add_argument("--fp8", action="store_true", help="FP8 layer weights (quantization='fp8')")
+    ap.add_argument("--context", type=int, default=MAX_CONTEXT, help="keys the block tables cover (the engine's: 65536)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    res = ablate(batches, args.fp8) if args.ablate else run(batches, args.variants.split(","), args.fp8)
+    res = (ablate(batches, args.fp8, args.context) if args.ablate
+           else run(batches, args.variants.split(","), args.fp8, args.context))
+    res["context"] = args.context
     os.makedirs(args.out, exist_ok=True)
     name = ("decode_chain_ablation" if args.ablate else "decode_chain") + ("_fp8" if args.fp8 else "")
     with open(os.path.join(args.out, name + ".json"), "w") as f:

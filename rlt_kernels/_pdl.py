@@ -5,7 +5,8 @@ before it has passed `wait_for_inputs`; its own `wait_for_inputs` then blocks un
 has finished and its writes are visible. The contract every rlt kernel keeps: before
 `wait_for_inputs` a program reads and writes nothing, and every program calls it, also programs
 that exit early — so a chain of such kernels keeps stream order exactly and results never change.
-Only launches of at most one program per SM take it: a launch of several waves gains nothing from
+Only launches of at most one program per SM take it (a split decode attention counts its (token,
+KV head) rows, not its range programs: attention.py): a launch of several waves gains nothing from
 an early start, and on the H200 the engine's batch-256 step ran 4% slower with every launch
 dependent. `RLT_PDL=0` turns it off (plain stream order); under the interpreter and before Hopper
 it is off.

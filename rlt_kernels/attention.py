@@ -1216,9 +1216,16 @@ def _attention(
             workspace = torch.empty(needed, dtype=torch.float32, device=q.device)
         ws = workspace if workspace is not None else torch.empty(0, dtype=torch.float32, device=q.device)
         grid = (programs, kvh, num_ranges if split_launch else 1)
+        counted = grid[0] * grid[1] * grid[2]  # programs for the dependent-launch rule
         if kernel is _decode_attention_kernel and split_launch:
             grid = (programs, kvh, _decode_range_programs(programs * kvh, num_ranges, q.device))
-        pdl = pdl_launch(out, grid[0] * grid[1] * grid[2])
+            # Dependent when its rows fit one per SM, whatever its range programs: at short contexts
+            # those past a row's ranges exit at once, at long ones the launch outgrows a wave either way.
+            # Counting them kept every small decode launch of the engine out (Ouro's 64K-key tables give
+            # batch 1 17 range programs per row, 272 programs), so the kernels before and after each
+            # decode attention of batches 1-8 ran in plain stream order.
+            counted = programs * kvh
+        pdl = pdl_launch(out, counted)
         merge_in_place = False
         if kernel is _decode_attention_kernel:
             small = grid[0] * grid[1] <= _sm_count(q.device)  # at most one row's program per SM

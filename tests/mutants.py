@@ -449,6 +449,13 @@ MUTANTS = (
         ("tests/kernels/test_rope_paged_attention.py::test_fused_pass_gives_the_two_kernels_bits[bf16 neox MHA]",),
         "the fused decode launch writes the token's own value row wrongly",
     ),
+    Mutant(
+        "split-decode-pdl-counts-range-programs", "rlt_kernels/attention.py",
+        "counted = programs * kvh",
+        "counted = grid[0] * grid[1] * grid[2]",
+        ("tests/kernels/test_attention.py::test_split_decode_launch_is_dependent_by_its_rows",),
+        "small split decode launches count their range programs and never launch dependently",
+    ),
 )
 
 
