@@ -201,10 +201,13 @@ def row_keys(engine, request_id: str) -> list[int]:
     return [r.row_key for r in engine._groups[request_id]]
 
 
-def _progress(what: str, start=time.monotonic()) -> None:
+_STARTED = time.monotonic()
+
+
+def _progress(what: str) -> None:
     """One line on stderr per phase of the case, seconds since the process started: a case killed
     at its time limit shows in its stderr tail where the time went."""
-    print(f"[{time.monotonic() - start:7.1f} s] {what}", file=sys.stderr, flush=True)
+    print(f"[{time.monotonic() - _STARTED:7.1f} s] {what}", file=sys.stderr, flush=True)
 
 
 def run_crowd(llm, work: list[Work]) -> tuple[dict, dict]:

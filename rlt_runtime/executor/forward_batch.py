@@ -114,12 +114,13 @@ class ForwardBatch:
                                                          v_scale=self.kv.v_scale[cache_layer])
         planes = dict(seq_slots=self.seq_slots, query_depth=spec.query_depth,
                       key_depth=self.kv.key_depth if spec.use_key_depth and self.key_depth_reads else None,
-                      plane_offset=spec.plane_offset, plane_modulus=spec.plane_modulus, workspace=self.workspace)
+                      plane_offset=spec.plane_offset, plane_modulus=spec.plane_modulus, workspace=self.workspace,
+                      active_seqs=self.active if self.active_seqs is None else self.active_seqs)
         if self.one_query_per_sequence:
             out = ops.rope_paged_attention(
                 q, k, v, self.positions, self.cos_sin, k_cache, v_cache, self.slot_mapping(spec), self.kv.block_tables,
                 self.seq_lens, self.query_start_loc, style=self.rope_style, q_bias=q_bias, k_bias=k_bias,
-                active_seqs=self.active, **planes, **scales,
+                **planes, **scales,
             )
             return out.view(out.shape[0], -1)
         q_rot = ops.rope_kv_scatter(
@@ -128,7 +129,6 @@ class ForwardBatch:
         )
         out = ops.paged_attention(
             q_rot, k_cache, v_cache, self.kv.block_tables, self.seq_lens, self.query_start_loc,
-            active_seqs=self.active if self.active_seqs is None else self.active_seqs, decode_from=self.decode_from,
-            **planes, **scales,
+            decode_from=self.decode_from, **planes, **scales,
         )
         return out.view(out.shape[0], -1)
