@@ -48,8 +48,9 @@ from pathlib import Path
 
 # Faults a case may plant to test the harness itself (tests/runtime/test_conformance.py); the
 # matrix never sets one. flip-token: alter one output token of the crowd run before the comparison;
-# abort: os.abort() at start; hang: sleep past any time limit once the engine is built.
-PLANTS = ("flip-token", "abort", "hang")
+# abort: os.abort() at start; hang: sleep past any time limit once the engine is built;
+# hang-beside-others: the same, except when the case runs alone (a case slowed by its neighbours).
+PLANTS = ("flip-token", "abort", "hang", "hang-beside-others")
 CROWD_PROGRESS_S = 15.0  # seconds between the crowd's progress lines on stderr
 GUIDED_REGEX = "[a-c]{2}-[0-9]{2}"
 GUIDED_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
@@ -409,7 +410,7 @@ def run_case(case: dict) -> dict:
     except ConfigError as exc:
         return {"status": "config-error", "detail": str(exc), "checks": [], "stats": {}}
     _progress(f"engine built, {captures(llm.stats())}")
-    if case.get("plant") == "hang":
+    if case.get("plant") == "hang" or (case.get("plant") == "hang-beside-others" and not case.get("alone")):
         time.sleep(3600)
     checks = []
     try:

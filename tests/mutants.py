@@ -456,6 +456,13 @@ MUTANTS = (
         ("tests/kernels/test_attention.py::test_split_decode_launch_is_dependent_by_its_rows",),
         "small split decode launches count their range programs and never launch dependently",
     ),
+    Mutant(
+        "conformance-never-reruns-alone", "perf/conformance.py",
+        "if workers > 1 and len(cases) > 1:",
+        "if False:",
+        ("tests/runtime/test_conformance.py::test_runner_passes_real_cases_and_fails_on_planted_faults",),
+        "a case that timed out only because others shared the GPU is reported as a timeout",
+    ),
 )
 
 

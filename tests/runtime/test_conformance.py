@@ -1,5 +1,6 @@
 """The conformance harness (perf/conformance.py) itself: real eager cases pass through the real
-runner, one process each, and a planted mismatch, crash or hang makes the run fail."""
+runner, one process each, and a planted mismatch, crash or hang makes the run fail; a case slowed
+only by the cases beside it passes when it runs again alone."""
 
 from __future__ import annotations
 
@@ -29,11 +30,13 @@ def test_runner_passes_real_cases_and_fails_on_planted_faults(tmp_path):
         complete(2, {**OURO, "requests": 1, "n": 1, "tiny_pool": 0, "plant": "flip-token"}),
         complete(3, {"plant": "abort"}),
         complete(4, {"plant": "hang", "time_limit_s": 30}),
+        complete(5, {"plant": "hang-beside-others", "time_limit_s": 30}),
     ]
     code = run_matrix(cases, tmp_path, workers=2, budget_s=400)
-    rows = {r["id"]: r for r in map(json.loads, (tmp_path / "conformance.jsonl").read_text().splitlines())}
-    assert sorted(rows) == ["c000", "c001", "c002", "c003", "c004"]
-    ouro, huginn, flipped, aborted, hung = (rows[f"c00{i}"] for i in range(5))
+    lines = [json.loads(line) for line in (tmp_path / "conformance.jsonl").read_text().splitlines()]
+    rows = {r["id"]: r for r in lines}  # a case's last line is its result
+    assert sorted(rows) == ["c000", "c001", "c002", "c003", "c004", "c005"]
+    ouro, huginn, flipped, aborted, hung, crowded = (rows[f"c00{i}"] for i in range(6))
     assert ouro["status"] == "pass", ouro
     assert ouro["stats"]["preemptions"] > 0  # the tiny pool did preempt
     drawn = next(c for c in ouro["checks"] if c.startswith("requests with features: "))
@@ -46,9 +49,13 @@ def test_runner_passes_real_cases_and_fails_on_planted_faults(tmp_path):
     assert flipped["status"] == "fail" and flipped["detail"].startswith("r0 vs alone") and "token_ids[" in flipped["detail"]
     assert aborted["status"] == "crash" and aborted["exit_code"] == -6
     assert hung["status"] == "timeout" and "engine built, 0 graph captures" in hung["stderr_tail"]  # where it stopped
+    assert [r["status"] for r in lines if r["id"] == "c004"] == ["timeout", "timeout"]  # a hang hangs alone too
+    assert [r["status"] for r in lines if r["id"] == "c005"] == ["timeout", "pass"]
+    assert crowded["detail"].startswith("timed out after 30 s beside other cases; alone: pass in "), crowded
+    assert "engine built" in crowded["stderr_tail_beside_others"]
     assert code == 1
     table = (tmp_path / "conformance.md").read_text()
-    assert "pass: 2" in table and "fail: 1" in table and "crash: 1" in table and "timeout: 1" in table
+    assert "pass: 3" in table and "fail: 1" in table and "crash: 1" in table and "timeout: 1" in table
 
 
 def _config_error(model: str, **options) -> dict:
