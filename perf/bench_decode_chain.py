@@ -1,7 +1,7 @@
 """A decode step's layer-loops as one CUDA graph of rlt kernels, against the weight-byte floor.
 
     python -m perf.bench_decode_chain --out out/decode_chain [--batches 1,16,64] [--variants ...] [--ablate] [--fp8]
-                                     [--context 65536]
+                                     [--context 65536] [--live 256,192,128,64]
 
 Ouro-1.4B shapes (hidden 2048, 16 x 128 heads, MLP 5632, 24 layers, 4 loops: 96 layer-loops), bf16,
 each layer its own weights, 192 keys per sequence in block tables as wide as the engine's 65,536 keys (so the
@@ -16,6 +16,9 @@ every variant must give the bits of plain
 stream order (checked), and each is timed as the median of graph replays. The floor
 is the layer weights' bytes over the copy bandwidth measured in the same run. --fp8: the layer
 weights as FP8 with per-channel scales (quantization="fp8"), the floor at one byte a weight.
+--live: the engine's launch at each batch with only the first N rows live (every kernel takes the
+live count, as the loops of an early-exit step do after rows have left; the graph keeps the batch's
+rows), kernel by kernel as --ablate, to show which kernels' time shrinks with the live rows.
 """
 
 from __future__ import annotations
@@ -89,41 +92,49 @@ class Chain:
         self.merge_in_place = False
         self.fused_rope = False  # rope_paged_attention instead of rope_kv_scatter + paged_attention
         self.drop = frozenset()  # ABLATIONS: kernels left out (timing only; the output is meaningless)
+        self.live = None  # int32 [1]: rows every launch computes (None: all); the rest stay untouched
+
+    def set_live(self, rows: int | None) -> None:
+        """Compute only the first `rows` rows in every launch (None: all of them)."""
+        if rows is not None and not 1 <= rows <= self.batch:
+            raise ValueError(f"live rows must be in 1..{self.batch}, got {rows}")
+        self.live = None if rows is None else torch.tensor([rows], dtype=torch.int32, device=self.h0.device)
 
     def step(self) -> torch.Tensor:
         """All layer-loops of one decode step; returns the last normed state [batch, hidden]."""
         b, eps = self.batch, 1e-6
         range_counters = self.range_counters if self.merge_in_place else None
+        live = self.live
         h = self.h0
-        n = norms.rms_norm(h, self.layers[0]["norms"][0], eps)
+        n = norms.rms_norm(h, self.layers[0]["norms"][0], eps, active_rows=live)
         for _ in range(LOOPS):
             for i, w in enumerate(self.layers):
                 sc = self.scales[i]
-                qkv = gemm.linear(n, w["qkv"], weight_scale=sc.get("qkv"))
+                qkv = gemm.linear(n, w["qkv"], weight_scale=sc.get("qkv"), active_rows=live)
                 q, k, v = (qkv[:, j * HEADS * HEAD_DIM:(j + 1) * HEADS * HEAD_DIM].view(b, HEADS, HEAD_DIM)
                            for j in range(3))
                 kc, vc = self.caches[i]
                 if self.fused_rope and not self.drop:
                     attn = attention.rope_paged_attention(
                         q, k, v, self.positions, self.cos_sin, kc, vc, self.slots, self.tables, self.seq_lens,
-                        self.qsl, workspace=self.workspace, range_counters=range_counters).view(b, -1)
+                        self.qsl, workspace=self.workspace, range_counters=range_counters, active_seqs=live).view(b, -1)
                 else:
                     q_rot = q if "rope" in self.drop else kv_cache.rope_kv_scatter(
-                        q, k, v, self.positions, self.cos_sin, kc, vc, self.slots)
+                        q, k, v, self.positions, self.cos_sin, kc, vc, self.slots, active_rows=live)
                     attn = q_rot.reshape(b, -1) if "attention" in self.drop else attention.paged_attention(
                         q_rot, kc, vc, self.tables, self.seq_lens, self.qsl, workspace=self.workspace, decode_from=0,
-                        range_counters=range_counters).view(b, -1)
+                        range_counters=range_counters, active_seqs=live).view(b, -1)
                 if "norms" in self.drop:
-                    h = n = gemm.linear(attn, w["o"], weight_scale=sc.get("o"))
+                    h = n = gemm.linear(attn, w["o"], weight_scale=sc.get("o"), active_rows=live)
                 else:
                     h, n = linear_norm.linear_residual_norm(attn, w["o"], h, w["norms"][1], w["norms"][2], eps,
-                                                            weight_scale=sc.get("o"))
-                act = gemm.linear(n, w["gate_up"], activation="swiglu", weight_scale=sc.get("gate_up"))
+                                                            weight_scale=sc.get("o"), active_rows=live)
+                act = gemm.linear(n, w["gate_up"], activation="swiglu", weight_scale=sc.get("gate_up"), active_rows=live)
                 if "norms" in self.drop:
-                    h = n = gemm.linear(act, w["down"], weight_scale=sc.get("down"))
+                    h = n = gemm.linear(act, w["down"], weight_scale=sc.get("down"), active_rows=live)
                 else:
                     h, n = linear_norm.linear_residual_norm(act, w["down"], h, w["norms"][3], w["norms"][0], eps,
-                                                            weight_scale=sc.get("down"))
+                                                            weight_scale=sc.get("down"), active_rows=live)
         return n
 
 
@@ -166,18 +177,22 @@ def time_variant(chain: Chain, variant: tuple, replays: int = 20) -> tuple[float
             os.environ.pop(key, None)
 
 
-def ablate(batches: list[int], fp8: bool = False, context: int | None = None) -> dict:
-    """µs per layer-loop of each ABLATIONS entry at each batch (timing only)."""
+def ablate(batches: list[int], fp8: bool = False, context: int | None = None, live: list[int] | None = None) -> dict:
+    """µs per layer-loop of each ABLATIONS entry at each batch (timing only); with `live`, at
+    each live-row count of each batch (counts above the batch are skipped)."""
     roof = measure()
     res = {"roofline": roof, "fp8": fp8,
            "floor_us_per_layer_loop": weight_bytes(fp8) / roof["copy_gbps"] / 1e3 / (LAYERS * LOOPS), "batches": {}}
     for b in batches:
         chain, rows = Chain(b, fp8=fp8, context=context), {}
-        for name, drop in ABLATIONS.items():
-            chain.drop = frozenset(drop)
-            ms, _ = time_variant(chain, VARIANTS[ENGINE_VARIANT])
-            rows[name] = ms * 1e3 / (LAYERS * LOOPS)
-            print(f"batch {b:4d}  {name:24s} {rows[name]:6.1f} us per layer-loop", flush=True)
+        for n_live in [r for r in live if r <= b] if live else [None]:
+            chain.set_live(n_live)
+            for name, drop in ABLATIONS.items():
+                chain.drop = frozenset(drop)
+                ms, _ = time_variant(chain, VARIANTS[ENGINE_VARIANT])
+                key = name if n_live is None else f"{n_live} live: {name}"
+                rows[key] = ms * 1e3 / (LAYERS * LOOPS)
+                print(f"batch {b:4d}  {key:34s} {rows[key]:6.1f} us per layer-loop", flush=True)
         res["batches"][b] = rows
         del chain
         torch.cuda.empty_cache()
@@ -211,13 +226,15 @@ def main() -> None:
     ap.add_argument("--ablate", action="store_true", help="time the chain with kernels left out (ABLATIONS)")
     ap.add_argument("--fp8", action="store_true", help="FP8 layer weights (quantization='fp8')")
     ap.add_argument("--context", type=int, default=MAX_CONTEXT, help="keys the block tables cover (the engine's: 65536)")
+    ap.add_argument("--live", default=None, help="comma-separated live-row counts: the ablation at each (implies --ablate)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    res = (ablate(batches, args.fp8, args.context) if args.ablate
+    live = [int(r) for r in args.live.split(",")] if args.live else None
+    res = (ablate(batches, args.fp8, args.context, live) if args.ablate or live
            else run(batches, args.variants.split(","), args.fp8, args.context))
-    res["context"] = args.context
+    res["context"], res["live"] = args.context, live
     os.makedirs(args.out, exist_ok=True)
-    name = ("decode_chain_ablation" if args.ablate else "decode_chain") + ("_fp8" if args.fp8 else "")
+    name = ("decode_chain_live" if live else "decode_chain_ablation" if args.ablate else "decode_chain") + ("_fp8" if args.fp8 else "")
     with open(os.path.join(args.out, name + ".json"), "w") as f:
         json.dump(res, f, indent=1)
 

@@ -9,7 +9,8 @@
 #   RLT_SPEC_ACCEPTANCE (measured,0.7,0.9),
 #   RLT_SERVING_MODES (native,speculative), RLT_SERVING_RATES (request rates, e.g. 16,32,inf),
 #   RLT_FP8_PARTS (fp8: "speed fidelity" by default; "fidelity" alone measures KL and agreement only),
-#   RLT_CHAIN_ARGS (chain: e.g. "--fp8 --ablate" for FP8 weights, kernel by kernel).
+#   RLT_CHAIN_ARGS (chain: e.g. "--fp8 --ablate" for FP8 weights, kernel by kernel; "--batches 256 --live 256,160,96"
+#   for the kernels of a batch-256 graph with fewer live rows, as in early-exit steps).
 # Each part gets a time limit (PART_TIMEOUT seconds, default 900); every log, JSON, table and plot
 # is collected in $OUT/results.tgz (and left unpacked in $WORK). On a bare GPU image, install the
 # wheels perf/fetch_gpu_wheels.sh downloads first.

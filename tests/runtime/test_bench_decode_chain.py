@@ -1,9 +1,11 @@
 """perf/bench_decode_chain: its floor counts Ouro-1.4B's layer weights once per layer-loop, and its
 chain runs (interpreter on CPU) with the same bits whichever way split attention is merged and
-whether RoPE runs in the attention launch."""
+whether RoPE runs in the attention launch, and with only some rows live it computes those rows'
+bits and leaves the others' K/V alone."""
 
 import math
 
+import pytest
 import torch
 
 from perf import bench_decode_chain as chain_bench
@@ -51,3 +53,28 @@ def test_tiny_fp8_chain_reads_fp8_weights(monkeypatch):
     out, ref = chain.step(), chain_bench.Chain(2, device=device, dtype=torch.float32).step()
     assert torch.isfinite(out).all() and not torch.equal(out, ref)
     torch.testing.assert_close(out, ref, rtol=0.2, atol=0.2)
+
+
+@pytest.mark.parametrize("fused_rope", [False, True])
+def test_tiny_chain_with_fewer_live_rows(monkeypatch, fused_rope):
+    """--live: every launch takes the live count, so the live rows get the full chain's bits (batch
+    invariance) and the rows past them write no K/V."""
+    for name, value in dict(HIDDEN=64, HEADS=2, HEAD_DIM=32, FFN=128, LAYERS=1, LOOPS=2, KEYS=40,
+                            MAX_CONTEXT=128).items():
+        monkeypatch.setattr(chain_bench, name, value)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    full = chain_bench.Chain(3, device=device, dtype=torch.float32)
+    part = chain_bench.Chain(3, device=device, dtype=torch.float32)
+    full.merge_in_place = part.merge_in_place = True
+    full.fused_rope = part.fused_rope = fused_rope
+    part.set_live(2)
+    kc, vc = part.caches[0]
+    last = part.slots[2]  # the row past the live ones: its token's cache slot
+    before = kc.view(-1, *kc.shape[2:])[last].clone(), vc.view(-1, *vc.shape[2:])[last].clone()
+    expected, got = full.step(), part.step()
+    assert torch.equal(got[:2], expected[:2]) and torch.isfinite(expected).all()
+    assert torch.equal(kc.view(-1, *kc.shape[2:])[last], before[0]) and torch.equal(vc.view(-1, *vc.shape[2:])[last], before[1])
+    fk, _ = full.caches[0]
+    assert not torch.equal(fk.view(-1, *fk.shape[2:])[full.slots[2]], before[0])  # the full chain writes that slot
+    with pytest.raises(ValueError, match="live rows must be in 1..3"):
+        part.set_live(4)
