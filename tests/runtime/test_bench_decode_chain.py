@@ -68,13 +68,15 @@ def test_tiny_chain_with_fewer_live_rows(monkeypatch, fused_rope):
     full.merge_in_place = part.merge_in_place = True
     full.fused_rope = part.fused_rope = fused_rope
     part.set_live(2)
-    kc, vc = part.caches[0]
-    last = part.slots[2]  # the row past the live ones: its token's cache slot
-    before = kc.view(-1, *kc.shape[2:])[last].clone(), vc.view(-1, *vc.shape[2:])[last].clone()
+
+    def third_row_kv(chain):  # layer 0's K and V at the cache slot of the row past the live ones
+        return [cache.view(-1, *cache.shape[2:])[chain.slots[2]].clone() for cache in chain.caches[0]]
+
+    before = third_row_kv(part)
     expected, got = full.step(), part.step()
     assert torch.equal(got[:2], expected[:2]) and torch.isfinite(expected).all()
-    assert torch.equal(kc.view(-1, *kc.shape[2:])[last], before[0]) and torch.equal(vc.view(-1, *vc.shape[2:])[last], before[1])
-    fk, _ = full.caches[0]
-    assert not torch.equal(fk.view(-1, *fk.shape[2:])[full.slots[2]], before[0])  # the full chain writes that slot
+    after = third_row_kv(part)
+    assert torch.equal(after[0], before[0]) and torch.equal(after[1], before[1])
+    assert not torch.equal(third_row_kv(full)[0], before[0])  # the full chain writes that slot
     with pytest.raises(ValueError, match="live rows must be in 1..3"):
         part.set_live(4)
