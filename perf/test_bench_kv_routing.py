@@ -1,4 +1,4 @@
-"""KV scatter, fused RoPE + KV scatter, row routing and the LAST_EXITED finalize copy.
+"""KV scatter, fused RoPE + KV scatter, row routing, cache slots and the LAST_EXITED finalize copy.
 
 Run on a GPU: ``pytest perf/test_bench_kv_routing.py --benchmark-json=out/kv_routing.json``.
 
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from perf.conftest import cuda_time_ms, record, requires_cuda
-from rlt_kernels import kv_cache, routing
+from rlt_kernels import block_tables, kv_cache, routing
 from rlt_kernels.norms import apply_rope_reference, rope_cos_sin
 
 pytestmark = requires_cuda
@@ -159,6 +159,29 @@ def test_bench_route_rows(benchmark, roofline, op, width, rows):
         assert torch.equal(pool[index], batch)
     bytes_moved = 2 * batch.numel() * batch.element_size() + index.numel() * index.element_size()
     _measure(benchmark, roofline, f"{op}_rows/W{width}/M{rows}", run, baseline, bytes_moved, rows=rows, width=width)
+
+
+@pytest.mark.parametrize("rows", [1, 256])
+def test_bench_cache_slots(benchmark, roofline, rows):
+    """A decode pass's slots in Ouro's 4 planes, tables as wide as a 65,536-key context (block size 16)."""
+    planes, slots, width, block_size = 4, 512, 4096, 16
+    gen = torch.Generator(device="cuda").manual_seed(rows)
+    tables = torch.randint(0, 2**20, (planes, slots, width), generator=gen, device="cuda", dtype=torch.int32)
+    token_slots = torch.randperm(slots, generator=gen, device="cuda")[:rows].to(torch.int32)
+    positions = torch.randint(0, 4096, (rows,), generator=gen, device="cuda")
+    out = torch.empty((planes, rows), dtype=torch.int64, device="cuda")
+
+    def run():
+        block_tables.cache_slots(tables, token_slots, positions, block_size, out=out)
+
+    def baseline():  # the torch expression the engine ran before
+        blocks = tables[:, token_slots.long(), torch.div(positions, block_size, rounding_mode="floor")]
+        return torch.where(blocks >= 0, blocks.long() * block_size + positions % block_size, -1)
+
+    run()
+    assert torch.equal(out, baseline())
+    bytes_moved = rows * (planes * (4 + 8) + 4 + 8)  # table entries read, slots written, token slots and positions
+    _measure(benchmark, roofline, f"cache_slots/P{planes}/M{rows}", run, baseline, bytes_moved, rows=rows, planes=planes)
 
 
 def test_bench_finalize_last_exited(benchmark, roofline):

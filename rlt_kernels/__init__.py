@@ -7,6 +7,7 @@ Public kernels (see docs/kernels.md):
     rope_paged_attention   decode passes: RoPE, the K/V write and decode attention in one launch
     kv_scatter, rope_kv_scatter          masked K/V writes into paged caches (+ fused RoPE)
     gather_rows, scatter_rows, finalize_last_exited   routing between slot pools and batches
+    cache_slots            tokens' cache slots in every plane, from the block tables
     linear                 batch-invariant GEMM (+ fused SwiGLU), device-side active-row count
     linear_residual_norm   a linear feeding residual_norm (split-K partials summed by the norm)
     rms_norm, residual_norm, swiglu, apply_rope       fused norms and activations
@@ -30,6 +31,7 @@ _EXPORTS = {
     "gather_rows": "routing",
     "scatter_rows": "routing",
     "finalize_last_exited": "routing",
+    "cache_slots": "block_tables",
     "linear": "gemm",
     "linear_partials": "gemm",
     "linear_residual_norm": "linear_norm",

@@ -53,6 +53,13 @@ MUTANTS = (
         "steps of rows with exit_threshold < 1 take the fixed-depth program, so those rows never exit early",
     ),
     Mutant(
+        "full-depth-pass-reports-one-loop-less", "rlt_runtime/executor/model_runner.py",
+        "return RowResults(rs.h, torch.full((rs.h.shape[0],), self.depth, dtype=torch.int32, device=self.device))",
+        "return RowResults(rs.h, torch.full((rs.h.shape[0],), self.depth - 1, dtype=torch.int32, device=self.device))",
+        ("tests/runtime/test_fixed_depth_steps.py::test_fixed_depth_steps_match_the_full_path[ouro-tiny]",),
+        "decode steps on the fixed-depth path report every row's exit depth one loop short",
+    ),
+    Mutant(
         "speculative-logprobs-zero", "rlt_runtime/executor/speculative.py",
         "lp[put_r, vj] = chosen",
         "lp[put_r, vj] = torch.zeros_like(chosen)",
@@ -314,6 +321,13 @@ MUTANTS = (
         "io_mask = (rows[:, None] < m) & (cols[None, :] < n_out)",
         ("tests/kernels/test_gemm.py::test_linear_row_class_tiles",),
         "the TMA tile writes rows past the active count (a graph captured at a larger bucket overwrites them)",
+    ),
+    Mutant(
+        "cache-slots-for-rows-past-the-active-count", "rlt_kernels/block_tables.py",
+        "live = rows < row_limit(active_ptr, num_rows, HAS_ACTIVE)",
+        "live = rows < num_rows",
+        ("tests/kernels/test_block_tables.py::test_cache_slots_match_the_arithmetic[16-130]",),
+        "padding rows past the live count get cache slots from their stale metadata",
     ),
     Mutant(
         "tma-launch-leaves-fma-contraction-to-triton", "rlt_kernels/gemm.py",

@@ -97,13 +97,12 @@ class ForwardBatch:
 
     def _plane_slots(self) -> torch.Tensor:
         """int64 [planes, M]: every token's cache slot in every plane (-1 where no block is
-        allocated), computed once per pass (a step's loops write different planes)."""
+        allocated, and for rows past the live count), computed once per pass (a step's loops
+        write different planes)."""
         every = self._slots.get("planes")
         if every is None:
-            bs = self.kv.block_size
-            pos = self.positions
-            blocks = self.kv.block_tables[:, self.token_slots.long(), torch.div(pos, bs, rounding_mode="floor")]
-            every = self._slots["planes"] = torch.where(blocks >= 0, blocks.long() * bs + pos % bs, -1)
+            every = self._slots["planes"] = self.ops.cache_slots(self.kv.block_tables, self.token_slots, self.positions,
+                                                                 self.kv.block_size, active_rows=self.active)
         return every
 
     def attend(self, cache_layer: int, q, k, v, spec: PlaneSpec, *, q_bias=None, k_bias=None) -> torch.Tensor:

@@ -36,14 +36,14 @@ class RowState:
 
     slots: torch.Tensor  # int32 [B]
     pos: torch.Tensor  # int64 [B]
-    row_id: torch.Tensor  # int64 [B]: index of the row in its pass's outputs
-    thr: torch.Tensor
-    min_l: torch.Tensor
-    max_l: torch.Tensor
+    row_id: Optional[torch.Tensor]  # int64 [B]: index of the row in its pass's outputs
+    thr: Optional[torch.Tensor]  # the rows' exit parameters and exit state (`row_state`); None for rows
+    min_l: Optional[torch.Tensor]  # that run every loop in their start order (`run_full_depth`)
+    max_l: Optional[torch.Tensor]
     trace: torch.Tensor
     h: torch.Tensor  # [B, hidden]: the loop state (Ouro's normed state / Huginn's recurrent state)
     e: Optional[torch.Tensor]  # [B, hidden]: the loops' per-row input (Huginn's prelude output), or None
-    ex: ExitState
+    ex: Optional[ExitState]
     active: torch.Tensor  # int32 [1]
 
     def permute(self, order: torch.Tensor, active: torch.Tensor) -> "RowState":
@@ -199,7 +199,7 @@ class ModelRunner:
         static = persistent_tensors(self, self.model) if mode == "compile" else []
         self.graphs = DecodeGraphs(self.decode_program, [self.dec_in["num_rows"]],
                                    [s for s in sizes if s <= self.max_rows], mode=mode, static_tensors=static)
-        # Steps whose rows all run every loop take the fixed-depth program (`run_loops`); compile mode
+        # Steps whose rows all run every loop take the fixed-depth program (`run_full_depth`); compile mode
         # keeps one program per bucket (each variant is another compilation of the whole model).
         self.fixed_steps = self.forward_only_steps = self.prompt_only_prefills = mode != "compile"
         for fixed in self.startup_fixed_variants():
@@ -379,11 +379,11 @@ class ModelRunner:
         """The sampling parameters of slots idx (int64 [B]): temperature, top_k, top_p, min_p ([B] each)."""
         return self.slot_temperature[idx], self.slot_top_k[idx], self.slot_top_p[idx], self.slot_min_p[idx]
 
-    def _sample(self, logits, slots, out_positions, want_lp, num_top, active, processed: bool):
-        """Sample the rows' next tokens (after logit processing and the guided-decoding masks when
-        `processed`, which also counts them); reported log-probabilities are those of the raw logits."""
+    def _sample(self, logits, idx, out_positions, want_lp, num_top, active, processed: bool):
+        """Sample the next tokens of the rows of slots `idx` (int64 [B]), after logit processing and
+        the guided-decoding masks when `processed`, which also counts them; reported
+        log-probabilities are those of the raw logits."""
         ops = self.ops
-        idx = slots.long()
         chosen_from = logits
         if processed:
             chosen_from = self.token_mask.apply(self.logit_proc.apply(logits, idx, out_positions), idx, logits)
@@ -498,7 +498,7 @@ class ModelRunner:
         final = self.model.head_input(h, batch)
         slots = st["sample_slots"]
         logits = self.model.logits(final.index_select(0, st["sample_rows"]), self.ops, n_samples)
-        res = self._sample(logits, slots, st["sample_pos"], want_lp, num_top, n_samples, processed)
+        res = self._sample(logits, slots.long(), st["sample_pos"], want_lp, num_top, n_samples, processed)
         self.store_next(slots.long(), n_samples, res["tokens"])
         res["depths"] = torch.full((slots.shape[0],), self.depth, dtype=torch.int32, device=self.device)
         if prompt_rows:
@@ -564,7 +564,7 @@ class ModelRunner:
 
         Each row processes its request's pending token (slot_token) at its position (slot_pos);
         the sampled token and the advanced position go back into the slot pools. fixed: no row
-        leaves before the last loop (see `run_loops`). late: stop before sampling, returning the
+        leaves before the last loop (`run_full_depth`). late: stop before sampling, returning the
         logits (fp32 [b, vocab]) and depths for `decode_sampling`.
         """
         slots = self.dec_in["slots"][:b]
@@ -572,9 +572,13 @@ class ModelRunner:
         idx = slots.long()
         pos = self.slot_pos.index_select(0, idx)
         batch = self._decode_batch(pos, slots, active, key_depth_reads=not fixed)
-        rs = self.start_rows(self.slot_token.index_select(0, idx), slots, pos, self.dec_in["trace"][:b], active, batch)
-        out = RowResults.empty(b, rs.h, self.device)
-        self.run_loops(rs, 0, self.depth, out, fixed, batch)
+        rs = self.start_rows(self.slot_token.index_select(0, idx), slots, pos, self.dec_in["trace"][:b], active, batch,
+                             idx=idx, exits=not fixed)
+        if fixed:
+            out = self.run_full_depth(rs, batch)
+        else:
+            out = RowResults.empty(b, rs.h, self.device)
+            self.run_loops(rs, 0, self.depth, out, False, batch)
         logits = self.head_logits(out, slots, pos, active)
         if late:
             return {"logits": logits, "depths": out.depth}
@@ -594,7 +598,7 @@ class ModelRunner:
         """Sample the decode rows' next tokens, store them (and the advanced positions) in the slot
         pools, and return the results with the rows' depths."""
         next_pos = pos + 1
-        res = self._sample(logits, slots, next_pos, want_lp, num_top, active, processed)
+        res = self._sample(logits, idx, next_pos, want_lp, num_top, active, processed)
         self.store_next(idx, active, res["tokens"], next_pos)
         res["depths"] = depths
         return res
@@ -606,29 +610,35 @@ class ModelRunner:
         if positions is not None:
             self.ops.scatter_rows(positions, idx, self.slot_pos, active_rows=active)
 
-    def start_rows(self, tokens, slots, pos, trace, active, batch: Optional[ForwardBatch] = None) -> "RowState":
+    def start_rows(self, tokens, slots, pos, trace, active, batch: Optional[ForwardBatch] = None, idx=None,
+                   exits: bool = True) -> "RowState":
         """Start the rows' loops from their tokens (the model's `start`: Huginn's prelude and
         initial state from the slots' noise keys) and mark them running. batch: the rows'
-        ForwardBatch when the caller has one (its slot mappings are then computed once)."""
-        idx = slots.long()
+        ForwardBatch when the caller has one (its slot mappings are then computed once); idx:
+        slots as int64 when the caller has them; exits=False: rows for `run_full_depth`, which
+        needs no exit parameters, exit state or row ids."""
+        idx = slots.long() if idx is None else idx
         b = tokens.shape[0]
         batch = batch if batch is not None else self._decode_batch(pos, slots, active)
         self._set_key_depth(batch, torch.full((b,), self.depth - 1, dtype=torch.int32, device=self.device))
         keys = self.slot_key.index_select(0, idx) if self.model.random_initial_state else None
         h, e = self.model.start(tokens, batch, keys)
+        if not exits:
+            return RowState(slots, pos, None, None, None, None, trace, h, e, None, active)
         return self.row_state(slots, pos, torch.arange(b, device=self.device), trace, h, e,
-                              self.model.new_exit_state(self.exit_rule.mode, h), active)
+                              self.model.new_exit_state(self.exit_rule.mode, h), active, idx)
 
-    def row_state(self, slots, pos, row_id, trace, h, e, ex, active) -> "RowState":
-        """Rows of slots `slots` (int32 [B]) with their slots' exit parameters (threshold, min and
-        max loops) and the given loop state (see RowState)."""
-        idx = slots.long()
+    def row_state(self, slots, pos, row_id, trace, h, e, ex, active, idx=None) -> "RowState":
+        """Rows of slots `slots` (int32 [B]; idx: the same as int64 when the caller has them) with
+        their slots' exit parameters (threshold, min and max loops) and the given loop state (see
+        RowState)."""
+        idx = slots.long() if idx is None else idx
         return RowState(slots=slots, pos=pos, row_id=row_id, thr=self.slot_threshold[idx],
                         min_l=self.slot_min_loops[idx], max_l=self.slot_max_loops[idx], trace=trace, h=h, e=e, ex=ex,
                         active=active)
 
     def takes_fixed_path(self, rows) -> bool:
-        """Whether a pass over `rows` (objects with a `.slot`) may take `run_loops`' fixed path:
+        """Whether a pass over `rows` (objects with a `.slot`) may take `run_full_depth`:
         fixed-path programs are on and none of the rows' requests may exit early."""
         return self.fixed_steps and not any(self.slot_exits_early[r.slot] for r in rows)
 
@@ -639,6 +649,15 @@ class ModelRunner:
         if not self.fixed_steps:
             return (False,)
         return (True,) if self.exit_rule.mode == "fixed" else (True, False)
+
+    def run_full_depth(self, rs: "RowState", batch: ForwardBatch) -> "RowResults":
+        """Every loop of rows none of which may leave before the last (`run_loops`' fixed path),
+        for a pass whose output row i is row i: the final states are the last loop's output as it
+        stands and every depth is the model's, so no exit bookkeeping runs (row ids, exit
+        parameters, scatters into the results). Rows past the live count hold unwritten states."""
+        for t in range(self.depth):
+            rs.h = self.model.loop(rs.h, rs.e, batch, t)
+        return RowResults(rs.h, torch.full((rs.h.shape[0],), self.depth, dtype=torch.int32, device=self.device))
 
     def run_loops(self, rs: "RowState", t_begin: int, t_end: int, out: "RowResults", fixed: bool = False,
                   batch: Optional[ForwardBatch] = None) -> "RowState":

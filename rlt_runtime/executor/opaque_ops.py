@@ -153,11 +153,18 @@ def _finalize_last_exited(impl: int, k_cache: Tensor, v_cache: Tensor, block_tab
     _IMPLS[impl](k_cache, v_cache, block_tables, seq_slots, positions, exit_planes, active_rows=active_rows)
 
 
+@_op("cache_slots", ("out",))
+def _cache_slots(impl: int, block_tables: Tensor, token_slots: Tensor, positions: Tensor, block_size: int, out: Tensor,
+                 active_rows: Optional[Tensor]) -> None:
+    _IMPLS[impl](block_tables, token_slots, positions, block_size, out=out, active_rows=active_rows)
+
+
 def opaque(ops: SimpleNamespace) -> SimpleNamespace:
     """The same namespace with every kernel called through its custom op (signatures unchanged)."""
     i = {name: _register(getattr(ops, name)) for name in (
         "linear", "linear_residual_norm", "rms_norm", "residual_norm", "rope_kv_scatter", "paged_attention",
-        "rope_paged_attention", "scatter_rows", "sample", "filtered_probs", "compute_logprobs", "accept_draft", "finalize_last_exited")}
+        "rope_paged_attention", "scatter_rows", "sample", "filtered_probs", "compute_logprobs", "accept_draft", "finalize_last_exited",
+        "cache_slots")}
 
     def linear(x, weight, *, out=None, active_rows=None, activation=None):
         n = weight.shape[0] // 2 if activation == "swiglu" else weight.shape[0]
@@ -267,10 +274,16 @@ def opaque(ops: SimpleNamespace) -> SimpleNamespace:
         _finalize_last_exited(i["finalize_last_exited"], k_cache, v_cache, block_tables, seq_slots, positions,
                               exit_planes, active_rows)
 
+    def cache_slots(block_tables, token_slots, positions, block_size, *, out=None, active_rows=None):
+        if out is None:
+            out = torch.empty((block_tables.shape[0], positions.shape[0]), dtype=torch.int64, device=positions.device)
+        _cache_slots(i["cache_slots"], block_tables, token_slots, positions, int(block_size), out, active_rows)
+        return out
+
     wrapped = dict(vars(ops))
     wrapped.update(linear=linear, linear_residual_norm=linear_residual_norm, rms_norm=rms_norm,
                    residual_norm=residual_norm, rope_kv_scatter=rope_kv_scatter,
                    paged_attention=paged_attention, rope_paged_attention=rope_paged_attention, scatter_rows=scatter_rows, sample=sample,
                    filtered_probs=filtered_probs, compute_logprobs=compute_logprobs, accept_draft=accept_draft,
-                   finalize_last_exited=finalize_last_exited)
+                   finalize_last_exited=finalize_last_exited, cache_slots=cache_slots)
     return SimpleNamespace(**wrapped)

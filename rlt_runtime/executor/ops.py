@@ -17,13 +17,13 @@ from ..models.fp8_weights import Fp8Weight
 OP_NAMES = (
     "linear", "linear_residual_norm", "rms_norm", "residual_norm", "swiglu", "apply_rope", "rope_kv_scatter",
     "kv_scatter", "paged_attention", "rope_paged_attention", "gather_rows", "scatter_rows", "sample", "filtered_probs", "compute_logprobs",
-    "accept_draft", "finalize_last_exited",
+    "accept_draft", "finalize_last_exited", "cache_slots",
 )
 _MODULE_OF = {
     "linear": "gemm", "linear_residual_norm": "linear_norm", "rms_norm": "norms", "residual_norm": "norms", "swiglu": "norms", "apply_rope": "norms",
     "rope_kv_scatter": "kv_cache", "kv_scatter": "kv_cache", "paged_attention": "attention",
     "rope_paged_attention": "attention",
-    "gather_rows": "routing", "scatter_rows": "routing", "finalize_last_exited": "routing",
+    "gather_rows": "routing", "scatter_rows": "routing", "finalize_last_exited": "routing", "cache_slots": "block_tables",
     "sample": "sampling", "filtered_probs": "sampling", "compute_logprobs": "sampling", "accept_draft": "acceptance",
 }
 

@@ -40,8 +40,9 @@ def _run(llm: LLM, params: list[SamplingParams], fixed_steps: bool) -> tuple[lis
 @pytest.mark.parametrize("model", ["ouro-tiny", "huginn-tiny"])
 def test_fixed_depth_steps_match_the_full_path(model):
     # One engine per path: Huginn's initial states are drawn per request, from the engine's seed
-    # and the order requests arrive in.
-    fast_llm, full_llm = (LLM(model, dtype="float32", max_num_seqs=4, seed=3) for _ in range(2))
+    # and the order requests arrive in. Eager, so the exit rule's calls are counted on any device
+    # (a CUDA graph replays its program without calling back into Python).
+    fast_llm, full_llm = (LLM(model, dtype="float32", max_num_seqs=4, seed=3, execution_mode="eager") for _ in range(2))
     depth = fast_llm.engine.depth
     cases = [([_params(1.0)] * 3, False), ([_params(1.0), _params(1.0, max_loops=2)], True)]
     if model == "ouro-tiny":  # Huginn's exit_mode "fixed": only a loop cap ends a row early
