@@ -434,23 +434,29 @@ def test_gpu_model_shapes_bf16(device, n, k, activation):
 
 
 @pytest.mark.gpu
-def test_gpu_graph_replay_follows_active_rows(device):
-    """Captured once at a 256-row bucket; each replay writes only the rows below the count."""
-    gen = seeded(0, device)
-    w = randn((11264, 2048), torch.bfloat16, device, gen, scale=2048**-0.5)
-    x = randn((256, 2048), torch.bfloat16, device, gen)
-    expected = gemm.linear(x, w, activation="swiglu")
-    active = torch.tensor([256], dtype=torch.int32, device=device)
-    out = torch.empty((256, 5632), dtype=torch.bfloat16, device=device)
+@pytest.mark.parametrize("bucket", [128, 256])
+@pytest.mark.parametrize("n,k,activation,weight_dtype", [  # Ouro qkv, o (wave split), gate_up, down (split), FP8 gate_up
+    (6144, 2048, None, torch.bfloat16), (2048, 2048, None, torch.bfloat16), (11264, 2048, "swiglu", torch.bfloat16),
+    (2048, 5632, None, torch.bfloat16), (11264, 2048, "swiglu", FP8_DTYPE)])
+def test_gpu_graph_replay_follows_active_rows(device, bucket, n, k, activation, weight_dtype):
+    """Captured once at a bucket of the middle row class; each replay writes only the rows below
+    the count, with the bits of the full launch (TMA tiles, and FP8's cp.async tiles)."""
+    gen = seeded(n + k, device)
+    w, scale = linear_weight(n, k, weight_dtype, device, gen)
+    x = randn((bucket, k), torch.bfloat16, device, gen)
+    expected = gemm.linear(x, w, activation=activation, weight_scale=scale)
+    active = torch.tensor([bucket], dtype=torch.int32, device=device)
+    out = torch.empty_like(expected)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        gemm.linear(x, w, activation="swiglu", out=out, active_rows=active)  # compile outside the capture
+    with torch.cuda.stream(stream):  # compile outside the capture
+        gemm.linear(x, w, activation=activation, out=out, active_rows=active, weight_scale=scale)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        gemm.linear(x, w, activation="swiglu", out=out, active_rows=active)
-    for live in (3, 100, 256, 0):
+        gemm.linear(x, w, activation=activation, out=out, active_rows=active, weight_scale=scale)
+    for live in (3, 64, 65, 100, 128, 129, 192, bucket, 0):
+        live = min(live, bucket)
         out.fill_(float("nan"))
         active.fill_(live)
         graph.replay()
