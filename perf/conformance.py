@@ -3,7 +3,7 @@ compared bit for bit with the same requests run alone (see perf/conformance_case
 case checks, docs/gpu_validation.md for how to run it and read the log).
 
     python -m perf.conformance --out DIR [--cases 40] [--seed 0] [--workers 6] [--budget-s 420]
-                               [--device cuda|cpu] [--only SUBSTRING] [--first I]
+                               [--device cuda|cpu] [--only SUBSTRING ...] [--first I]
 
 Writes DIR/conformance.jsonl (one line per case, as it finishes), DIR/conformance.md (summary
 table) and DIR/cases/ (each case's JSON, result and stderr). A case that timed out beside the others
@@ -14,8 +14,8 @@ or was not applicable, 1 when any failed, crashed or timed out, 2 when none fail
 not run within the budget.
 
 Case i is drawn from random.Random(f"{seed}:{i}"), so it does not depend on --cases or --only
-(`--only "c017 "` reruns one case; `--first 24` runs cases 24.. of the same matrix, e.g. the ones a
-previous run's budget left out).
+(`--only "c017 "` reruns one case, `--only "c035 " --only "c043 "` any of several; `--first 24` runs
+cases 24.. of the same matrix, e.g. the ones a previous run's budget left out).
 Invalid combinations are found by constructing the engine: a ConfigError on a combination listed
 in EXPECTED_REJECTIONS is "not-applicable"; any other ConfigError is a failure (a feature that
 silently drops out must not pass).
@@ -327,7 +327,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=6, help="cases run side by side (each engine takes a small GPU share)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="wall-clock budget of the whole matrix")
     ap.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
-    ap.add_argument("--only", default=None, help="run only cases whose name contains this substring")
+    ap.add_argument("--only", action="append", default=None,
+                    help="run only cases whose name contains this substring (repeat: any of them)")
     ap.add_argument("--first", type=int, default=0, help="skip the cases before this index")
     args = ap.parse_args(argv)
     if args.cases < 1 or args.workers < 1 or args.budget_s <= 0 or not 0 <= args.first < args.cases:
@@ -337,9 +338,10 @@ def main(argv=None) -> int:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    cases = [c for c in matrix(args.cases, args.seed, device)[args.first:] if args.only is None or args.only in c["name"]]
+    cases = [c for c in matrix(args.cases, args.seed, device)[args.first:]
+             if args.only is None or any(part in c["name"] for part in args.only)]
     if not cases:
-        ap.error(f"no case from index {args.first} on has a name containing {args.only!r}")
+        ap.error(f"no case from index {args.first} on has a name containing any of {args.only!r}")
     return run_matrix(cases, Path(args.out), args.workers, args.budget_s)
 
 

@@ -78,6 +78,6 @@ def cache_slots(block_tables, token_slots, positions, block_size: int, *, out=No
     _cache_slots_kernel[(triton.cdiv(num_rows, BLOCK_ROWS), planes)](
         block_tables, token_slots, positions, out, positions if active_rows is None else active_rows, num_rows, width,
         block_size, block_tables.stride(0), block_tables.stride(1), out.stride(0),
-        HAS_ACTIVE=active_rows is not None, BLOCK=BLOCK_ROWS, num_warps=4,
+        HAS_ACTIVE=active_rows is not None, BLOCK=BLOCK_ROWS, num_warps=4, enable_fp_fusion=True,  # integer arithmetic only
     )
     return out

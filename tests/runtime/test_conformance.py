@@ -9,6 +9,7 @@ import json
 import pytest
 
 from perf.conformance import FEATURES, classify, complete, matrix, run_matrix
+import perf.conformance as conformance
 import perf.conformance_case as conformance_case
 from perf.conformance_case import (alone_options, build_workload, engine_options, guided_problem, reference_difference,
                                    run_alone, run_crowd)
@@ -63,6 +64,17 @@ def _config_error(model: str, **options) -> dict:
     with pytest.raises(ConfigError) as err:
         LLM(model, device="cpu", **options)
     return {"status": "config-error", "detail": str(err.value), "checks": [], "stats": {}}
+
+
+def test_only_picks_cases_by_any_of_several_names(monkeypatch, tmp_path):
+    """--only given twice runs the cases whose names contain either substring, nothing else."""
+    picked = []
+    monkeypatch.setattr(conformance, "run_matrix", lambda cases, *a: picked.extend(c["id"] for c in cases) or 0)
+    assert conformance.main(["--out", str(tmp_path), "--cases", "12", "--device", "cpu",
+                             "--only", "c003 ", "--only", "c010 "]) == 0
+    assert picked == ["c003", "c010"]
+    with pytest.raises(SystemExit):
+        conformance.main(["--out", str(tmp_path), "--cases", "12", "--device", "cpu", "--only", "c099 "])
 
 
 def test_only_expected_config_errors_are_not_applicable():
