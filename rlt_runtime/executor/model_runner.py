@@ -497,9 +497,10 @@ class ModelRunner:
             self._finalize_limited(batch, limits, t)
         final = self.model.head_input(h, batch)
         slots = st["sample_slots"]
+        idx = slots.long()
         logits = self.model.logits(final.index_select(0, st["sample_rows"]), self.ops, n_samples)
-        res = self._sample(logits, slots.long(), st["sample_pos"], want_lp, num_top, n_samples, processed)
-        self.store_next(slots.long(), n_samples, res["tokens"])
+        res = self._sample(logits, idx, st["sample_pos"], want_lp, num_top, n_samples, processed)
+        self.store_next(idx, n_samples, res["tokens"])
         res["depths"] = torch.full((slots.shape[0],), self.depth, dtype=torch.int32, device=self.device)
         if prompt_rows:
             res.update(self._prompt_logprobs(final, st["prompt_rows"][:prompt_rows], st["prompt_targets"][:prompt_rows],
