@@ -15,6 +15,50 @@ import pytest  # noqa: E402
 if not HAS_CUDA:
     # Tiny CPU workloads: intra-op threads only add contention on the 2-core CI machine.
     torch.set_num_threads(1)
+
+
+def _patch_language_once_per_launch() -> None:
+    """Under TRITON_INTERPRET=1, Triton re-patches its whole language module (an `inspect.getmembers`
+    scan of tl, tl.tensor, tl.math) on every call of a @triton.jit helper inside a kernel, once per
+    program: about 40% of an interpreted engine test. The launch has already patched the same
+    module objects and restores them when it ends, so here a launch patches both modules a helper
+    may see (tl and tl.core) and a helper called while it runs skips the redundant patch. Nothing changes if the
+    interpreter's internals differ from what this expects."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    patch, empty_scope = getattr(interpreter, "_patch_lang", None), getattr(interpreter, "_LangPatchScope", None)
+    launch = getattr(getattr(interpreter, "GridExecutor", None), "__call__", None)
+    if patch is None or empty_scope is None or launch is None or getattr(launch, "once_per_launch", False):
+        return
+    running = []
+
+    def launch_patching_once(self, *args, **kwargs):
+        running.append(False)  # the launch's own patch is next, then its programs' helper calls
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            running.pop()
+
+    class EveryLanguageModule:  # what `_patch_lang` reads of a function: its globals' tl and tl.core
+        __globals__ = {"tl": interpreter.tl, "core": interpreter.tl.core}
+
+    def patch_once(fn):
+        if running and running[-1]:  # a helper called by a running kernel: the launch's patch is in place
+            return empty_scope()
+        if not running:
+            return patch(fn)
+        running[-1] = True
+        return patch(EveryLanguageModule)  # tl.core too: helpers of triton.language.standard use it
+
+    launch_patching_once.once_per_launch = True
+    interpreter.GridExecutor.__call__ = launch_patching_once
+    interpreter._patch_lang = patch_once
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _patch_language_once_per_launch()
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(

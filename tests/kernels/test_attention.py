@@ -417,8 +417,8 @@ def test_generated_rows_same_bits_in_decode_and_recompute(device, context, prefi
 
 @settings(max_examples=4)
 @given(
-    seqs=st.lists(seq_strategy(max_prefill=40, max_context=160), min_size=0, max_size=2),
-    spanning=st.tuples(st.integers(2, 40), st.integers(130, 160)),
+    seqs=st.lists(seq_strategy(max_prefill=16, max_context=140), min_size=0, max_size=2),
+    spanning=st.tuples(st.integers(2, 24), st.integers(130, 150)),
     split_size=st.sampled_from([64, 128]),
     group=st.sampled_from([1, 4]),
     head_dim=st.sampled_from([64, 96]),

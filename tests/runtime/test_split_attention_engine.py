@@ -12,6 +12,7 @@ import torch
 import rlt_kernels.attention as attn
 from rlt_kernels._triton import interpreter_active
 from rlt_runtime import LLM, SamplingParams
+from rlt_runtime.executor import ops as ops_module
 
 PARAMS = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, exit_threshold=0.6, logprobs=2)
 
@@ -42,6 +43,11 @@ def _split_and_unsplit(monkeypatch, programs: int, make_llm, prompts, one_engine
 
 @pytest.mark.skipif(not interpreter_active(), reason="CPU runs exercise the Triton path via the interpreter")
 def test_split_decode_attention_in_the_engine_interpreted(monkeypatch):
+    # Only the decode attention (the kernel that splits) runs interpreted; every other op is its
+    # torch reference, which keeps the interpreter's per-program cost off the prompts' tokens.
+    triton_ops = ops_module._triton_ops
+    monkeypatch.setattr(ops_module, "_triton_ops", lambda: {
+        **ops_module._reference_ops(), "rope_paged_attention": triton_ops()["rope_paged_attention"]})
     unsplit, split = _split_and_unsplit(
         monkeypatch, 1, lambda: LLM("ouro-tiny", dtype="float32", max_num_seqs=4, attention_backend="triton",
                                     exit_mode="ouro"), _prompts(2, 62, 8), one_engine=True)
