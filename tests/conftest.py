@@ -22,8 +22,8 @@ def _patch_language_once_per_launch() -> None:
     scan of tl, tl.tensor, tl.math) on every call of a @triton.jit helper inside a kernel, once per
     program: about 40% of an interpreted engine test. The launch has already patched the same
     module objects and restores them when it ends, so here a launch patches both modules a helper
-    may see (tl and tl.core) and a helper called while it runs skips the redundant patch. Nothing changes if the
-    interpreter's internals differ from what this expects."""
+    may see (tl and tl.core) and a helper called while it runs skips the redundant patch. Nothing
+    changes if the interpreter's internals differ from what this expects."""
     try:
         from triton.runtime import interpreter
     except ImportError:
@@ -59,6 +59,7 @@ def _patch_language_once_per_launch() -> None:
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     _patch_language_once_per_launch()
+
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(

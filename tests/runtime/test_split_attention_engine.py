@@ -45,9 +45,8 @@ def _split_and_unsplit(monkeypatch, programs: int, make_llm, prompts, one_engine
 def test_split_decode_attention_in_the_engine_interpreted(monkeypatch):
     # Only the decode attention (the kernel that splits) runs interpreted; every other op is its
     # torch reference, which keeps the interpreter's per-program cost off the prompts' tokens.
-    triton_ops = ops_module._triton_ops
     monkeypatch.setattr(ops_module, "_triton_ops", lambda: {
-        **ops_module._reference_ops(), "rope_paged_attention": triton_ops()["rope_paged_attention"]})
+        **ops_module._reference_ops(), "rope_paged_attention": attn.rope_paged_attention})
     unsplit, split = _split_and_unsplit(
         monkeypatch, 1, lambda: LLM("ouro-tiny", dtype="float32", max_num_seqs=4, attention_backend="triton",
                                     exit_mode="ouro"), _prompts(2, 62, 8), one_engine=True)
