@@ -1,12 +1,13 @@
 """FP8 against bf16 on one GPU, in one run: decode speed and fidelity (JSON + markdown).
 
-    python -m perf.bench_fp8 --out out/fp8 [--parts speed fidelity]
+    python -m perf.bench_fp8 --out out/fp8 [--parts speed fidelity] [--configs bf16 "w8a8 + KV"]
     python -m perf.bench_fp8 --out /tmp/fp8 --model ouro-tiny --batches 1 2 --output-len 8 --prompts 2  # CPU smoke
     python -m perf.bench_fp8 --out out/fp8-fidelity --parts fidelity  # fidelity alone (a few minutes on the H200)
     python -m perf.bench_fp8 --out out/fp8-sensitivity --parts sensitivity  # the fp32 reference alone (CPU: ~10 min)
 
-Three engines on the `ouro-1.4b` preset (random-init replica, bf16 activations): bf16 weights and
-K/V, FP8 weights (quantization="fp8"), FP8 weights and K/V (+ kv_cache_dtype="fp8").
+Five engines on the `ouro-1.4b` preset (random-init replica): bf16 weights and K/V, FP8 weights
+(quantization="fp8", bf16 activations), FP8 weights and K/V (+ kv_cache_dtype="fp8"), and the same
+two with FP8 activation rows too (quantization="w8a8_fp8").
 
 * Speed: decode steady state (prompt 128, output 128, greedy, ignore_eos, full depth) at batch 1,
   64, 256 with `bench_offline.decode_benchmark`, beside the roofline floor of `bench_engine.floor_ms`
@@ -43,11 +44,14 @@ import torch
 
 from rlt_runtime import LLM, SamplingParams
 from rlt_runtime.entrypoints.bench_offline import decode_benchmark, random_prompts
+from rlt_runtime.models.fp8_weights import FP8_QUANTIZATIONS
 
 CONFIGS = {
     "bf16": {},
     "fp8 weights": {"quantization": "fp8"},
     "fp8 weights + KV": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
+    "w8a8": {"quantization": "w8a8_fp8"},
+    "w8a8 + KV": {"quantization": "w8a8_fp8", "kv_cache_dtype": "fp8"},
 }
 BATCHES = [1, 64, 256]
 EXIT_THRESHOLD = 0.5
@@ -70,7 +74,7 @@ def _reads(cfg, name: str, depth: int) -> int:
 
 
 def _quantized(cfg, name: str, shape) -> bool:
-    """Whether `quantization="fp8"` stores this checkpoint weight as FP8 (models/fp8_weights.py)."""
+    """Whether the FP8 quantizations store this checkpoint weight as FP8 (models/fp8_weights.py)."""
     if len(shape) != 2:
         return False
     if cfg.family == "ouro":
@@ -96,7 +100,7 @@ def speed(model, options, batches, input_len, output_len, roof, dtype) -> dict:
     decode_benchmark(llm, min(4, max(batches)), 32, 8, prefix="warm")
     out = {"block_bytes": llm.engine.memory_plan.block_bytes, "num_blocks": llm.engine.memory_plan.num_blocks,
            "vocab_size": cfg.vocab_size}
-    wbytes = fp8_weight_bytes_per_step(cfg, depth) if options.get("quantization") == "fp8" else None
+    wbytes = fp8_weight_bytes_per_step(cfg, depth) if options.get("quantization") in FP8_QUANTIZATIONS else None
     kv_elem = 1 if options.get("kv_cache_dtype") == "fp8" else 2
     for b in batches:
         r = decode_benchmark(llm, b, input_len, output_len, prefix=f"d{b}")
@@ -222,13 +226,15 @@ def run(args) -> dict:
         print("roofline", roof, flush=True)
     res = {"model": args.model, "date": time.strftime("%Y-%m-%d"), "roofline": roof, "dtype": dtype,
            "input_len": args.input_len, "output_len": args.output_len, "speed": {}, "fidelity": {}, "sensitivity": {}}
+    configs = {name: CONFIGS[name] for name in args.configs}
     if "speed" in args.parts:
-        for name, options in CONFIGS.items():
+        for name, options in configs.items():
             res["speed"][name] = speed(args.model, options, args.batches, args.input_len, args.output_len, roof, dtype)
     if "fidelity" in args.parts:
         prompts = random_prompts(args.prompts, args.fidelity_prompt_len, vocab_size(args.model), seed=11)
         reference = fidelity(args.model, CONFIGS["bf16"], prompts, args.fidelity_output_len, dtype)
-        for name, options in [(CONTROL, CONFIGS["bf16"]), *list(CONFIGS.items())[1:]]:
+        quantized = [(n, o) for n, o in configs.items() if n != "bf16"]
+        for name, options in [(CONTROL, CONFIGS["bf16"]), *quantized]:
             res["fidelity"][name] = fidelity(args.model, options, prompts, args.fidelity_output_len, dtype, reference)
             print("fidelity", name, {k: v for k, v in res["fidelity"][name].items() if k != "logprobs"}, flush=True)
     if "sensitivity" in args.parts:
@@ -263,8 +269,8 @@ def markdown(res: dict) -> str:
                 continue
             floor = f"{r['floor_ms']:.2f}" if "floor_ms" in r else "-"
             frac = f"{r['frac_floor']:.0%}" if "frac_floor" in r else "-"
-            lines.append(f"| {name} | {b} | {r['tok_per_s']:.0f} | {r['ms_per_step']:.2f} | {floor} | {frac} | "
-                         f"{r['tok_per_s'] / base[b]['tok_per_s']:.2f}x |")
+            ratio = f"{r['tok_per_s'] / base[b]['tok_per_s']:.2f}x" if base else "-"
+            lines.append(f"| {name} | {b} | {r['tok_per_s']:.0f} | {r['ms_per_step']:.2f} | {floor} | {frac} | {ratio} |")
     if res["fidelity"]:
         lines += _fidelity_lines(res)
     if res.get("sensitivity"):
@@ -299,6 +305,7 @@ def main(argv=None) -> None:
     ap.add_argument("--fidelity-prompt-len", type=int, default=32)
     ap.add_argument("--fidelity-output-len", type=int, default=32)
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=["speed", "fidelity"], help="what to measure")
+    ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS), help="engines to run")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     res = run(args)

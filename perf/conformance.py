@@ -107,7 +107,8 @@ def describe(c: dict) -> str:
     if c["features"]:
         parts.append("feat-" + "+".join(c["features"]))
     if c["quantization"] or c["kv_cache_dtype"] != "auto":
-        parts.append("fp8" + ("w" if c["quantization"] else "") + ("kv" if c["kv_cache_dtype"] == "fp8" else ""))
+        weights = {None: "", "fp8": "w", "w8a8_fp8": "w8a8"}[c["quantization"]]
+        parts.append("fp8" + weights + ("kv" if c["kv_cache_dtype"] == "fp8" else ""))
     if c["loop_bounds"]:
         parts.append("loops2-3")
     if c["split_keys"]:
@@ -170,6 +171,8 @@ def draw_case(index: int, seed: int, device: str) -> dict:
     # Attention over 64-key ranges with longer prompts: decode and prefill launches split their keys
     # (range programs, merged in place) as they do at long contexts.
     f["split_keys"] = 64 if rng.random() < 0.3 else None
+    if f["quantization"] is None and rng.random() < 0.15:
+        f["quantization"] = "w8a8_fp8"  # FP8 input rows too
     return complete(index, f)
 
 

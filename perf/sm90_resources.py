@@ -70,42 +70,50 @@ def compile_sm90(fn, pointers: dict, constexprs: dict, floats=(), **options) -> 
 
 
 def linear_report(n: int, k: int, activation, rows: int, weight: str = "bf16") -> tuple:
-    """(tile, report) of the linear kernel over a bf16 or FP8 ("fp8") weight [n, k] at the tile of a
-    `rows`-row launch."""
-    fp8 = weight == "fp8"
-    cfg = gemm.linear_config(n, k, torch.bfloat16, activation, rows, FP8_DTYPE if fp8 else None)
+    """(tile, report) of the linear kernel over a bf16, FP8 ("fp8": bf16 rows) or W8A8 ("w8a8": FP8
+    rows too) weight [n, k] at the tile of a `rows`-row launch."""
+    fp8, w8a8 = weight in ("fp8", "w8a8"), weight == "w8a8"
+    if w8a8:
+        cfg = gemm.linear_config(n, k, FP8_DTYPE, activation, rows)
+    else:
+        cfg = gemm.linear_config(n, k, torch.bfloat16, activation, rows, FP8_DTYPE if fp8 else None)
+    x_type = "fp8e4nv" if w8a8 else "bf16"
     if cfg.tma:
         w_type = "fp8e4nv" if fp8 else "bf16"
-        descs = {"x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
+        descs = {"x_desc": f"tensordesc<{x_type}[{cfg.block_m}, {cfg.block_k}]>",
                  "w_desc": f"tensordesc<{w_type}[{cfg.block_n}, {cfg.block_k}]>", "scale_ptr": "*fp32",
-                 "out_ptr": "*bf16", "ws_ptr": "*fp32", "active_ptr": "*i32"}
-        const = dict(HAS_ACTIVE=True, SWIGLU=activation == "swiglu", HAS_SCALE=fp8, WIDEN_INLINE=True, EXACT_DOT=False,
+                 "x_scale_ptr": "*fp32", "out_ptr": "*bf16", "ws_ptr": "*fp32", "active_ptr": "*i32"}
+        const = dict(HAS_ACTIVE=True, SWIGLU=activation == "swiglu", HAS_SCALE=fp8, X_FP8=w8a8, WIDEN_INLINE=True,
+                     EXACT_DOT=False,
                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
                      SPLIT_K=cfg.split_k, STAGES=cfg.num_stages, REDUCE_IN_TILE=cfg.reduce_in_tile, PDL=True)
         return cfg, compile_sm90(gemm._linear_tma_kernel, descs, const, num_warps=cfg.num_warps,
                                  num_stages=cfg.num_stages)
-    ptrs = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv" if fp8 else "*bf16", "scale_ptr": "*fp32", "out_ptr": "*bf16",
-            "ws_ptr": "*fp32", "active_ptr": "*i32"}
-    const = dict(HAS_ACTIVE=True, SWIGLU=activation == "swiglu", HAS_SCALE=fp8, WIDEN_INLINE=True, EXACT_DOT=False,
+    ptrs = {"x_ptr": f"*{x_type}", "w_ptr": "*fp8e4nv" if fp8 else "*bf16", "scale_ptr": "*fp32",
+            "x_scale_ptr": "*fp32", "out_ptr": "*bf16", "ws_ptr": "*fp32", "active_ptr": "*i32"}
+    const = dict(HAS_ACTIVE=True, SWIGLU=activation == "swiglu", HAS_SCALE=fp8, X_FP8=w8a8, WIDEN_INLINE=True,
+                 EXACT_DOT=False,
                  PRECISION="tf32", EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                  BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k, SWAP_AB=cfg.swap_ab, PDL=True)
     return cfg, compile_sm90(gemm._linear_kernel, ptrs, const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 def linear_reports() -> dict:
-    """bf16 weights, and FP8 weights (quantization="fp8": fp8 tiles widened to bf16, scales in the epilogue)."""
+    """bf16 weights, FP8 weights (quantization="fp8": fp8 tiles widened to bf16, scales in the
+    epilogue) and W8A8 (quantization="w8a8_fp8": FP8 rows and weights, FP8 products)."""
     out = {}
-    for weight in ("bf16", "fp8"):
+    for weight in ("bf16", "fp8", "w8a8"):
         for name, n, k, act in OURO_WEIGHTS:
-            if weight == "fp8" and name == "lm_head":
+            if weight != "bf16" and name == "lm_head":
                 continue  # the LM head stays bf16
             for rows in (1, 64, 256, 2048):  # the skinny and full decode, middle and prefill row classes
                 cfg, report = linear_report(n, k, act, rows, weight)
                 out[f"linear {weight} {name} M={rows} {cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.num_stages} "
                     f"split {cfg.split_k}{' in tile' if cfg.reduce_in_tile else ''}{' transposed' if cfg.swap_ab else ''}"
                     f"{' TMA' if cfg.tma else ''}"] = report
-        ptrs = {"ws_ptr": "*fp32", "scale_ptr": "*fp32", "out_ptr": "*bf16", "active_ptr": "*i32"}
-        const = dict(HAS_ACTIVE=True, SWIGLU=True, HAS_SCALE=weight == "fp8", SPLIT_K=2, BLOCK_M=gemm.REDUCE_BLOCK_M,
+        ptrs = {"ws_ptr": "*fp32", "scale_ptr": "*fp32", "x_scale_ptr": "*fp32", "out_ptr": "*bf16", "active_ptr": "*i32"}
+        const = dict(HAS_ACTIVE=True, SWIGLU=True, HAS_SCALE=weight != "bf16", X_FP8=weight == "w8a8", SPLIT_K=2,
+                     BLOCK_M=gemm.REDUCE_BLOCK_M,
                      BLOCK_N=gemm.REDUCE_BLOCK_N, PDL=True)
         out[f"linear {weight} split-K reduction"] = compile_sm90(gemm._split_reduce_kernel, ptrs, const, num_warps=4)
     return out

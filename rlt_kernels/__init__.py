@@ -11,6 +11,7 @@ Public kernels (see docs/kernels.md):
     linear                 batch-invariant GEMM (+ fused SwiGLU), device-side active-row count
     linear_residual_norm   a linear feeding residual_norm (split-K partials summed by the norm)
     rms_norm, residual_norm, swiglu, apply_rope       fused norms and activations
+    quantize_rows          FP8 rows with one power-of-two scale each (W8A8 linear inputs)
     sample, filtered_probs, compute_logprobs          counter-based sampling
     accept_draft           fused speculative acceptance
 """
@@ -36,6 +37,7 @@ _EXPORTS = {
     "linear_partials": "gemm",
     "linear_residual_norm": "linear_norm",
     "rms_norm": "norms",
+    "quantize_rows": "fp8_rows",
     "residual_norm": "norms",
     "swiglu": "norms",
     "apply_rope": "norms",

@@ -19,6 +19,11 @@ Contract shared by the Triton kernel and the torch reference:
   weight and multiplies the accumulator by the channel's scale in the epilogue (before SwiGLU;
   gate and up rows have their own scales). The K reduction, its order and the tiles are those
   of an x.dtype weight of the same shape, so FP8 keeps the batch invariance above.
+* W8A8: x float8_e4m3fn too, with ``x_scale`` fp32 [M] (one power-of-two scale per row,
+  `rlt_kernels.fp8_rows`). The tiles go to the tensor cores as FP8 (no widening), the fp32
+  accumulator is multiplied by the channel's scale and then by the row's (exact: a power of two);
+  out defaults to bf16. The K reduction is fixed by the weight shape as for every weight, so W8A8
+  is batch invariant too (its bits differ from W8A16's: other products).
 * Skinny decode: at M <= SKINNY_ROWS (and up to DECODE_ROWS for weights whose decode tile is
   already SKINNY_BLOCK_N columns wide) the GPU computes each tile transposed, out^T = W x^T, so
   the weight tile is the tensor-core product's 64-row side and the batch rows its narrow side.
@@ -37,6 +42,7 @@ its scales) with a contiguous last dimension (row strides are free). Its launch 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -54,7 +60,7 @@ from .split_partials import SplitPartials
 
 def _matmul_rows(x, weight, activation, weight_scale):
     cd = compute_dtype(x.dtype)
-    acc = x.to(cd) @ weight.to(cd).T
+    acc = x @ weight.to(cd).T
     if weight_scale is not None:
         acc = acc * weight_scale.to(cd)
     if activation == "swiglu":
@@ -63,17 +69,21 @@ def _matmul_rows(x, weight, activation, weight_scale):
     return acc
 
 
-def linear_reference(x, weight, *, out=None, active_rows=None, activation=None, weight_scale=None):
+def linear_reference(x, weight, *, out=None, active_rows=None, activation=None, weight_scale=None, x_scale=None):
     """Torch reference of `linear` (row-invariant on CPU and GPU). An FP8 weight is widened to
-    the compute dtype, multiplied into x and the product scaled per output channel."""
+    the compute dtype, multiplied into x and the product scaled per output channel; FP8 rows of x
+    are first widened and multiplied by their scales (fp32, exact)."""
     if activation not in (None, "swiglu"):
         raise ValueError(f"activation must be None or 'swiglu', got {activation!r}")
     _check_scale(weight, weight_scale)
+    _check_x_scale(x, weight, x_scale)
     n = weight.shape[0] // 2 if activation == "swiglu" else weight.shape[0]
-    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device) if out is None else out
+    if out is None:
+        out = torch.empty((x.shape[0], n), dtype=_default_out_dtype(x), device=x.device)
     m = active_count(active_rows, x.shape[0])
     if m:
-        out[:m] = by_row_chunks(_matmul_rows, x[:m], weight, activation, weight_scale).to(out.dtype)
+        rows = x[:m].float() * x_scale[:m, None] if x_scale is not None else x[:m].to(compute_dtype(x.dtype))
+        out[:m] = by_row_chunks(_matmul_rows, rows, weight, activation, weight_scale).to(out.dtype)
     return out
 
 
@@ -218,7 +228,8 @@ class LinearConfig:
 def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = None,
                   rows: int | None = None, weight_dtype: torch.dtype | None = None, tma: bool = True) -> LinearConfig:
     """The launch configuration for a weight [n, k] against activations of ``dtype`` (n = 2F for
-    swiglu; ``weight_dtype`` float8_e4m3fn for FP8 weights, None: ``dtype``) and a launch of ``rows``
+    swiglu; ``weight_dtype`` float8_e4m3fn for FP8 weights, None: ``dtype``, so float8_e4m3fn
+    ``dtype`` alone is W8A8) and a launch of ``rows``
     rows on the GPU (None: the decode tile); ``tma``: whether TMA can fetch the tiles (the middle and
     prefill classes of 16-bit weights then take `_tma_tile`). block_k and split_k depend on the
     weight alone, which is what makes `linear` batch invariant. Examples (bf16, decode / M = 256 /
@@ -275,11 +286,18 @@ def _tma_tile(n_out: int, k: int, rows: int, elem: int, w_elem: int, accumulator
               in_tile: bool):
     """The TMA tile of a launch of ``rows`` (> DECODE_ROWS) rows: the first candidate of its row class
     that keeps the weight's K ranges and fills the GPU's waves (TMA_WAVE_FILL); None when no candidate
-    keeps the K ranges. in_tile: a split weight's tile adds its K ranges itself (no partials)."""
+    keeps the K ranges. in_tile: a split weight's tile adds its K ranges itself (no partials). The
+    candidates' K steps are for 2-byte rows; FP8 rows (W8A8) take as many bytes, twice the elements,
+    or the decode tile's K step where theirs would move a split weight's ranges (Ouro down)."""
     shapes = (TMA_MID_TILES if rows <= PREFILL_ROWS else TMA_PREFILL_TILES)[accumulators]
-    tiles = [LinearConfig(bm, bn, bk, warps, stages, split_k=decode.split_k, tma=True,
+    tiles = [LinearConfig(bm, bn, bk * 2 // elem, warps, stages, split_k=decode.split_k, tma=True,
                           reduce_in_tile=in_tile and decode.split_k > 1)
              for bm, bn, bk, warps, stages in shapes]
+    if elem == 1:
+        tiles = [t if t.k_bounds(k) == decode.k_bounds(k) else dataclasses.replace(t, block_k=decode.block_k)
+                 for t in tiles]
+        tiles = [t for t in tiles
+                 if t.num_stages * (t.block_m + accumulators * t.block_n) * t.block_k <= SM_SHARED_BYTES]
     tiles = [t for t in tiles if t.k_bounds(k) == decode.k_bounds(k)]
     for t in tiles:
         stage_bytes = (t.block_m * elem + accumulators * t.block_n * w_elem) * t.block_k
@@ -296,20 +314,24 @@ def _skinny_config(decode: LinearConfig, k: int, elem: int, w_elem: int, accumul
     """The transposed decode tile: K steps of SKINNY_K_STEP_BYTES of 16-bit weight row (FP8: twice
     the elements for one-accumulator weights up to FP8_WIDE_STEP_MAX_K) unless they would move the
     weight's split ranges; stages as many as keep the tile's bytes in flight (x in ``elem`` bytes,
-    the weight in ``w_elem``)."""
+    the weight in ``w_elem``). W8A8 (FP8 x and weight: nothing to widen) follows the 16-bit rules
+    in bytes."""
+    widened = w_elem < elem
     step = SKINNY_K_STEP_BYTES // elem
-    if w_elem == 1 and accumulators == 1 and k <= FP8_WIDE_STEP_MAX_K:
+    if widened and accumulators == 1 and k <= FP8_WIDE_STEP_MAX_K:
         step *= 2
+    if elem == 1 and accumulators == 2:
+        step //= 2  # W8A8 SwiGLU: 128-element steps, 6 stages (H200, Ouro gate_up at M = 1: 9.55 -> 8.11 us)
     block_k = max(decode.block_k, min(step, triton.next_power_of_2(max(k, 1))))
     if -(-k // block_k) < decode.split_k or LinearConfig(block_m, SKINNY_BLOCK_N, block_k, 4, 1,
                                                          split_k=decode.split_k).k_bounds(k) != decode.k_bounds(k):
         block_k = decode.block_k
     stage_bytes = (block_m * elem + accumulators * SKINNY_BLOCK_N * w_elem) * block_k
     in_flight = SKINNY_BYTES_IN_FLIGHT if block_m == SKINNY_ROWS else SKINNY_WIDE_BYTES_IN_FLIGHT
-    if w_elem == 1:
+    if widened:
         in_flight = FP8_SKINNY_BYTES_IN_FLIGHT
     stages = max(SKINNY_STAGES, min(SKINNY_MAX_STAGES, in_flight // stage_bytes))
-    if accumulators == 2 and w_elem > 1 and SWIGLU_SKINNY_STAGES * stage_bytes <= SM_SHARED_BYTES:
+    if accumulators == 2 and not widened and SWIGLU_SKINNY_STAGES * stage_bytes <= SM_SHARED_BYTES:
         stages = max(stages, SWIGLU_SKINNY_STAGES)
     return LinearConfig(block_m, SKINNY_BLOCK_N, block_k, 4, stages, split_k=decode.split_k, swap_ab=True)
 
@@ -317,6 +339,26 @@ def _skinny_config(decode: LinearConfig, k: int, elem: int, w_elem: int, accumul
 def _check_activation(activation) -> None:
     if activation not in (None, "swiglu"):
         raise ValueError(f"activation must be None or 'swiglu', got {activation!r}")
+
+
+def _default_out_dtype(x) -> torch.dtype:
+    """out's dtype when the caller gives none: x's, bf16 for FP8 rows."""
+    return torch.bfloat16 if x.dtype == FP8_DTYPE else x.dtype
+
+
+def _check_x_scale(x, weight, x_scale) -> None:
+    """FP8 rows of x need an FP8 weight and fp32 scales [M]; other x take none."""
+    if x.dtype != FP8_DTYPE:
+        if x_scale is not None:
+            raise ValueError(f"x_scale is for float8_e4m3fn x (W8A8), got a {x.dtype} x")
+        return
+    if weight.dtype != FP8_DTYPE:
+        raise ValueError(f"float8_e4m3fn x (W8A8) needs a float8_e4m3fn weight, got {weight.dtype}")
+    if (x_scale is None or x_scale.dtype != torch.float32 or tuple(x_scale.shape) != (x.shape[0],)
+            or not x_scale.is_contiguous()):
+        got = None if x_scale is None else f"{x_scale.dtype} {tuple(x_scale.shape)}"
+        raise ValueError(f"float8_e4m3fn x [{x.shape[0]}, K] needs x_scale: a contiguous fp32 tensor [{x.shape[0]}] "
+                         f"(one scale per row, rlt_kernels.fp8_rows), got {got}")
 
 
 def _check_scale(weight, weight_scale) -> None:
@@ -338,15 +380,21 @@ def _check_scale(weight, weight_scale) -> None:
 
 
 @triton.jit
-def _store_result(out_ptr, scale_ptr, rows, cols, n_out, stride_out, acc_g, acc_u, io_mask, SWIGLU: tl.constexpr,
-                  HAS_SCALE: tl.constexpr):
+def _store_result(out_ptr, scale_ptr, x_scale_ptr, rows, cols, m, n_out, stride_out, acc_g, acc_u, io_mask,
+                  SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr, X_FP8: tl.constexpr):
     """out[rows, cols] = acc_g (or silu(acc_g) * acc_u) from fp32, rounded once to out's dtype;
-    with FP8 weights each accumulator is first multiplied by its output channel's scale."""
+    with FP8 weights each accumulator is first multiplied by its output channel's scale, and with
+    FP8 rows (W8A8) then by its row's scale."""
     if HAS_SCALE:
         col_ok = cols < n_out
         acc_g = acc_g * tl.load(scale_ptr + cols, mask=col_ok, other=1.0)[None, :]
         if SWIGLU:
             acc_u = acc_u * tl.load(scale_ptr + n_out + cols, mask=col_ok, other=1.0)[None, :]
+    if X_FP8:
+        row_scale = tl.load(x_scale_ptr + rows, mask=rows < m, other=1.0)[:, None]
+        acc_g = acc_g * row_scale
+        if SWIGLU:
+            acc_u = acc_u * row_scale
     if SWIGLU:
         result = silu_mul(acc_g, acc_u)
     else:
@@ -364,6 +412,27 @@ def _tile_product(a, w, acc, SWAP_AB: tl.constexpr, PRECISION: tl.constexpr, EXA
     else:
         acc = mma(a, w, acc, PRECISION, EXACT)
     return acc
+
+
+@triton.jit
+def _dot_operand(w, a, X_FP8: tl.constexpr, HAS_SCALE: tl.constexpr, WIDEN_INLINE: tl.constexpr,
+                 EXACT: tl.constexpr):
+    """A weight tile as the product takes it: W8A8 tiles stay FP8 (fp32 under the interpreter's
+    exact dots, which cannot take FP8), FP8 weights against 16-bit rows are widened to a's dtype."""
+    if X_FP8:
+        if EXACT:
+            w = w.to(tl.float32)
+    elif HAS_SCALE:
+        w = widen_fp8(w, a, WIDEN_INLINE)  # exact; the scale is applied in the epilogue
+    return w
+
+
+@triton.jit
+def _row_operand(a, X_FP8: tl.constexpr, EXACT: tl.constexpr):
+    """An x tile as the product takes it (FP8 rows widened to fp32 only for exact dots)."""
+    if X_FP8 and EXACT:
+        a = a.to(tl.float32)
+    return a
 
 
 @triton.jit
@@ -401,12 +470,13 @@ def _k_span(k, k_range, SPLIT_K: tl.constexpr):
 
 
 @triton.jit
-def _store_tile(out_ptr, ws_ptr, scale_ptr, rows, cols, m, n_out, stride_out, acc_g, acc_u, io_mask,
-                SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr, SPLIT_K: tl.constexpr):
+def _store_tile(out_ptr, ws_ptr, scale_ptr, x_scale_ptr, rows, cols, m, n_out, stride_out, acc_g, acc_u, io_mask,
+                SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr, X_FP8: tl.constexpr, SPLIT_K: tl.constexpr):
     """The tile's result (`_store_result`), or with split K its fp32 partials: workspace
     [SPLIT_K, m, n_acc] with gate columns first, then up."""
     if SPLIT_K == 1:
-        _store_result(out_ptr, scale_ptr, rows, cols, n_out, stride_out, acc_g, acc_u, io_mask, SWIGLU, HAS_SCALE)
+        _store_result(out_ptr, scale_ptr, x_scale_ptr, rows, cols, m, n_out, stride_out, acc_g, acc_u, io_mask, SWIGLU,
+                      HAS_SCALE, X_FP8)
     else:
         n_acc = n_out * (2 if SWIGLU else 1)
         ws_rows = (tl.program_id(1) * m + rows).to(tl.int64)[:, None] * n_acc
@@ -417,8 +487,9 @@ def _store_tile(out_ptr, ws_ptr, scale_ptr, rows, cols, m, n_out, stride_out, ac
 
 @triton.jit(do_not_specialize=["m"])
 def _linear_kernel(
-    x_ptr, w_ptr, scale_ptr, out_ptr, ws_ptr, active_ptr, m, n_out, k, k_range, stride_x, stride_w, stride_out,
-    HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr, WIDEN_INLINE: tl.constexpr,
+    x_ptr, w_ptr, scale_ptr, x_scale_ptr, out_ptr, ws_ptr, active_ptr, m, n_out, k, k_range, stride_x, stride_w,
+    stride_out, HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr, X_FP8: tl.constexpr,
+    WIDEN_INLINE: tl.constexpr,
     EXACT_DOT: tl.constexpr, PRECISION: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -459,14 +530,12 @@ def _linear_kernel(
                 x_mask = x_mask & ((k0 + ks) < k_hi)[None, :]
                 w_mask = w_mask & ((k0 + ks) < k_hi)[:, None]
         a = tl.load(x_ptrs, mask=x_mask, other=0.0)
-        g = tl.load(g_ptrs, mask=w_mask, other=0.0)
-        if HAS_SCALE:
-            g = widen_fp8(g, a, WIDEN_INLINE)  # FP8 tile widened exactly; its scale is applied in the epilogue
+        g = _dot_operand(tl.load(g_ptrs, mask=w_mask, other=0.0), a, X_FP8, HAS_SCALE, WIDEN_INLINE, EXACT_DOT)
+        if SWIGLU:
+            u = _dot_operand(tl.load(u_ptrs, mask=w_mask, other=0.0), a, X_FP8, HAS_SCALE, WIDEN_INLINE, EXACT_DOT)
+        a = _row_operand(a, X_FP8, EXACT_DOT)
         acc_g = _tile_product(a, g, acc_g, SWAP_AB, PRECISION, EXACT_DOT)
         if SWIGLU:
-            u = tl.load(u_ptrs, mask=w_mask, other=0.0)
-            if HAS_SCALE:
-                u = widen_fp8(u, a, WIDEN_INLINE)
             acc_u = _tile_product(a, u, acc_u, SWAP_AB, PRECISION, EXACT_DOT)
             u_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
@@ -475,13 +544,13 @@ def _linear_kernel(
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
     io_mask = row_ok[:, None] & col_ok[None, :]
-    _store_tile(out_ptr, ws_ptr, scale_ptr, rows, cols, m, n_out, stride_out, acc_g, acc_u, io_mask, SWIGLU, HAS_SCALE,
-                SPLIT_K)
+    _store_tile(out_ptr, ws_ptr, scale_ptr, x_scale_ptr, rows, cols, m, n_out, stride_out, acc_g, acc_u, io_mask, SWIGLU,
+                HAS_SCALE, X_FP8, SPLIT_K)
 
 
 @triton.jit
 def _tma_k_range(x_desc, w_desc, row0, col0, n_out, k_lo, k_hi, k_range, SWIGLU: tl.constexpr,
-                 HAS_SCALE: tl.constexpr, WIDEN_INLINE: tl.constexpr, EXACT_DOT: tl.constexpr,
+                 HAS_SCALE: tl.constexpr, X_FP8: tl.constexpr, WIDEN_INLINE: tl.constexpr, EXACT_DOT: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
                  IN_RANGES: tl.constexpr):
     """fp32 sums over K in [k_lo, k_hi) of the tile at (row0, col0), gate (and up with SWIGLU)
@@ -497,14 +566,12 @@ def _tma_k_range(x_desc, w_desc, row0, col0, n_out, k_lo, k_hi, k_range, SWIGLU:
         sum_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
         a = x_desc.load([row0, k0])
-        g = w_desc.load([col0, k0])
-        if HAS_SCALE:
-            g = widen_fp8(g, a, WIDEN_INLINE)
+        g = _dot_operand(w_desc.load([col0, k0]), a, X_FP8, HAS_SCALE, WIDEN_INLINE, EXACT_DOT)
+        if SWIGLU:
+            u = _dot_operand(w_desc.load([n_out + col0, k0]), a, X_FP8, HAS_SCALE, WIDEN_INLINE, EXACT_DOT)
+        a = _row_operand(a, X_FP8, EXACT_DOT)
         acc_g = mma(a, tl.trans(g), acc_g, "tf32", EXACT_DOT)
         if SWIGLU:
-            u = w_desc.load([n_out + col0, k0])
-            if HAS_SCALE:
-                u = widen_fp8(u, a, WIDEN_INLINE)
             acc_u = mma(a, tl.trans(u), acc_u, "tf32", EXACT_DOT)
         if IN_RANGES:
             if ((k0 + BLOCK_K) % k_range == 0) | (k0 + BLOCK_K >= k_hi):  # the range's last step
@@ -520,8 +587,9 @@ def _tma_k_range(x_desc, w_desc, row0, col0, n_out, k_lo, k_hi, k_range, SWIGLU:
 
 @triton.jit(do_not_specialize=["m"])
 def _linear_tma_kernel(
-    x_desc, w_desc, scale_ptr, out_ptr, ws_ptr, active_ptr, m, n_out, k, k_range, stride_out,
-    HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr, WIDEN_INLINE: tl.constexpr,
+    x_desc, w_desc, scale_ptr, x_scale_ptr, out_ptr, ws_ptr, active_ptr, m, n_out, k, k_range, stride_out,
+    HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr, X_FP8: tl.constexpr,
+    WIDEN_INLINE: tl.constexpr,
     EXACT_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr,
     REDUCE_IN_TILE: tl.constexpr, PDL: tl.constexpr,
@@ -544,21 +612,23 @@ def _linear_tma_kernel(
     cols = col0 + tl.arange(0, BLOCK_N)
     io_mask = (rows[:, None] < live) & (cols[None, :] < n_out)
     if REDUCE_IN_TILE:
-        sum_g, sum_u = _tma_k_range(x_desc, w_desc, row0, col0, n_out, 0, k, k_range, SWIGLU, HAS_SCALE,
+        sum_g, sum_u = _tma_k_range(x_desc, w_desc, row0, col0, n_out, 0, k, k_range, SWIGLU, HAS_SCALE, X_FP8,
                                     WIDEN_INLINE, EXACT_DOT, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, True)
-        _store_result(out_ptr, scale_ptr, rows, cols, n_out, stride_out, sum_g, sum_u, io_mask, SWIGLU, HAS_SCALE)
+        _store_result(out_ptr, scale_ptr, x_scale_ptr, rows, cols, m, n_out, stride_out, sum_g, sum_u, io_mask, SWIGLU,
+                      HAS_SCALE, X_FP8)
     else:
         k_lo, k_hi = _k_span(k, k_range, SPLIT_K)
-        acc_g, acc_u = _tma_k_range(x_desc, w_desc, row0, col0, n_out, k_lo, k_hi, k_range, SWIGLU, HAS_SCALE,
+        acc_g, acc_u = _tma_k_range(x_desc, w_desc, row0, col0, n_out, k_lo, k_hi, k_range, SWIGLU, HAS_SCALE, X_FP8,
                                     WIDEN_INLINE, EXACT_DOT, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, False)
-        _store_tile(out_ptr, ws_ptr, scale_ptr, rows, cols, m, n_out, stride_out, acc_g, acc_u, io_mask, SWIGLU,
-                    HAS_SCALE, SPLIT_K)
+        _store_tile(out_ptr, ws_ptr, scale_ptr, x_scale_ptr, rows, cols, m, n_out, stride_out, acc_g, acc_u, io_mask,
+                    SWIGLU, HAS_SCALE, X_FP8, SPLIT_K)
 
 
 @triton.jit(do_not_specialize=["m"])
 def _split_reduce_kernel(
-    ws_ptr, scale_ptr, out_ptr, active_ptr, m, n_out, stride_out,
-    HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+    ws_ptr, scale_ptr, x_scale_ptr, out_ptr, active_ptr, m, n_out, stride_out,
+    HAS_ACTIVE: tl.constexpr, SWIGLU: tl.constexpr, HAS_SCALE: tl.constexpr, X_FP8: tl.constexpr,
+    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
     """out = sum of the SPLIT_K partials in range order (then SwiGLU), rounded once."""
@@ -577,47 +647,51 @@ def _split_reduce_kernel(
         g += tl.load(base, mask=io_mask, other=0.0)
         if SWIGLU:
             u += tl.load(base + n_out, mask=io_mask, other=0.0)
-    _store_result(out_ptr, scale_ptr, rows, cols, n_out, stride_out, g, u, io_mask, SWIGLU, HAS_SCALE)
+    _store_result(out_ptr, scale_ptr, x_scale_ptr, rows, cols, m, n_out, stride_out, g, u, io_mask, SWIGLU, HAS_SCALE,
+                  X_FP8)
 
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def linear(x, weight, *, out=None, active_rows=None, activation=None, weight_scale=None):
+def linear(x, weight, *, out=None, active_rows=None, activation=None, weight_scale=None, x_scale=None):
     """Batch-invariant ``x @ weight.T`` (Triton), same contract as `linear_reference`.
 
-    x [M, K] bf16/fp16/fp32 (row stride free, last dim contiguous); weight [N, K] same dtype, or
-    float8_e4m3fn with ``weight_scale`` fp32 [N] (nn.Linear layout; [2F, K] = [gate rows | up
-    rows] for ``activation="swiglu"``); out
-    [M, N] (or [M, F]) in x.dtype by default or fp32 when given so; active_rows int32 [1] on
-    the device or None. fp32 accumulation, rounded once to out.dtype. The tile configuration
-    is `linear_config(N, K, dtype, activation, M)` (M only on the GPU: the interpreter keeps the
-    decode tile); row tiles starting at or past the active count
-    exit at once and rows past it are not written.
+    x [M, K] bf16/fp16/fp32 (row stride free, last dim contiguous), or float8_e4m3fn with
+    ``x_scale`` fp32 [M] (W8A8, FP8 weight); weight [N, K] x's dtype, or float8_e4m3fn with
+    ``weight_scale`` fp32 [N] (nn.Linear layout; [2F, K] = [gate rows | up rows] for
+    ``activation="swiglu"``); out [M, N] (or [M, F]) in x.dtype by default (bf16 for FP8 x) or
+    fp32 when given so; active_rows int32 [1] on the device or None. fp32 accumulation, rounded
+    once to out.dtype. The tile configuration is `linear_config(N, K, dtype, activation, M)` (M
+    only on the GPU: the interpreter keeps the decode tile); row tiles starting at or past the
+    active count exit at once and rows past it are not written.
     """
-    out, cfg = _checked(x, weight, out, active_rows, activation, weight_scale)
+    out, cfg = _checked(x, weight, out, active_rows, activation, weight_scale, x_scale)
     if x.shape[0] == 0 or out.shape[1] == 0:
         return out
-    return _launch(x, weight, out, active_rows, activation, cfg, weight_scale)
+    return _launch(x, weight, out, active_rows, activation, cfg, weight_scale, x_scale=x_scale)
 
 
-def linear_partials(x, weight, *, active_rows=None, weight_scale=None):
-    """`linear` (no activation, output in x.dtype) without its split-K reduction: a `SplitPartials`
+def linear_partials(x, weight, *, active_rows=None, weight_scale=None, x_scale=None, out_dtype=None):
+    """`linear` (no activation, output in ``out_dtype``, default as `linear`'s) without its split-K
+    reduction: a `SplitPartials`
     of the fp32 range sums when the weight's plan splits K and the launch's tile does not add the
     ranges itself (prefill rows on Hopper do), else the finished output [M, N].
     `norms.residual_norm` takes either as its ``sub`` and gives the same bits as from `linear`."""
-    out, cfg = _checked(x, weight, None, active_rows, None, weight_scale)
+    out, cfg = _checked(x, weight, None, active_rows, None, weight_scale, x_scale, out_dtype)
     if x.shape[0] == 0 or out.shape[1] == 0:
         return out
-    return _launch(x, weight, out, active_rows, None, cfg, weight_scale, reduce=False)
+    return _launch(x, weight, out, active_rows, None, cfg, weight_scale, reduce=False, x_scale=x_scale)
 
 
-def _checked(x, weight, out, active_rows, activation, weight_scale) -> tuple[torch.Tensor, LinearConfig]:
+def _checked(x, weight, out, active_rows, activation, weight_scale, x_scale=None,
+             out_dtype=None) -> tuple[torch.Tensor, LinearConfig]:
     """Validate `linear`'s arguments; returns (out, allocated when None, and the launch config)."""
     _check_activation(activation)
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise ValueError(f"x [M, K] and weight [N, K] expected, got {tuple(x.shape)} and {tuple(weight.shape)}")
-    if x.dtype not in _KERNEL_DTYPES or weight.dtype not in (x.dtype, FP8_DTYPE):
+    _check_x_scale(x, weight, x_scale)
+    if x.dtype not in _KERNEL_DTYPES + (FP8_DTYPE,) or weight.dtype not in (x.dtype, FP8_DTYPE):
         raise ValueError(f"x and weight must share a bf16/fp16/fp32 dtype, or the weight be float8_e4m3fn "
                          f"(got {x.dtype}, {weight.dtype}); fp64 runs on rlt_kernels.reference")
     _check_scale(weight, weight_scale)
@@ -627,7 +701,7 @@ def _checked(x, weight, out, active_rows, activation, weight_scale) -> tuple[tor
         raise ValueError(f"swiglu needs an even number of weight rows [gate | up], got {n}")
     n_out = n // 2 if activation == "swiglu" else n
     if out is None:
-        out = torch.empty((m, n_out), dtype=x.dtype, device=x.device)
+        out = torch.empty((m, n_out), dtype=out_dtype or _default_out_dtype(x), device=x.device)
     if tuple(out.shape) != (m, n_out) or out.dtype not in _KERNEL_DTYPES:
         raise ValueError(f"out must be [{m}, {n_out}] bf16/fp16/fp32, got {tuple(out.shape)} {out.dtype}")
     for name, t in (("x", x), ("weight", weight), ("out", out)):
@@ -635,7 +709,7 @@ def _checked(x, weight, out, active_rows, activation, weight_scale) -> tuple[tor
             raise ValueError(f"{name} must have a contiguous last dimension")
     if active_rows is not None and (active_rows.numel() < 1 or active_rows.dtype not in (torch.int32, torch.int64)):
         raise ValueError("active_rows must be an int32 tensor of shape [1]")
-    check_launchable(x, weight, out, active_rows, weight_scale)
+    check_launchable(x, weight, out, active_rows, weight_scale, x_scale)
     rows = m if x.is_cuda and not interpreter_active() else None
     weight_dtype = None if weight.dtype == x.dtype else weight.dtype
     return out, linear_config(n, k, x.dtype, activation, rows, weight_dtype, tma=rows is not None and _tma_usable(x, weight))
@@ -655,7 +729,7 @@ def _tma_usable(x, weight) -> bool:
                for t in (x, weight))
 
 
-def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_scale=None, reduce=True):
+def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_scale=None, reduce=True, x_scale=None):
     """Launch the kernel on validated arguments with an explicit configuration (`linear` passes
     `linear_config`'s; the perf sweep passes candidates). reduce=False: a split launch returns its
     `SplitPartials` instead of adding them into ``out``."""
@@ -672,21 +746,24 @@ def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_s
     grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n_out, cfg.block_n), 1 if in_tile else split)
     scale = out if weight_scale is None else weight_scale
     has_scale = weight_scale is not None
+    x_fp8 = x_scale is not None
+    x_scales = out if x_scale is None else x_scale
     pdl = pdl_launch(out, grid[0] * grid[1])
     if cfg.tma:
         _linear_tma_kernel[grid](
             TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k]),
-            TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k]), scale, out, ws, active, m, n_out, k,
-            k_range, out.stride(0), HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu, HAS_SCALE=has_scale,
-            WIDEN_INLINE=inline_widening(), EXACT_DOT=exact_dots(), BLOCK_M=cfg.block_m,
+            TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k]), scale, x_scales, out, ws, active, m, n_out,
+            k, k_range, out.stride(0), HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu, HAS_SCALE=has_scale,
+            X_FP8=x_fp8, WIDEN_INLINE=inline_widening(), EXACT_DOT=exact_dots(), BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=split, STAGES=cfg.num_stages,
             REDUCE_IN_TILE=in_tile, PDL=pdl,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl, enable_fp_fusion=True,
         )
     else:
         _linear_kernel[grid](
-            x, weight, scale, out, ws, active, m, n_out, k, k_range, x.stride(0), weight.stride(0), out.stride(0),
-            HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu, HAS_SCALE=has_scale, WIDEN_INLINE=inline_widening(),
+            x, weight, scale, x_scales, out, ws, active, m, n_out, k, k_range, x.stride(0), weight.stride(0),
+            out.stride(0), HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu, HAS_SCALE=has_scale, X_FP8=x_fp8,
+            WIDEN_INLINE=inline_widening(),
             EXACT_DOT=exact_dots(),
             PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
@@ -698,13 +775,13 @@ def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_s
     if in_tile:
         return out
     if split > 1 and not reduce:
-        return SplitPartials(ws, weight_scale, out.dtype)
+        return SplitPartials(ws, weight_scale, out.dtype, x_scale)
     if split > 1:
         reduce_grid = (triton.cdiv(m, REDUCE_BLOCK_M), triton.cdiv(n_out, REDUCE_BLOCK_N))
         reduce_pdl = pdl_launch(out, reduce_grid[0] * reduce_grid[1])
         _split_reduce_kernel[reduce_grid](
-            ws, scale, out, active, m, n_out, out.stride(0), HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu,
-            HAS_SCALE=has_scale,
+            ws, scale, x_scales, out, active, m, n_out, out.stride(0), HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu,
+            HAS_SCALE=has_scale, X_FP8=x_fp8,
             SPLIT_K=split, BLOCK_M=REDUCE_BLOCK_M, BLOCK_N=REDUCE_BLOCK_N, PDL=reduce_pdl, num_warps=4,
             enable_fp_fusion=True,
             launch_pdl=reduce_pdl,

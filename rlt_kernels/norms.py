@@ -6,6 +6,14 @@ Numerics shared by the kernels and their references:
   rounded to the input dtype first and then multiplied by the weight in the input dtype, as
   the Ouro and Huginn checkpoints were trained.
 * One row per program: a row's result never depends on other rows (batch invariant).
+* A float8_e4m3fn output (``out`` of `rms_norm`, ``normed_out`` of `residual_norm`) takes the normed
+  rows as W8A8 linear inputs: the rows in the input dtype, quantized by `fp8_rows`' rule in the
+  same kernel (scales in ``out_scale`` / ``normed_scale``, fp32 [M]). The references give exactly
+  `fp8_rows.quantize_rows_reference` of their unquantized output, and so do the kernels under the
+  interpreter; on the GPU the kernel that writes FP8 holds 16 elements of a row per thread where
+  the 16-bit one holds 8 (Triton sizes them by the stores), so its mean square may add the terms in
+  another order and a row's bits can differ from the 16-bit kernel's (one kernel, one order: batch
+  invariance holds either way).
 * ``active_rows`` (int32 device tensor, shape [1]) limits work to the leading rows; rows at
   or past the count are not written.
 
@@ -22,6 +30,8 @@ import torch
 from ._rows import active_count, by_row_chunks, compute_dtype
 from ._pdl import pdl_launch, wait_for_inputs
 from ._triton import check_launchable, tl, triton
+from .fp8 import FP8_DTYPE
+from .fp8_rows import check_fp8_rows, quantize_row, quantize_rows_reference
 from .split_partials import SplitPartials
 
 MAX_NORM_WIDTH = 32768
@@ -34,12 +44,17 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return normed.to(x.dtype) * weight.to(x.dtype)
 
 
-def rms_norm_reference(x, weight, eps, *, out=None, active_rows=None):
-    """RMSNorm. x [M, N] (bf16/fp16/fp32/fp64), weight [N] -> out [M, N] in x.dtype."""
+def rms_norm_reference(x, weight, eps, *, out=None, active_rows=None, out_scale=None):
+    """RMSNorm. x [M, N] (bf16/fp16/fp32/fp64), weight [N] -> out [M, N] in x.dtype, or the
+    normed rows quantized into a float8_e4m3fn ``out`` with fp32 ``out_scale`` [M]."""
     m = active_count(active_rows, x.shape[0])
     out = torch.empty_like(x) if out is None else out
     if m:
-        out[:m] = by_row_chunks(_rms, x[:m], weight, eps)
+        normed = by_row_chunks(_rms, x[:m], weight, eps)
+        if out.dtype == FP8_DTYPE:
+            quantize_rows_reference(normed, out=out[:m], out_scale=out_scale[:m])
+        else:
+            out[:m] = normed
     return out
 
 
@@ -55,14 +70,16 @@ def _residual_norm(packed, post_weight, next_weight, eps, mode, width):
 
 
 def residual_norm_reference(
-    sub, residual, post_weight, next_weight, eps, *, mode="ouro", residual_out=None, normed_out=None, active_rows=None
+    sub, residual, post_weight, next_weight, eps, *, mode="ouro", residual_out=None, normed_out=None, active_rows=None,
+    normed_scale=None,
 ):
     """Sandwich-norm residual update, optionally followed by the next pre-norm.
 
     sub, residual: [M, N] same dtype; post_weight, next_weight: [N] (next_weight may be None).
     mode "ouro":   r = residual + rms(sub; post_weight)      (norm the sublayer output, then add)
     mode "huginn": r = rms(residual + sub; post_weight)      (add, then norm the sum)
-    n = rms(r; next_weight) when next_weight is given.
+    n = rms(r; next_weight) when next_weight is given (quantized into a float8_e4m3fn
+    ``normed_out`` with fp32 ``normed_scale`` [M] when normed_out is FP8).
     Returns (r, n) with n None when next_weight is None. residual_out may alias residual.
     """
     if mode not in ("ouro", "huginn"):
@@ -79,7 +96,10 @@ def residual_norm_reference(
             residual_out[:m] = res
         else:
             residual_out[:m] = res[:, :width]
-            normed_out[:m] = res[:, width:]
+            if normed_out.dtype == FP8_DTYPE:
+                quantize_rows_reference(res[:, width:], out=normed_out[:m], out_scale=normed_scale[:m])
+            else:
+                normed_out[:m] = res[:, width:]
     return residual_out, (normed_out if next_weight is not None else None)
 
 
@@ -172,9 +192,20 @@ def _row_is_live(active_ptr, row, HAS_ACTIVE: tl.constexpr):
 
 
 @triton.jit
+def _store_row(out_ptr, out_scale_ptr, row, cols, ok, y, QUANTIZE: tl.constexpr):
+    """out[row] = y (out_ptr points at the row), or y quantized to FP8 with its scale (`fp8_rows`)."""
+    if QUANTIZE:
+        q, scale = quantize_row(y)
+        tl.store(out_ptr + cols, q, mask=ok)
+        tl.store(out_scale_ptr + row, scale)
+    else:
+        tl.store(out_ptr + cols, y, mask=ok)
+
+
+@triton.jit
 def _rms_norm_kernel(
-    x_ptr, w_ptr, out_ptr, active_ptr, width, stride_x, stride_out, eps,
-    HAS_ACTIVE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    x_ptr, w_ptr, out_ptr, out_scale_ptr, active_ptr, width, stride_x, stride_out, eps,
+    HAS_ACTIVE: tl.constexpr, QUANTIZE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     wait_for_inputs(PDL)
     row = tl.program_id(0)
@@ -183,15 +214,17 @@ def _rms_norm_kernel(
         ok = cols < width
         x = tl.load(x_ptr + row.to(tl.int64) * stride_x + cols, mask=ok, other=0.0)
         w = tl.load(w_ptr + cols, mask=ok, other=0.0)
-        tl.store(out_ptr + row.to(tl.int64) * stride_out + cols, _rms_row(x, w, width, eps), mask=ok)
+        _store_row(out_ptr + row.to(tl.int64) * stride_out, out_scale_ptr, row, cols, ok, _rms_row(x, w, width, eps),
+                   QUANTIZE)
 
 
 @triton.jit
 def _residual_norm_kernel(
-    sub_ptr, res_ptr, post_w_ptr, next_w_ptr, res_out_ptr, normed_ptr, active_ptr, parts_ptr, scale_ptr, m, width,
-    stride_sub, stride_res, stride_res_out, stride_normed, eps,
+    sub_ptr, res_ptr, post_w_ptr, next_w_ptr, res_out_ptr, normed_ptr, normed_scale_ptr, active_ptr, parts_ptr,
+    scale_ptr, row_scale_ptr, m, width, stride_sub, stride_res, stride_res_out, stride_normed, eps,
     HUGINN: tl.constexpr, HAS_NEXT: tl.constexpr, HAS_ACTIVE: tl.constexpr, SPLITS: tl.constexpr,
-    HAS_SCALE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_ROW_SCALE: tl.constexpr, QUANTIZE: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     wait_for_inputs(PDL)
     row = tl.program_id(0)
@@ -208,6 +241,8 @@ def _residual_norm_kernel(
                 acc += tl.load(parts_ptr + (s * m + row64) * width + cols, mask=ok, other=0.0)
             if HAS_SCALE:
                 acc = acc * tl.load(scale_ptr + cols, mask=ok, other=1.0)
+            if HAS_ROW_SCALE:
+                acc = acc * tl.load(row_scale_ptr + row)
             sub = acc.to(res.dtype)
         post_w = tl.load(post_w_ptr + cols, mask=ok, other=0.0)
         if HUGINN:
@@ -218,7 +253,8 @@ def _residual_norm_kernel(
         tl.store(res_out_ptr + row64 * stride_res_out + cols, new_res, mask=ok)
         if HAS_NEXT:
             next_w = tl.load(next_w_ptr + cols, mask=ok, other=0.0)
-            tl.store(normed_ptr + row64 * stride_normed + cols, _rms_row(new_res, next_w, width, eps), mask=ok)
+            _store_row(normed_ptr + row64 * stride_normed, normed_scale_ptr, row, cols, ok,
+                       _rms_row(new_res, next_w, width, eps), QUANTIZE)
 
 
 @triton.jit
@@ -317,37 +353,52 @@ def _active_args(active_rows, like):
     return active_rows, True
 
 
-def rms_norm(x, weight, eps, *, out=None, active_rows=None):
+def rms_norm(x, weight, eps, *, out=None, active_rows=None, out_scale=None):
     """RMSNorm (Triton). x [M, N] bf16/fp16/fp32 (row stride free), weight [N] -> out [M, N] in
-    x.dtype. One row per program; rows at or past ``active_rows[0]`` are not written."""
+    x.dtype, or float8_e4m3fn with ``out_scale`` fp32 [M] (the normed rows quantized, see the
+    module docstring). One row per program; rows at or past ``active_rows[0]`` are not written."""
     _check_kernel_dtype(x, "x")
     m, width = x.shape
     _check_rows(x, "x", (m, width), x.dtype)
     _check_vector(weight, "weight", width)
     out = torch.empty_like(x) if out is None else out
-    _check_rows(out, "out", (m, width), x.dtype)
-    check_launchable(x, weight, out, active_rows)
+    quantize = _check_normed_out(out, out_scale, "out", (m, width), x.dtype)
+    check_launchable(x, weight, out, out_scale, active_rows)
     if m == 0 or width == 0:
         return out
     block, warps = _row_block(width)
     active, has_active = _active_args(active_rows, x)
     _rms_norm_kernel[(m,)](
-        x, weight, out, active, width, x.stride(0), out.stride(0), float(eps),
-        HAS_ACTIVE=has_active, BLOCK=block, PDL=pdl_launch(out, m), num_warps=warps, enable_fp_fusion=False,
-        launch_pdl=pdl_launch(out, m),
+        x, weight, out, out_scale if quantize else out, active, width, x.stride(0), out.stride(0), float(eps),
+        HAS_ACTIVE=has_active, QUANTIZE=quantize, BLOCK=block, PDL=pdl_launch(out, m), num_warps=warps,
+        enable_fp_fusion=False, launch_pdl=pdl_launch(out, m),
     )
     return out
 
 
+def _check_normed_out(out, out_scale, name: str, shape: tuple, dtype) -> bool:
+    """Check a norm's output: ``dtype`` rows, or float8_e4m3fn rows with fp32 scales [M] in
+    ``<name>_scale`` (``out_scale`` here); returns whether it is the quantized form."""
+    if out.dtype == FP8_DTYPE:
+        check_fp8_rows(out, out_scale, name, shape)
+        return True
+    _check_rows(out, name, shape, dtype)
+    if out_scale is not None:
+        raise ValueError(f"{name}_scale is for a float8_e4m3fn {name}, got a {out.dtype} {name}")
+    return False
+
+
 def residual_norm(
-    sub, residual, post_weight, next_weight, eps, *, mode="ouro", residual_out=None, normed_out=None, active_rows=None
+    sub, residual, post_weight, next_weight, eps, *, mode="ouro", residual_out=None, normed_out=None, active_rows=None,
+    normed_scale=None,
 ):
     """Sandwich-norm residual update, optionally followed by the next pre-norm (Triton).
 
     Same contract as `residual_norm_reference`: sub, residual [M, N] (same dtype, row strides
     free); mode "ouro": r = residual + rms(sub; post_weight); mode "huginn":
     r = rms(residual + sub; post_weight); n = rms(r; next_weight) when next_weight is given, in
-    the same kernel. Returns (r, n), n None without next_weight. residual_out may alias
+    the same kernel (quantized into a float8_e4m3fn ``normed_out`` with ``normed_scale`` fp32 [M]
+    when normed_out is FP8). Returns (r, n), n None without next_weight. residual_out may alias
     residual (in-place update). ``sub`` may also be the `SplitPartials` of a split-K
     `gemm.linear_partials`: the kernel then adds them as `gemm.linear` would (same bits).
     """
@@ -367,8 +418,10 @@ def residual_norm(
     if next_weight is not None:
         _check_vector(next_weight, "next_weight", width)
         normed_out = torch.empty_like(residual) if normed_out is None else normed_out
-        _check_rows(normed_out, "normed_out", (m, width), sub.dtype)
-    check_launchable(sub, residual, post_weight, next_weight, residual_out, normed_out, active_rows)
+        quantize = _check_normed_out(normed_out, normed_scale, "normed_out", (m, width), sub.dtype)
+    else:
+        quantize = False
+    check_launchable(sub, residual, post_weight, next_weight, residual_out, normed_out, normed_scale, active_rows)
     normed = normed_out if next_weight is not None else None
     if m == 0 or width == 0:
         return residual_out, normed
@@ -376,12 +429,15 @@ def residual_norm(
     active, has_active = _active_args(active_rows, sub)
     workspace = parts.workspace if parts is not None else sub
     scale = parts.scale if parts is not None and parts.scale is not None else workspace
+    row_scale = parts.row_scale if parts is not None and parts.row_scale is not None else workspace
     _residual_norm_kernel[(m,)](
         sub, residual, post_weight, post_weight if next_weight is None else next_weight, residual_out,
-        residual_out if normed is None else normed, active, workspace, scale, m, width,
+        residual_out if normed is None else normed, normed_scale if quantize else workspace, active, workspace, scale,
+        row_scale, m, width,
         sub.stride(0), residual.stride(0), residual_out.stride(0), (residual_out if normed is None else normed).stride(0),
         float(eps), HUGINN=mode == "huginn", HAS_NEXT=normed is not None, HAS_ACTIVE=has_active,
         SPLITS=parts.splits if parts is not None else 0, HAS_SCALE=parts is not None and parts.scale is not None,
+        HAS_ROW_SCALE=parts is not None and parts.row_scale is not None, QUANTIZE=quantize,
         BLOCK=block, PDL=pdl_launch(sub, m), num_warps=warps, enable_fp_fusion=False,  # rounding exactly as the reference
         launch_pdl=pdl_launch(sub, m),
     )
@@ -397,9 +453,9 @@ def _check_partials(parts: SplitPartials, residual: torch.Tensor) -> None:
     if parts.shape != tuple(residual.shape) or parts.dtype != residual.dtype:
         raise ValueError(f"split partials of shape {parts.shape} rounding to {parts.dtype} do not match the residual "
                          f"{tuple(residual.shape)} {residual.dtype}")
-    if parts.scale is not None and (parts.scale.dtype != torch.float32 or tuple(parts.scale.shape) != (ws.shape[2],)):
-        raise ValueError(f"split partials' scale must be fp32 [{ws.shape[2]}], got {parts.scale.dtype} "
-                         f"{tuple(parts.scale.shape)}")
+    for name, t, n in (("scale", parts.scale, ws.shape[2]), ("row_scale", parts.row_scale, ws.shape[1])):
+        if t is not None and (t.dtype != torch.float32 or tuple(t.shape) != (n,)):
+            raise ValueError(f"split partials' {name} must be fp32 [{n}], got {t.dtype} {tuple(t.shape)}")
 
 
 _SWIGLU_BLOCK = 1024

@@ -9,6 +9,7 @@ from .acceptance import accept_draft_reference as accept_draft
 from .attention import paged_attention_reference as paged_attention
 from .attention import rope_paged_attention_reference as rope_paged_attention
 from .block_tables import cache_slots_reference as cache_slots
+from .fp8_rows import quantize_rows_reference as quantize_rows
 from .gemm import linear_reference as linear
 from .kv_cache import kv_scatter_reference as kv_scatter
 from .linear_norm import linear_residual_norm_reference as linear_residual_norm
@@ -26,6 +27,6 @@ from .sampling import sample_reference as sample
 
 __all__ = [
     "accept_draft", "paged_attention", "rope_paged_attention", "linear", "linear_residual_norm", "kv_scatter", "rope_kv_scatter", "apply_rope",
-    "residual_norm", "rms_norm", "swiglu", "finalize_last_exited", "gather_rows", "scatter_rows", "cache_slots",
+    "residual_norm", "rms_norm", "quantize_rows", "swiglu", "finalize_last_exited", "gather_rows", "scatter_rows", "cache_slots",
     "compute_logprobs", "filtered_probs", "sample",
 ]

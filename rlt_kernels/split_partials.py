@@ -19,11 +19,13 @@ import torch
 class SplitPartials:
     """workspace: fp32 [splits, M, N] (range s of row m at [s, m]); scale: fp32 [N] (FP8 weights'
     per-channel scales, applied after the sum) or None; dtype: what the sum rounds to (the
-    linear's output dtype). Rows at or past the launch's active count hold garbage."""
+    linear's output dtype); row_scale: fp32 [M] (FP8 input rows' scales, applied after the
+    channel scales) or None. Rows at or past the launch's active count hold garbage."""
 
     workspace: torch.Tensor
     scale: Optional[torch.Tensor]
     dtype: torch.dtype
+    row_scale: Optional[torch.Tensor] = None
 
     @property
     def shape(self) -> tuple[int, int]:

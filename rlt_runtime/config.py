@@ -22,7 +22,7 @@ EXECUTION_MODES = ("eager", "graphs", "compile")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 PREEMPTION_MODES = ("recompute", "swap")
 DRAFT_POLICIES = ("adaptive", "fixed")
-QUANTIZATIONS = (None, "fp8")
+QUANTIZATIONS = (None, "fp8", "w8a8_fp8")
 KV_CACHE_DTYPES = ("auto", "fp8")
 DISTRIBUTED_EXECUTORS = ("mp", "ray")  # mp: replica processes on this host; ray: Ray actors on a cluster
 _COMPRESS = re.compile(r"^compress-s(\d+)$")
@@ -85,7 +85,8 @@ class EngineConfig:
 
     # Model and device.
     dtype: str = "auto"
-    quantization: Optional[str] = None  # "fp8": the layers' linear weights stored as FP8 e4m3, per-channel scales
+    quantization: Optional[str] = None  # "fp8": the layers' linear weights stored as FP8 e4m3, per-channel scales;
+    # "w8a8_fp8": the same weights, and the layers' input rows as FP8 too (one power-of-two scale per row)
     tokenizer: Optional[str] = None  # a tokenizer directory (tokenizer.json) or Hub name other than the model's
     revision: Optional[str] = None  # the Hub revision (branch, tag or commit) of a model given by Hub name
     download_dir: Optional[str] = None  # the Hugging Face cache to read and download into (default: HF_HUB_CACHE)

@@ -4,34 +4,48 @@ tests chosen to catch each one fail.
     python tests/mutants.py [--clean] [NAME ...]     (from the repository root; default: every mutant)
 
 For each mutant the packages, tests/ and pytest.ini are copied to a temporary directory, one
-source line is replaced there (never in place), and `python -m pytest -x -q -m '' <kill tests>` (slow
-tests included) runs in
-that copy with the copy first on PYTHONPATH. A mutant is "killed" when the tests fail (pytest exit
-status 1), "survived" when they pass; any other status (collection error, no tests found) is an
-error. `--clean` runs the same selections on an unmodified copy instead (they must all pass).
+source line is replaced there (never in place), and `pytest -x -q -m '' <kill tests>` (slow tests
+included) runs in that copy with the copy first on sys.path and PYTHONPATH, two mutants at a time.
+Each run is a process forked from a server that has already imported the heavy third-party
+modules (PRELOADED), so a run does not pay their import time; the code under test is never
+imported there. A mutant is "killed" when the tests fail (pytest exit status 1), "survived" when
+they pass; any other status (collection error, no tests found, a crash) is an error. `--clean`
+runs the same selections on an unmodified copy instead (they must all pass).
 
-Adding a mutant: append a Mutant to MUTANTS with the file, the exact source line to replace
-(compared without its indentation, which the replacement keeps) and the node ids of the few fast
-tests that must catch it; then run the script and check the mutant is reported killed, and that
-`--clean` passes. The line must occur exactly once in the file: when a refactor changes or
-removes it, the script stops with an error naming the mutant, instead of silently testing an
+Adding a mutant: append a Mutant to MUTANTS (or put it first if its tests take tens of seconds:
+runs start in this order, so the slow ones overlap the rest) with the file, the exact source line
+to replace (compared without its indentation, which the replacement keeps) and the node ids of the
+few fast tests that must catch it; then run the script and check the mutant is reported killed, and
+that `--clean` passes. The line must occur exactly once in the file: when a refactor changes or
+removes it, the script reports an error naming the mutant, instead of silently testing an
 unmutated copy; re-point the mutant at the line that now carries the code.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
+import multiprocessing
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
+import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 COPIED = ("rlt_kernels", "rlt_runtime", "perf", "tests", "pytest.ini")
 IGNORED = shutil.ignore_patterns("__pycache__", ".hypothesis", ".pytest_cache", "*.egg-info")
+# Third-party modules the fork server imports once: those that take 0.1 s or more to import in a
+# run (measured with -X importtime), pytest plugins included; -W below keeps pytest from warning
+# that it cannot assert-rewrite them. Not triton: it decides at import whether its own helpers are
+# interpreted, from the TRITON_INTERPRET that conftest sets in each run (and imports in 0.15 s).
+PRELOADED = ("torch", "torch.distributed.tensor", "numpy", "xgrammar", "transformers", "pytest", "hypothesis",
+             "schemathesis.pytest.plugin")
+NOT_STARTED = 99  # exit status of a run whose pytest could not start
 
 
 @dataclass(frozen=True)
@@ -45,6 +59,13 @@ class Mutant:
 
 
 MUTANTS = (
+    Mutant(
+        "conformance-never-reruns-alone", "perf/conformance.py",
+        "if workers > 1 and len(cases) > 1:",
+        "if False:",
+        ("tests/runtime/test_conformance.py::test_runner_passes_real_cases_and_fails_on_planted_faults",),
+        "a case that timed out only because others shared the GPU is reported as a timeout",
+    ),
     Mutant(
         "fixed-steps-ignore-thresholds", "rlt_runtime/models/exit_rules.py",
         "return threshold < 1.0",
@@ -303,15 +324,15 @@ MUTANTS = (
     ),
     Mutant(
         "fp8-wide-steps-for-every-weight", "rlt_kernels/gemm.py",
-        "if w_elem == 1 and accumulators == 1 and k <= FP8_WIDE_STEP_MAX_K:",
-        "if w_elem == 1:",
+        "if widened and accumulators == 1 and k <= FP8_WIDE_STEP_MAX_K:",
+        "if widened:",
         ("tests/kernels/test_gemm.py::test_fp8_decode_tiles_at_model_shapes",),
         "FP8 SwiGLU and deep weights take the 256-element K step the H200 sweep measured as slower for them",
     ),
     Mutant(
         "tma-tile-without-the-split-plan", "rlt_kernels/gemm.py",
-        "tiles = [LinearConfig(bm, bn, bk, warps, stages, split_k=decode.split_k, tma=True,",
-        "tiles = [LinearConfig(bm, bn, bk, warps, stages, tma=True,",
+        "tiles = [LinearConfig(bm, bn, bk * 2 // elem, warps, stages, split_k=decode.split_k, tma=True,",
+        "tiles = [LinearConfig(bm, bn, bk * 2 // elem, warps, stages, tma=True,",
         ("tests/kernels/test_gemm.py::test_tma_tiles_at_ouro_shapes",),
         "the TMA tiles of the middle and prefill rows reduce a split weight over all of K at once (other bits than decode)",
     ),
@@ -471,11 +492,46 @@ MUTANTS = (
         "small split decode launches count their range programs and never launch dependently",
     ),
     Mutant(
-        "conformance-never-reruns-alone", "perf/conformance.py",
-        "if workers > 1 and len(cases) > 1:",
+        "fp8-row-scale-one-power-too-small", "rlt_kernels/fp8_rows.py",
+        "biased = tl.where(amax > 0, tl.maximum(exponent - 7, 1), 127)",
+        "biased = tl.where(amax > 0, tl.maximum(exponent - 8, 1), 127)",
+        ("tests/kernels/test_w8a8.py::test_quantize_rows_matches_torch_bit_for_bit",),
+        "FP8 rows take half their scale: a row's largest values pass 448 and saturate",
+    ),
+    Mutant(
+        "fp8-rows-lose-the-sign-of-zero", "rlt_kernels/fp8_rows.py",
+        "q = (rounded.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)",
+        "q = tl.where(v < 0, -rounded, rounded)",
+        ("tests/kernels/test_w8a8.py::test_quantize_rows_matches_torch_bit_for_bit",),
+        "negative values that round to zero are stored as +0 (on the GPU the negation compiles to 0 - x)",
+    ),
+    Mutant(
+        "w8a8-epilogue-drops-the-row-scale", "rlt_kernels/gemm.py",
+        "acc_g = acc_g * row_scale",
+        "acc_g = acc_g",
+        ("tests/kernels/test_w8a8.py::test_w8a8_linear_matches_fp64",),
+        "W8A8 outputs are not multiplied by their row's scale",
+    ),
+    Mutant(
+        "split-partials-drop-the-row-scale", "rlt_kernels/norms.py",
+        "acc = acc * tl.load(row_scale_ptr + row)",
+        "acc = acc",
+        ("tests/kernels/test_w8a8.py::test_norms_write_fp8_rows_as_quantize_rows_would[4160-huginn]",),
+        "the residual norm adds a split W8A8 linear's partials without the rows' scales",
+    ),
+    Mutant(
+        "ouro-norms-never-write-fp8-rows", "rlt_runtime/models/ouro.py",
+        'if self.quantization != "w8a8_fp8":',
+        "if True:",
+        ("tests/runtime/test_fp8_engine.py::test_w8a8_norms_write_the_rows_the_layers_read",),
+        "Ouro's norms write 16-bit rows under W8A8 and every layer quantizes its own input",
+    ),
+    Mutant(
+        "w8a8-layers-take-16-bit-rows", "rlt_runtime/models/fp8_weights.py",
+        "if weight.w8a8 and not isinstance(x, Fp8Rows):",
         "if False:",
-        ("tests/runtime/test_conformance.py::test_runner_passes_real_cases_and_fails_on_planted_faults",),
-        "a case that timed out only because others shared the GPU is reported as a timeout",
+        ("tests/runtime/test_fp8_engine.py::test_w8a8_norms_write_the_rows_the_layers_read",),
+        "a W8A8 layer given 16-bit rows multiplies them unquantized (o and down run as W8A16)",
     ),
 )
 
@@ -514,6 +570,34 @@ def copy_repository(dest: Path) -> None:
             shutil.copy2(src, dest / name)
 
 
+@functools.cache
+def fork_server():
+    """The multiprocessing context whose processes fork from a server that imported PRELOADED."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(PRELOADED))
+    return context
+
+
+def run_in_copy(root: str, args: list[str], env: dict[str, str], log: str) -> None:
+    """Forked from the server: run pytest in the copy at `root`, with its output in `log`."""
+    try:
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.chdir(root)
+        os.environ.clear()
+        os.environ.update(env)
+        sys.path[:] = [root] + [p for p in sys.path if p and not Path(p).resolve().is_relative_to(ROOT)]
+        origin = importlib.util.find_spec("rlt_runtime").origin
+        if not Path(origin).resolve().is_relative_to(Path(root).resolve()):
+            raise MutantError(f"the copy does not import its own rlt_runtime ({origin})")
+        import pytest
+    except BaseException:
+        traceback.print_exc()
+        sys.exit(NOT_STARTED)
+    sys.exit(int(pytest.main(args)))
+
+
 def run(mutant: Mutant, clean: bool = False) -> Outcome:
     """Run the mutant's kill tests in a temporary copy, mutated unless `clean`."""
     with tempfile.TemporaryDirectory(prefix=f"rlt-mutant-{mutant.name}-") as tmp:
@@ -523,21 +607,35 @@ def run(mutant: Mutant, clean: bool = False) -> Outcome:
             apply(mutant, root)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([tmp] + [p for p in [env.get("PYTHONPATH")] if p])
+        env.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(root / ".hypothesis"))  # hypothesis took the server's cwd
         env.pop("PYTEST_ADDOPTS", None)
-        find = "import importlib.util as u; print(u.find_spec('rlt_runtime').origin)"
-        probe = subprocess.run([sys.executable, "-c", find], cwd=tmp, env=env, capture_output=True, text=True)
-        origin = probe.stdout.strip()
-        if probe.returncode != 0 or not Path(origin).resolve().is_relative_to(root.resolve()):
-            raise MutantError(f"mutant {mutant.name!r}: the copy does not import its own rlt_runtime "
-                              f"({origin or probe.stderr})")
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "", *mutant.tests],
-                              cwd=tmp, env=env, capture_output=True, text=True)
-    tail = (proc.stdout + proc.stderr)[-3000:]
-    if proc.returncode not in (0, 1):
-        raise MutantError(f"mutant {mutant.name!r}: pytest exited with status {proc.returncode}:\n{tail}")
+        log = root / "pytest-output.txt"
+        args = ["-x", "-q", "-p", "no:cacheprovider", "-m", "", "-W", "ignore::pytest.PytestAssertRewriteWarning",
+                *mutant.tests]
+        child = fork_server().Process(target=run_in_copy, args=(tmp, args, env, str(log)))
+        child.start()
+        child.join()
+        if not log.exists():  # the child failed before run_in_copy (its status would read as "killed")
+            raise MutantError(f"mutant {mutant.name!r}: the run did not start (status {child.exitcode})")
+        tail = log.read_text(errors="replace")[-3000:]
+    if child.exitcode not in (0, 1):
+        raise MutantError(f"mutant {mutant.name!r}: pytest exited with status {child.exitcode}:\n{tail}")
     if clean:
-        return Outcome(mutant, "passed" if proc.returncode == 0 else "failed", tail)
-    return Outcome(mutant, "killed" if proc.returncode == 1 else "survived", tail)
+        return Outcome(mutant, "passed" if child.exitcode == 0 else "failed", tail)
+    return Outcome(mutant, "killed" if child.exitcode == 1 else "survived", tail)
+
+
+def run_all(chosen: list[Mutant], clean: bool = False):
+    """Yield each mutant's Outcome, or the MutantError its run raised, in order. Two run at a time:
+    each keeps about one core busy, so on a 2-core machine they take about half the time."""
+    def one(mutant):
+        try:
+            return run(mutant, clean)
+        except MutantError as exc:
+            return exc
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield from pool.map(one, chosen)
 
 
 def select(names: list[str]) -> list[Mutant]:
@@ -555,10 +653,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     good = "passed" if args.clean else "killed"
     ok = True
-    for mutant in select(args.names):
-        outcome = run(mutant, clean=args.clean)
+    chosen = select(args.names)
+    for mutant, outcome in zip(chosen, run_all(chosen, clean=args.clean)):
+        if isinstance(outcome, MutantError):
+            ok = False
+            print(f"error     {mutant.name}: {outcome}", flush=True)
+            continue
         ok &= outcome.status == good
-        print(f"{outcome.status:9s} {mutant.name}: {mutant.bug}")
+        print(f"{outcome.status:9s} {mutant.name}: {mutant.bug}", flush=True)
         if outcome.status != good:
             print(outcome.output)
     return 0 if ok else 1

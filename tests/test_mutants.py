@@ -4,7 +4,6 @@ chosen for it fail with the mutant applied."""
 from __future__ import annotations
 
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -37,21 +36,11 @@ def test_a_line_not_found_exactly_once_is_an_error(tmp_path, text):
 
 @pytest.fixture(scope="module")
 def outcomes(request) -> dict:
-    """The selected mutants' runs, two at a time: each is a pytest process that keeps about one
-    core busy, so on a 2-core machine the kill checks take about half the time. Values are
-    Outcomes, or the MutantError a run raised."""
+    """The selected mutants' runs (mutants.run_all): Outcomes, or the MutantError a run raised."""
     chosen = {item.callspec.params["mutant"].name for item in request.session.items
               if getattr(item, "originalname", None) == "test_mutant_is_killed"}
-
-    def run(mutant):
-        try:
-            return mutants.run(mutant)
-        except mutants.MutantError as exc:
-            return exc
-
     todo = [m for m in mutants.MUTANTS if m.name in chosen]
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip((m.name for m in todo), pool.map(run, todo)))
+    return dict(zip((m.name for m in todo), mutants.run_all(todo)))
 
 
 @pytest.mark.parametrize("mutant", mutants.MUTANTS, ids=lambda m: m.name)

@@ -13,7 +13,8 @@ from ..errors import ConfigError
 HELP = {
     "dtype": "weights/activation dtype: auto (bf16 on CUDA, fp32 on CPU), float32, float16, bfloat16, float64 (CPU)",
     "quantization": "fp8: store the layers' linear weights as FP8 e4m3 with per-output-channel scales, quantized "
-                    "at load (default: unquantized, in --dtype)",
+                    "at load; w8a8_fp8: the same, and the layers' input rows as FP8 (one power-of-two scale per row, "
+                    "FP8 tensor-core products) (default: unquantized, in --dtype)",
     "kv_cache_dtype": "auto (K/V in the model dtype) or fp8 (FP8 e4m3 with per-(layer, KV head) scales)",
     "device": "auto, cpu, cuda or cuda:N",
     "tokenizer": "a tokenizer directory (tokenizer.json) or Hugging Face Hub name to use instead of the model's own",

@@ -19,7 +19,8 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from ..models.fp8_weights import Fp8Weight
+from ..models.fp8_weights import linear_operands, output_rows
+from .ops import with_scales
 
 _IMPLS: list[Callable] = []  # the wrapped backends' functions; custom ops receive an index
 
@@ -44,33 +45,38 @@ def _op(name: str, mutates: tuple):
 
 @_op("linear", ("out",))
 def _linear(impl: int, x: Tensor, weight: Tensor, out: Tensor, active_rows: Optional[Tensor],
-            activation: Optional[str], weight_scale: Optional[Tensor]) -> None:
-    if weight_scale is None:
-        _IMPLS[impl](x, weight, out=out, active_rows=active_rows, activation=activation)
-    else:
-        _IMPLS[impl](x, weight, out=out, active_rows=active_rows, activation=activation, weight_scale=weight_scale)
+            activation: Optional[str], weight_scale: Optional[Tensor], x_scale: Optional[Tensor]) -> None:
+    _IMPLS[impl](x, weight, out=out, active_rows=active_rows, activation=activation,
+                 **with_scales({}, weight_scale=weight_scale, x_scale=x_scale))
 
 
-@_op("linear_residual_norm", ("residual_out", "normed_out"))
+@_op("linear_residual_norm", ("residual_out", "normed_out", "normed_scale"))
 def _linear_residual_norm(impl: int, x: Tensor, weight: Tensor, residual: Tensor, post_weight: Tensor,
                           next_weight: Optional[Tensor], eps: float, norm_mode: str, residual_out: Tensor,
-                          normed_out: Optional[Tensor], active_rows: Optional[Tensor],
-                          weight_scale: Optional[Tensor]) -> None:
+                          normed_out: Optional[Tensor], active_rows: Optional[Tensor], weight_scale: Optional[Tensor],
+                          x_scale: Optional[Tensor], normed_scale: Optional[Tensor]) -> None:
     _IMPLS[impl](x, weight, residual, post_weight, next_weight, eps, mode=norm_mode, residual_out=residual_out,
-                 normed_out=normed_out, active_rows=active_rows, weight_scale=weight_scale)
+                 normed_out=normed_out, active_rows=active_rows,
+                 **with_scales({}, weight_scale=weight_scale, x_scale=x_scale, normed_scale=normed_scale))
 
 
-@_op("rms_norm", ("out",))
-def _rms_norm(impl: int, x: Tensor, weight: Tensor, eps: float, out: Tensor, active_rows: Optional[Tensor]) -> None:
-    _IMPLS[impl](x, weight, eps, out=out, active_rows=active_rows)
+@_op("rms_norm", ("out", "out_scale"))
+def _rms_norm(impl: int, x: Tensor, weight: Tensor, eps: float, out: Tensor, active_rows: Optional[Tensor],
+              out_scale: Optional[Tensor]) -> None:
+    _IMPLS[impl](x, weight, eps, out=out, active_rows=active_rows, **with_scales({}, out_scale=out_scale))
 
 
-@_op("residual_norm", ("residual_out", "normed_out"))
+@_op("residual_norm", ("residual_out", "normed_out", "normed_scale"))
 def _residual_norm(impl: int, sub: Tensor, residual: Tensor, post_weight: Tensor, next_weight: Optional[Tensor],
                    eps: float, norm_mode: str, residual_out: Tensor, normed_out: Optional[Tensor],
-                   active_rows: Optional[Tensor]) -> None:
+                   active_rows: Optional[Tensor], normed_scale: Optional[Tensor]) -> None:
     _IMPLS[impl](sub, residual, post_weight, next_weight, eps, mode=norm_mode, residual_out=residual_out,
-                 normed_out=normed_out, active_rows=active_rows)
+                 normed_out=normed_out, active_rows=active_rows, **with_scales({}, normed_scale=normed_scale))
+
+
+@_op("quantize_rows", ("out", "out_scale"))
+def _quantize_rows(impl: int, x: Tensor, out: Tensor, out_scale: Tensor, active_rows: Optional[Tensor]) -> None:
+    _IMPLS[impl](x, out=out, out_scale=out_scale, active_rows=active_rows)
 
 
 @_op("rope_kv_scatter", ("k_cache", "v_cache", "q_out"))
@@ -162,20 +168,28 @@ def _cache_slots(impl: int, block_tables: Tensor, token_slots: Tensor, positions
 def opaque(ops: SimpleNamespace) -> SimpleNamespace:
     """The same namespace with every kernel called through its custom op (signatures unchanged)."""
     i = {name: _register(getattr(ops, name)) for name in (
-        "linear", "linear_residual_norm", "rms_norm", "residual_norm", "rope_kv_scatter", "paged_attention",
+        "linear", "linear_residual_norm", "rms_norm", "residual_norm", "quantize_rows", "rope_kv_scatter",
+        "paged_attention",
         "rope_paged_attention", "scatter_rows", "sample", "filtered_probs", "compute_logprobs", "accept_draft", "finalize_last_exited",
         "cache_slots")}
 
+    def quantize_rows(x, *, out=None, out_scale=None, active_rows=None):
+        out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device) if out is None else out
+        out_scale = torch.empty(x.shape[0], dtype=torch.float32, device=x.device) if out_scale is None else out_scale
+        _quantize_rows(i["quantize_rows"], x, out, out_scale, active_rows)
+        return out, out_scale
+
     def linear(x, weight, *, out=None, active_rows=None, activation=None):
+        x, data, scale, x_scale, out_dtype = linear_operands(x, weight, quantize_rows, active_rows)
         n = weight.shape[0] // 2 if activation == "swiglu" else weight.shape[0]
-        out = x.new_empty((x.shape[0], n)) if out is None else out
-        data, scale = (weight.data, weight.scale) if isinstance(weight, Fp8Weight) else (weight, None)
-        _linear(i["linear"], x, data, out, active_rows, activation, scale)
+        out = torch.empty((x.shape[0], n), dtype=out_dtype, device=x.device) if out is None else out
+        _linear(i["linear"], x, data, out, active_rows, activation, scale, x_scale)
         return out
 
     def rms_norm(x, weight, eps, *, out=None, active_rows=None):
         out = torch.empty_like(x) if out is None else out
-        _rms_norm(i["rms_norm"], x, weight, float(eps), out, active_rows)
+        data, scale = output_rows(out)
+        _rms_norm(i["rms_norm"], x, weight, float(eps), data, active_rows, scale)
         return out
 
     def residual_norm(sub, residual, post_weight, next_weight, eps, *, mode="ouro", residual_out=None,
@@ -184,8 +198,9 @@ def opaque(ops: SimpleNamespace) -> SimpleNamespace:
         if next_weight is not None and normed_out is None:
             normed_out = torch.empty_like(sub)
         normed = normed_out if next_weight is not None else None
+        data, scale = output_rows(normed)
         _residual_norm(i["residual_norm"], sub, residual, post_weight, next_weight, float(eps), mode, residual_out,
-                       normed, active_rows)
+                       data, active_rows, scale)
         return residual_out, normed
 
     def linear_residual_norm(x, weight, residual, post_weight, next_weight, eps, *, mode="ouro", residual_out=None,
@@ -194,9 +209,10 @@ def opaque(ops: SimpleNamespace) -> SimpleNamespace:
         if next_weight is not None and normed_out is None:
             normed_out = torch.empty_like(residual)
         normed = normed_out if next_weight is not None else None
-        data, scale = (weight.data, weight.scale) if isinstance(weight, Fp8Weight) else (weight, None)
+        x, data, scale, x_scale, _ = linear_operands(x, weight, quantize_rows, active_rows)
+        normed_data, normed_scale = output_rows(normed)
         _linear_residual_norm(i["linear_residual_norm"], x, data, residual, post_weight, next_weight, float(eps), mode,
-                              residual_out, normed, active_rows, scale)
+                              residual_out, normed_data, active_rows, scale, x_scale, normed_scale)
         return residual_out, normed
 
     def rope_kv_scatter(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, *, style="neox", q_bias=None,
@@ -282,7 +298,7 @@ def opaque(ops: SimpleNamespace) -> SimpleNamespace:
 
     wrapped = dict(vars(ops))
     wrapped.update(linear=linear, linear_residual_norm=linear_residual_norm, rms_norm=rms_norm,
-                   residual_norm=residual_norm, rope_kv_scatter=rope_kv_scatter,
+                   residual_norm=residual_norm, quantize_rows=quantize_rows, rope_kv_scatter=rope_kv_scatter,
                    paged_attention=paged_attention, rope_paged_attention=rope_paged_attention, scatter_rows=scatter_rows, sample=sample,
                    filtered_probs=filtered_probs, compute_logprobs=compute_logprobs, accept_draft=accept_draft,
                    finalize_last_exited=finalize_last_exited, cache_slots=cache_slots)

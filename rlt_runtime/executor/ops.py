@@ -12,15 +12,15 @@ from types import SimpleNamespace
 import torch
 
 from ..errors import ConfigError
-from ..models.fp8_weights import Fp8Weight
+from ..models.fp8_weights import linear_operands, output_rows
 
 OP_NAMES = (
-    "linear", "linear_residual_norm", "rms_norm", "residual_norm", "swiglu", "apply_rope", "rope_kv_scatter",
+    "linear", "linear_residual_norm", "rms_norm", "residual_norm", "quantize_rows", "swiglu", "apply_rope", "rope_kv_scatter",
     "kv_scatter", "paged_attention", "rope_paged_attention", "gather_rows", "scatter_rows", "sample", "filtered_probs", "compute_logprobs",
     "accept_draft", "finalize_last_exited", "cache_slots",
 )
 _MODULE_OF = {
-    "linear": "gemm", "linear_residual_norm": "linear_norm", "rms_norm": "norms", "residual_norm": "norms", "swiglu": "norms", "apply_rope": "norms",
+    "linear": "gemm", "linear_residual_norm": "linear_norm", "rms_norm": "norms", "residual_norm": "norms", "quantize_rows": "fp8_rows", "swiglu": "norms", "apply_rope": "norms",
     "rope_kv_scatter": "kv_cache", "kv_scatter": "kv_cache", "paged_attention": "attention",
     "rope_paged_attention": "attention",
     "gather_rows": "routing", "scatter_rows": "routing", "finalize_last_exited": "routing", "cache_slots": "block_tables",
@@ -44,13 +44,16 @@ def _reference_ops() -> dict:
     return {name: getattr(ref, name) for name in OP_NAMES}
 
 
-def cublas_linear(x, weight, *, out=None, active_rows=None, activation=None, weight_scale=None):
+def cublas_linear(x, weight, *, out=None, active_rows=None, activation=None, weight_scale=None, x_scale=None):
     """`linear` through torch.matmul (cuBLAS): faster at some shapes, not batch invariant.
 
     Same signature as rlt_kernels.linear; computes every row (rows past the active count hold
     whatever their inputs give). An FP8 weight is widened to x's dtype for the product and the
-    result scaled per output channel in fp32.
+    result scaled per output channel in fp32; FP8 rows are first widened to bf16 times their
+    scales (exact).
     """
+    if x_scale is not None:
+        x = (x.float() * x_scale[:, None]).to(torch.bfloat16)
     if weight_scale is None:
         acc = torch.matmul(x, weight.t())
     else:
@@ -64,24 +67,55 @@ def cublas_linear(x, weight, *, out=None, active_rows=None, activation=None, wei
     return out
 
 
-def accepting_fp8_weights(linear):
-    """`linear` (or any op taking (x, weight, ...)) that also takes an `Fp8Weight` as its weight
-    (passed on as data + weight_scale)."""
-    def call(x, weight, *args, **kwargs):
-        if isinstance(weight, Fp8Weight):
-            return linear(x, weight.data, *args, weight_scale=weight.scale, **kwargs)
-        return linear(x, weight, *args, **kwargs)
+def accepting_fp8_forms(ops: dict) -> None:
+    """Let the linear and norm ops take the models' FP8 forms (models/fp8_weights.py): an
+    `Fp8Weight` as the weight, `Fp8Rows` as a linear's input or a norm's output. They reach the
+    kernels as their tensors and scales; the norms then return the `Fp8Rows` they filled."""
+    linear, linear_norm, rms, residual_norm, quantize = (
+        ops["linear"], ops["linear_residual_norm"], ops["rms_norm"], ops["residual_norm"], ops["quantize_rows"])
 
-    return call
+    def fp8_linear(x, weight, *, out=None, active_rows=None, activation=None, **kwargs):
+        x, weight, weight_scale, x_scale, out_dtype = linear_operands(x, weight, quantize, active_rows)
+        if out is None and x_scale is not None:
+            n = weight.shape[0] // 2 if activation == "swiglu" else weight.shape[0]
+            out = torch.empty((x.shape[0], n), dtype=out_dtype, device=x.device)
+        return linear(x, weight, out=out, active_rows=active_rows, activation=activation,
+                      **with_scales(kwargs, weight_scale=weight_scale, x_scale=x_scale))
+
+    def fp8_linear_residual_norm(x, weight, *args, normed_out=None, active_rows=None, **kwargs):
+        x, weight, weight_scale, x_scale, _ = linear_operands(x, weight, quantize, active_rows)
+        data, scale = output_rows(normed_out)
+        r, n = linear_norm(x, weight, *args, normed_out=data, active_rows=active_rows,
+                           **with_scales(kwargs, weight_scale=weight_scale, x_scale=x_scale, normed_scale=scale))
+        return r, (normed_out if scale is not None else n)
+
+    def fp8_rms_norm(x, weight, eps, *, out=None, **kwargs):
+        data, scale = output_rows(out)
+        result = rms(x, weight, eps, out=data, **with_scales(kwargs, out_scale=scale))
+        return out if scale is not None else result
+
+    def fp8_residual_norm(*args, normed_out=None, **kwargs):
+        data, scale = output_rows(normed_out)
+        r, n = residual_norm(*args, normed_out=data, **with_scales(kwargs, normed_scale=scale))
+        return r, (normed_out if scale is not None else n)
+
+    ops.update(linear=fp8_linear, linear_residual_norm=fp8_linear_residual_norm, rms_norm=fp8_rms_norm,
+               residual_norm=fp8_residual_norm)
+
+
+def with_scales(kwargs: dict, **scales) -> dict:
+    """kwargs plus the scales that are set (16-bit calls pass none, so every backend keeps its signature)."""
+    return {**kwargs, **{k: v for k, v in scales.items() if v is not None}}
 
 
 def composed_linear_residual_norm(linear, residual_norm):
     """`linear_residual_norm` as its two ops one after the other (for a `linear` without a fused form)."""
     def call(x, weight, residual, post_weight, next_weight, eps, *, mode="ouro", residual_out=None, normed_out=None,
-             active_rows=None, weight_scale=None):
-        sub = linear(x, weight, active_rows=active_rows, weight_scale=weight_scale)
+             active_rows=None, weight_scale=None, x_scale=None, normed_scale=None):
+        sub = linear(x, weight, active_rows=active_rows, **with_scales({}, weight_scale=weight_scale, x_scale=x_scale))
         return residual_norm(sub, residual, post_weight, next_weight, eps, mode=mode, residual_out=residual_out,
-                             normed_out=normed_out, active_rows=active_rows)
+                             normed_out=normed_out, active_rows=active_rows,
+                             **with_scales({}, normed_scale=normed_scale))
 
     return call
 
@@ -129,8 +163,7 @@ def select_ops(device: torch.device, attention_backend: str, batch_invariant: bo
     if on_cuda and not batch_invariant:
         ops["linear"] = cublas_linear
         ops["linear_residual_norm"] = composed_linear_residual_norm(cublas_linear, ops["residual_norm"])
-    ops["linear"] = accepting_fp8_weights(ops["linear"])
-    ops["linear_residual_norm"] = accepting_fp8_weights(ops["linear_residual_norm"])
+    accepting_fp8_forms(ops)
     return SimpleNamespace(backend="triton" if use_triton else "torch", attention=attention_backend, **ops)
 
 

@@ -5,7 +5,9 @@ Math (reference/MODELS.md §1.3): each layer is
     x = x + rms(mlp(rms(x; post_attention_layernorm)); post_attention_layernorm_2)
 and after the last layer of every loop `model.norm` is applied; that normed state is both the
 next loop's input and what the exit gate and the LM head read. q/k/v and gate/up are fused at
-load time; the norm → residual-add → next-norm chain is one fused kernel per sublayer.
+load time; the norm → residual-add → next-norm chain is one fused kernel per sublayer. With
+quantization="w8a8_fp8" the norms before q/k/v and gate/up write their rows as FP8 for those
+layers (`Fp8Rows`); o and down quantize their inputs themselves.
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ import torch
 from ..cache.layout import KVLayout
 from .configs import OuroConfig, check_weight_names, check_weights_complete, hf_weight_shapes
 from .exit_rules import GATE_MODES, ExitRule, ExitState, lookahead_logits, new_exit_state, ouro_exit
-from .fp8_weights import linear_weight
+from .fp8_weights import Fp8Rows, linear_weight
 from .tensor_parallel import row_parallel_residual_norm
 
 
 @dataclass
 class OuroLayer:
-    """Linear weights are tensors, or `Fp8Weight`s with quantization="fp8"."""
+    """Linear weights are tensors, or `Fp8Weight`s with quantization "fp8" or "w8a8_fp8"."""
 
     wqkv: torch.Tensor  # [(H + 2 KVH) * D, hidden]
     wo: torch.Tensor  # [hidden, H * D]
@@ -46,7 +48,7 @@ class OuroModel:
 
     def __init__(self, config: OuroConfig, layout: KVLayout, device, dtype, quantization=None):
         self.config, self.layout, self.device, self.dtype = config, layout, torch.device(device), dtype
-        self.quantization = quantization  # None or "fp8": how the layers' linear weights are stored
+        self.quantization = quantization  # None, "fp8" or "w8a8_fp8": how the layers' linear layers are stored
         self.layers: list[OuroLayer] = []
         self._layers: dict[int, OuroLayer] = {}
         self.embed_tokens = self.norm = self.gate_w = self.gate_b = self.lm_head = None
@@ -109,7 +111,7 @@ class OuroModel:
         m = h.shape[0]
         hq, hkv, d = self.heads, self.kv_heads, cfg.head_dim
         spec = self.layout.core(t)
-        n = ops.rms_norm(h, self.layers[0].input_norm, eps, active_rows=active)
+        n = ops.rms_norm(h, self.layers[0].input_norm, eps, active_rows=active, out=self._layer_input(h))
         for idx, layer in enumerate(self.layers):
             qkv = ops.linear(n, layer.wqkv, active_rows=active)
             q = qkv[:, : hq * d].view(m, hq, d)
@@ -118,12 +120,21 @@ class OuroModel:
             attn = batch.attend(idx, q, k, v, spec)
             # The first update writes a fresh residual so the caller's h is never modified.
             h, n = row_parallel_residual_norm(ops, attn, layer.wo, self.tp, active, h, layer.input_norm_2,
-                                              layer.post_norm, eps, "ouro", residual_out=h if idx else None)
+                                              layer.post_norm, eps, "ouro", residual_out=h if idx else None,
+                                              normed_out=self._layer_input(h))
             act = ops.linear(n, layer.w_gate_up, activation="swiglu", active_rows=active)
-            next_w = self.layers[idx + 1].input_norm if idx + 1 < len(self.layers) else self.norm
+            last = idx + 1 == len(self.layers)
+            next_w = self.norm if last else self.layers[idx + 1].input_norm
             h, n = row_parallel_residual_norm(ops, act, layer.w_down, self.tp, active, h, layer.post_norm_2, next_w,
-                                              eps, "ouro", residual_out=h)
+                                              eps, "ouro", residual_out=h, normed_out=None if last else self._layer_input(h))
         return n
+
+    def _layer_input(self, h: torch.Tensor):
+        """Where a norm writes the input of a q/k/v or gate/up layer: FP8 rows for W8A8 layers,
+        else None (the norm allocates the model dtype's)."""
+        if self.quantization != "w8a8_fp8":
+            return None
+        return Fp8Rows.empty_like(h)
 
     def head_input(self, h: torch.Tensor, batch) -> torch.Tensor:
         """The LM head reads the last loop's normed state itself."""

@@ -47,20 +47,21 @@ class TensorParallel:
 
 
 def row_parallel_residual_norm(ops, x: torch.Tensor, weight, tp: Optional[TensorParallel], active, residual,
-                               post_weight, next_weight, eps: float, mode: str, residual_out=None):
+                               post_weight, next_weight, eps: float, mode: str, residual_out=None, normed_out=None):
     """`ops.residual_norm(x @ weight.T, residual, ...)`; returns (r, n). Without a group it is the
     one op `linear_residual_norm`, whose norm kernel adds a split-K linear's partials itself. In a
-    group weight holds this rank's input columns: the ranks' partial products (fp32, or x's dtype
-    when wider) are summed (see `TensorParallel.sum`) and rounded to x's dtype before the norm."""
+    group weight holds this rank's input columns: the ranks' partial products (fp32, or the
+    residual's dtype when wider) are summed (see `TensorParallel.sum`) and rounded to the residual's dtype before the
+    norm. normed_out: None, or an `Fp8Rows` for a W8A8 layer's input."""
     if tp is None:
         return ops.linear_residual_norm(x, weight, residual, post_weight, next_weight, eps, mode=mode,
-                                        residual_out=residual_out, active_rows=active)
-    wide = x.dtype if x.dtype == torch.float64 else torch.float32
-    part = torch.empty((x.shape[0], weight.shape[0]), dtype=wide, device=x.device)
+                                        residual_out=residual_out, normed_out=normed_out, active_rows=active)
+    wide = residual.dtype if residual.dtype == torch.float64 else torch.float32
+    part = torch.empty((x.shape[0], weight.shape[0]), dtype=wide, device=residual.device)
     ops.linear(x, weight, out=part, active_rows=active)
-    sub = tp.sum(part).to(x.dtype)
+    sub = tp.sum(part).to(residual.dtype)
     return ops.residual_norm(sub, residual, post_weight, next_weight, eps, mode=mode, residual_out=residual_out,
-                             active_rows=active)
+                             normed_out=normed_out, active_rows=active)
 
 
 def check_tensor_parallel(config, size: int) -> None:
@@ -76,14 +77,14 @@ def check_tensor_parallel(config, size: int) -> None:
 def _rows(w, ranges):
     """The rows of a weight (tensor or Fp8Weight) in the given [start, stop) ranges, concatenated."""
     if isinstance(w, Fp8Weight):
-        return Fp8Weight(_rows(w.data, ranges), _rows(w.scale, ranges))
+        return Fp8Weight(_rows(w.data, ranges), _rows(w.scale, ranges), w.w8a8)
     return torch.cat([w[a:b] for a, b in ranges]).contiguous()
 
 
 def _cols(w, a: int, b: int):
     """Columns [a, b) of a weight (an Fp8Weight keeps its per-output-row scales)."""
     if isinstance(w, Fp8Weight):
-        return Fp8Weight(w.data[:, a:b].contiguous(), w.scale)
+        return Fp8Weight(w.data[:, a:b].contiguous(), w.scale, w.w8a8)
     return w[:, a:b].contiguous()
 
 
@@ -129,7 +130,7 @@ def move_model(model, device) -> None:
         if isinstance(value, torch.Tensor):
             return value.to(device)
         if isinstance(value, Fp8Weight):
-            return Fp8Weight(value.data.to(device), value.scale.to(device))
+            return Fp8Weight(value.data.to(device), value.scale.to(device), value.w8a8)
         if isinstance(value, list):
             return [move(v) for v in value]
         if dataclasses.is_dataclass(value) and not isinstance(value, type):

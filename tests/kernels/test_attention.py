@@ -397,11 +397,16 @@ def test_generated_rows_same_bits_in_decode_and_recompute(device, context, prefi
     tile_only = run_kernel(universe, decode_from=None)
     check_against_oracle(recomputed, universe, dtype)
     depth = universe.kwargs.get("query_depth")
-    for pos in range(context, seq_len):
+    for row in range(first_generated - context):
+        assert_same_bits(recomputed[row], tile_only[row])
+    # Generated rows re-run one at a time as decode steps: the first, the last and up to four drawn
+    # between (each re-run is a launch, which the interpreter makes costly; every row is the same check).
+    generated = list(range(first_generated, seq_len))
+    if generated:
+        picked = data.draw(st.lists(st.sampled_from(generated), max_size=4))
+        generated = sorted({generated[0], generated[-1], *picked})
+    for pos in generated:
         row = pos - context
-        if pos < first_generated:
-            assert_same_bits(recomputed[row], tile_only[row])
-            continue
         qsl = torch.tensor([0, 1], dtype=torch.int32, device=device)
         sl = torch.tensor([pos + 1], dtype=torch.int32, device=device)
         kw = {k: v for k, v in universe.kwargs.items() if k not in ("decode_from", "query_depth")}

@@ -48,12 +48,13 @@ def test_fidelity_smoke_on_cpu(tmp_path):
     main(["--out", str(tmp_path), "--model", "ouro-tiny", "--parts", "fidelity", "--prompts", "2",
           "--fidelity-prompt-len", "6", "--fidelity-output-len", "5"])
     res = json.loads((tmp_path / "fp8.json").read_text())
-    assert res["speed"] == {} and list(res["fidelity"]) == [CONTROL, "fp8 weights", "fp8 weights + KV"]
+    quantized = ["fp8 weights", "fp8 weights + KV", "w8a8", "w8a8 + KV"]
+    assert res["speed"] == {} and list(res["fidelity"]) == [CONTROL, *quantized]
     control = res["fidelity"][CONTROL]
     assert control["mean_kl"] == 0.0 and control["max_kl"] == 0.0
     assert control["greedy_agreement"] == control["teacher_forced_argmax_agreement"] == 1.0
     assert control["exit_depth_agreement"] == 1.0 and control["exit_depth_positions"] == 2 * 5
-    for name in ("fp8 weights", "fp8 weights + KV"):
+    for name in quantized:
         f = res["fidelity"][name]
         assert f["positions"] == 2 * 5 and 0.0 < f["mean_kl"] <= f["max_kl"]
         for key in ("greedy_agreement", "teacher_forced_argmax_agreement", "exit_depth_agreement"):

@@ -58,9 +58,11 @@ def test_compiled_huginn_programs_match_eager():
     assert _outputs(True, params, programs, **options) == _outputs(False, params, programs, **options)
 
 
-def test_compiled_fp8_programs_match_eager():
-    """FP8 weights and K/V through the opaque ops (weight and K/V scales as custom-op arguments)."""
+@pytest.mark.parametrize("quantization", ["fp8", "w8a8_fp8"])
+def test_compiled_fp8_programs_match_eager(quantization):
+    """FP8 weights and K/V through the opaque ops (weight, row and K/V scales as custom-op arguments;
+    with W8A8 the norms' FP8 rows and the quantize_rows op)."""
     params = SamplingParams(max_tokens=4, temperature=0.8, seed=3, logprobs=1, exit_threshold=0.6, ignore_eos=True)
-    options = dict(quantization="fp8", kv_cache_dtype="fp8")
+    options = dict(quantization=quantization, kv_cache_dtype="fp8")
     programs = (("runner", "decode_program"), ("runner", "prefill_program"))
     assert _outputs(True, params, programs, **options) == _outputs(False, params, programs, **options)

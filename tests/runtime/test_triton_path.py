@@ -19,6 +19,8 @@ PROMPTS = [list(range(5, 22)), [40, 41, 42]]
                  marks=pytest.mark.slow),  # ~26 s; the acceptance kernel runs unmarked in tests/kernels/test_acceptance.py
     pytest.param("ouro-tiny", {"quantization": "fp8", "kv_cache_dtype": "fp8", "exit_mode": "ouro"}, 0.8,
                  marks=pytest.mark.slow),  # FP8 weights and K/V: ~80 s under the interpreter
+    pytest.param("ouro-tiny", {"quantization": "w8a8_fp8", "exit_mode": "ouro"}, 0.8,
+                 marks=pytest.mark.slow),  # W8A8: FP8 rows written by the norms and by quantize_rows
 ])
 def test_triton_kernels_match_torch_references_end_to_end(model, options, temperature):
     params = SamplingParams(max_tokens=4, temperature=temperature, seed=3, ignore_eos=True, exit_threshold=0.6,

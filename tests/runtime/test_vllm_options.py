@@ -52,9 +52,10 @@ def test_kv_cache_dtype_and_quantization():
     """Both are rlt options (FP8, tests/runtime/test_fp8_engine.py); other values name the allowed ones."""
     assert EngineConfig.from_kwargs(kv_cache_dtype="auto", quantization=None) == EngineConfig.from_kwargs()
     EngineConfig.from_kwargs(kv_cache_dtype="fp8", quantization="fp8").validate_static()
+    EngineConfig.from_kwargs(kv_cache_dtype="fp8", quantization="w8a8_fp8").validate_static()
     with pytest.raises(ConfigError, match=r"kv_cache_dtype must be one of 'auto', 'fp8', got 'fp16'"):
         EngineConfig.from_kwargs(kv_cache_dtype="fp16").validate_static()
-    with pytest.raises(ConfigError, match=r"quantization must be one of None, 'fp8', got 'awq'"):
+    with pytest.raises(ConfigError, match=r"quantization must be one of None, 'fp8', 'w8a8_fp8', got 'awq'"):
         EngineConfig.from_kwargs(quantization="awq").validate_static()
 
 
