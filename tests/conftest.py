@@ -68,14 +68,6 @@ settings.register_profile(
 settings.load_profile("ci")
 
 
-def pytest_collection_finish(session):
-    """Start the mutation runs of tests/test_mutants.py now, beside the rest of the suite."""
-    runs = next((item.module for item in session.items if getattr(item, "originalname", None) == "test_mutant_is_killed"),
-                None)
-    if runs is not None:
-        runs.start_runs(session)
-
-
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
         return

@@ -625,16 +625,16 @@ def run(mutant: Mutant, clean: bool = False) -> Outcome:
     return Outcome(mutant, "killed" if child.exitcode == 1 else "survived", tail)
 
 
-def run_all(chosen: list[Mutant], clean: bool = False, workers: int = 2):
-    """Yield each mutant's Outcome, or the MutantError its run raised, in order. Two run at a time by
-    default: each keeps about one core busy, so on a 2-core machine they take about half the time."""
+def run_all(chosen: list[Mutant], clean: bool = False):
+    """Yield each mutant's Outcome, or the MutantError its run raised, in order. Two run at a time:
+    each keeps about one core busy, so on a 2-core machine they take about half the time."""
     def one(mutant):
         try:
             return run(mutant, clean)
         except MutantError as exc:
             return exc
 
-    with ThreadPoolExecutor(max_workers=workers) as pool:
+    with ThreadPoolExecutor(max_workers=2) as pool:
         yield from pool.map(one, chosen)
 
 

@@ -4,7 +4,6 @@ chosen for it fail with the mutant applied."""
 from __future__ import annotations
 
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -35,28 +34,9 @@ def test_a_line_not_found_exactly_once_is_an_error(tmp_path, text):
     assert (tmp_path / "m.py").read_text() == text
 
 
-def start_runs(session) -> None:
-    """Start the selected mutants' runs in a background thread, one at a time, when the session has
-    more tests than these: the rest of the suite keeps one core busy and the runs take the other
-    (tests/conftest.py calls this once collection is done). Alone, the fixture runs two at a time."""
-    chosen = {item.callspec.params["mutant"].name for item in session.items
-              if getattr(item, "originalname", None) == "test_mutant_is_killed"}
-    if chosen and len(chosen) < len(session.items):
-        todo = [m for m in mutants.MUTANTS if m.name in chosen]
-        pool = ThreadPoolExecutor(max_workers=1)
-        session.config.stash[RUNS] = pool.submit(lambda: dict(zip((m.name for m in todo), mutants.run_all(todo, workers=1))))
-        pool.shutdown(wait=False)
-
-
-RUNS = pytest.StashKey()
-
-
 @pytest.fixture(scope="module")
 def outcomes(request) -> dict:
     """The selected mutants' runs (mutants.run_all): Outcomes, or the MutantError a run raised."""
-    started = request.config.stash.get(RUNS, None)
-    if started is not None:
-        return started.result()
     chosen = {item.callspec.params["mutant"].name for item in request.session.items
               if getattr(item, "originalname", None) == "test_mutant_is_killed"}
     todo = [m for m in mutants.MUTANTS if m.name in chosen]
