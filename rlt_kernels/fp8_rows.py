@@ -29,6 +29,16 @@ MAX_ROW_WIDTH = 32768
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+def empty_rows(x: torch.Tensor, out=None, out_scale=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, out_scale) for FP8 rows of x [M, K]: the given tensors, or new float8_e4m3fn [M, K]
+    and fp32 [M] ones on x's device."""
+    if out is None:
+        out = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
+    if out_scale is None:
+        out_scale = torch.empty((x.shape[0],), dtype=torch.float32, device=x.device)
+    return out, out_scale
+
+
 def row_scales_reference(amax: torch.Tensor) -> torch.Tensor:
     """fp32 [M] scales 2^(E - 7) of non-negative fp32 row maxima [M] (see the module docstring)."""
     exponent = (amax.float().contiguous().view(torch.int32) >> 23) & 0xFF
@@ -40,8 +50,7 @@ def quantize_rows_reference(x, *, out=None, out_scale=None, active_rows=None):
     """(q, scale): x [M, K] (bf16/fp16/fp32) as float8_e4m3fn [M, K] and fp32 [M], q * scale ≈ x.
     Rows at or past the active count are not written."""
     m = active_count(active_rows, x.shape[0])
-    out = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device) if out is None else out
-    out_scale = torch.empty((x.shape[0],), dtype=torch.float32, device=x.device) if out_scale is None else out_scale
+    out, out_scale = empty_rows(x, out, out_scale)
     if m:
         xf = x[:m].float()
         scale = row_scales_reference(xf.abs().amax(dim=1) if x.shape[1] else xf.new_zeros(m))
@@ -109,8 +118,7 @@ def quantize_rows(x, *, out=None, out_scale=None, active_rows=None):
     m, width = x.shape
     if width > MAX_ROW_WIDTH:
         raise ValueError(f"rows are limited to {MAX_ROW_WIDTH} elements, got {width}")
-    out = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device) if out is None else out
-    out_scale = torch.empty((m,), dtype=torch.float32, device=x.device) if out_scale is None else out_scale
+    out, out_scale = empty_rows(x, out, out_scale)
     check_fp8_rows(out, out_scale, "out", (m, width))
     check_launchable(x, out, out_scale, active_rows)
     if m == 0:

@@ -19,6 +19,8 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from rlt_kernels.fp8_rows import empty_rows
+
 from ..models.fp8_weights import linear_operands, output_rows
 from .ops import with_scales
 
@@ -174,8 +176,7 @@ def opaque(ops: SimpleNamespace) -> SimpleNamespace:
         "cache_slots")}
 
     def quantize_rows(x, *, out=None, out_scale=None, active_rows=None):
-        out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device) if out is None else out
-        out_scale = torch.empty(x.shape[0], dtype=torch.float32, device=x.device) if out_scale is None else out_scale
+        out, out_scale = empty_rows(x, out, out_scale)
         _quantize_rows(i["quantize_rows"], x, out, out_scale, active_rows)
         return out, out_scale
 

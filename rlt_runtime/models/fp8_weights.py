@@ -20,7 +20,8 @@ from typing import Optional
 
 import torch
 
-from rlt_kernels.fp8 import FP8_DTYPE, quantize_weight_fp8
+from rlt_kernels.fp8 import quantize_weight_fp8
+from rlt_kernels.fp8_rows import empty_rows
 
 FP8_QUANTIZATIONS = ("fp8", "w8a8_fp8")
 
@@ -55,8 +56,7 @@ class Fp8Rows:
     @classmethod
     def empty_like(cls, x: torch.Tensor) -> "Fp8Rows":
         """Uninitialised FP8 rows standing for x [M, K]."""
-        return cls(torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device),
-                   torch.empty((x.shape[0],), dtype=torch.float32, device=x.device), x.dtype)
+        return cls(*empty_rows(x), x.dtype)
 
 
 def linear_weight(weight: torch.Tensor, quantization: Optional[str]):
