@@ -13,7 +13,10 @@ same run), pages scattered at random. For each (batch, keys) case it times, in C
 * torch SDPA over a dense [B, H, keys, D] cache with the cuDNN and the FlashAttention backends
   (reads only K/V, no page table: a library's best case);
 * cuDNN's paged SDPA through ``nvidia-cudnn-frontend`` on rlt's own cache (one plane, no
-  key-depth indirection), where the package imports.
+  key-depth indirection), where the package imports;
+* rlt's decode arithmetic over the same cache in FP8 (``kv_cache_dtype="fp8"``: one scale per KV
+  head), read as int32 words (the kernel's path for aligned caches), and through the per-byte cast
+  that unaligned caches take; their fraction counts the FP8 bytes (half the K/V bytes).
 
 K/V bytes read over the measured copy bandwidth give each figure's fraction of the roofline.
 ``--sweep`` also times decode-kernel geometries (warps, key tiles in flight) and says which keep
@@ -34,6 +37,7 @@ from perf.conftest import cuda_time_ms
 from perf.roofline import measure
 from rlt_kernels import attention
 from rlt_kernels.attention import new_attention_workspace, paged_attention
+from rlt_kernels.fp8 import FP8_MAX, quantize_fp8
 
 HEADS, HEAD_DIM, PLANES, BLOCK = 16, 128, 4, 16
 CONTEXT_LIMIT = 65536  # Ouro-1.4B's max_position_embeddings: the engine's block tables are this wide
@@ -64,6 +68,13 @@ def engine_case(batch: int, keys: int, seed: int = 0, context_limit: int = CONTE
 
 def kv_bytes(batch: int, keys: int) -> int:
     return 2 * batch * keys * HEADS * HEAD_DIM * 2
+
+
+def fp8_case(c: dict) -> dict:
+    """The case over an FP8 cache: K and V quantized with one scale per KV head (amax / 448)."""
+    scales = [t.float().abs().amax(dim=(0, 1, 3)) / FP8_MAX for t in (c["k"], c["v"])]
+    k, v = (quantize_fp8(t, s[None, None, :, None]) for t, s in zip((c["k"], c["v"]), scales))
+    return dict(c, k=k, v=v, kw=dict(c["kw"], k_scale=scales[0], v_scale=scales[1]))
 
 
 def rlt_call(c: dict, out: torch.Tensor, decode_from):
@@ -150,6 +161,19 @@ def measure_case(batch: int, keys: int, roof: dict, context_limit: int = CONTEXT
            "decode_us": decode_ms * 1e3, "decode_gbps": gbps(decode_ms), "decode_frac": frac(decode_ms),
            "decode_max_err": (out_d.float() - ref).abs().max().item(),
            "tile_us": tile_ms * 1e3, "tile_frac": frac(tile_ms), "tile_max_err": (out_t.float() - ref).abs().max().item()}
+    f8 = fp8_case(c)
+    out_f = torch.empty_like(c["q"])
+    fp8_ms = cuda_time_ms(rlt_call(f8, out_f, 0))
+    aligned = attention._kv_rows_aligned
+    attention._kv_rows_aligned = lambda cache: False  # the per-byte cast of unaligned caches
+    try:
+        fp8_bytes_ms = cuda_time_ms(rlt_call(f8, torch.empty_like(c["q"]), 0))
+    finally:
+        attention._kv_rows_aligned = aligned
+    row.update(fp8_decode_us=fp8_ms * 1e3, fp8_decode_frac=frac(fp8_ms) / 2,  # half the bytes
+               fp8_decode_max_err=(out_f.float() - ref).abs().max().item(),
+               fp8_byte_path_us=fp8_bytes_ms * 1e3, fp8_byte_path_frac=frac(fp8_bytes_ms) / 2)
+    del f8
     for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
         ms = sdpa_ms(q4, k, v, backend)
         row[f"{name}_us"] = ms * 1e3 if ms else None
@@ -204,14 +228,17 @@ def markdown(res: dict) -> str:
     us = lambda x: f"{x:.1f}" if x else "-"  # noqa: E731
     lines = [f"{res['date']}, {roof['gpu']}, torch {roof['torch']}, Triton {roof['triton']}; copy "
              f"{roof['copy_gbps']:.0f} GB/s. µs per call (share of the copy bandwidth reading K/V once).", "",
-             "| tables cover | batch | keys | K/V MB | rlt decode | rlt tile (prompt rows) | SDPA cuDNN, dense | SDPA FA2, dense | cuDNN paged |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| tables cover | batch | keys | K/V MB | rlt decode | rlt tile (prompt rows) | SDPA cuDNN, dense | SDPA FA2, dense | cuDNN paged "
+             "| rlt decode, FP8 cache (words) | FP8, per-byte cast |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["cases"]:
         lines.append(f"| {r['context_limit']} | {r['batch']} | {r['keys']} | {r['kv_mb']:.1f} | "
                      f"{us(r['decode_us'])} ({pct(r['decode_frac'])}) | "
                      f"{us(r['tile_us'])} ({pct(r['tile_frac'])}) | {us(r['sdpa_cudnn_us'])} ({pct(r['sdpa_cudnn_frac'])}) | "
                      f"{us(r['sdpa_flash_us'])} ({pct(r['sdpa_flash_frac'])}) | "
-                     f"{us(r.get('cudnn_paged_us'))} ({pct(r.get('cudnn_paged_frac'))}) |")
+                     f"{us(r.get('cudnn_paged_us'))} ({pct(r.get('cudnn_paged_frac'))}) | "
+                     f"{us(r['fp8_decode_us'])} ({pct(r['fp8_decode_frac'])}) | "
+                     f"{us(r['fp8_byte_path_us'])} ({pct(r['fp8_byte_path_frac'])}) |")
     return "\n".join(lines)
 
 
@@ -219,6 +246,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--cases", default=",".join(f"{b}x{k}" for b, k in CASES),
+                    help="comma-separated BATCHxKEYS cases (default: every case of CASES)")
     ap.add_argument("--context-limits", default=str(CONTEXT_LIMIT),
                     help="comma-separated keys the block tables cover, each a table of every case (e.g. 4096,65536)")
     args = ap.parse_args()
@@ -232,7 +261,7 @@ def main() -> None:
     except ImportError:
         res["cudnn"] = None
     for limit in (int(x) for x in args.context_limits.split(",")):
-        for batch, keys in CASES:
+        for batch, keys in (tuple(int(x) for x in case.split("x")) for case in args.cases.split(",")):
             res["cases"].append(measure_case(batch, keys, roof, limit))
             print(json.dumps(res["cases"][-1]), flush=True)
             torch.cuda.empty_cache()

@@ -30,9 +30,10 @@ TARGET = GPUTarget("cuda", 90, 32)
 # Global-memory reads counted in each kernel's PTX: 16-byte vectors, 2-byte elements, 16-byte async
 # copies, tensor-memory-accelerator copies.
 GLOBAL_LOADS = ("ld.global.v4.b32", "ld.global.b16", "cp.async.cg.shared.global", "cp.async.bulk.tensor")
-# FP8 -> bf16 widening in the PTX: Triton's cast (one f16 -> bf16 conversion per element) and the
-# integer path of rlt_kernels/_widen.py (its exact bf16x2 multiply).
-WIDENING = ("cvt.bf16.f16", "fma.rn.bf16x2")
+# FP8 widening in the PTX: Triton's cast to bf16 (one f16 -> bf16 conversion per element), the integer
+# path of rlt_kernels/_widen.py (its exact bf16x2 multiply), the hardware e4m3x2 conversions, and the
+# per-byte unpacking and repacking of a float8 tile's cast (what reading FP8 as words avoids).
+WIDENING = ("cvt.bf16.f16", "fma.rn.bf16x2", "cvt.rn.f16x2.e4m3x2", "prmt.b32", "cvt.u16.u32")
 OURO_WEIGHTS = [("qkv", 6144, 2048, None), ("o", 2048, 2048, None), ("gate_up", 11264, 2048, "swiglu"),
                 ("down", 2048, 5632, None), ("lm_head", 49152, 2048, None)]
 
@@ -144,13 +145,16 @@ def attention_reports() -> dict:
         rope_ptrs = dict(ptrs, rope_k_ptr="*bf16", rope_v_ptr="*bf16", pos_ptr="*i64", cos_sin_ptr="*fp32",
                          write_slot_ptr="*i64", q_bias_ptr="*bf16", k_bias_ptr="*bf16")
         rope_off = dict(ROPE=False, GPTJ=False, HAS_Q_BIAS=False, HAS_K_BIAS=False, UNFUSED=False)
-        for split, tiles in ((True, attention.DECODE_TILES_SMALL_LAUNCH), (False, attention.DECODE_TILES)):
+        launches = ((True, attention.DECODE_TILES_SMALL_LAUNCH), (False, attention.DECODE_TILES))
+        if cache == "fp8":
+            launches = ((True, attention.DECODE_TILES_FP8), (False, attention.DECODE_TILES_FP8))
+        for split, tiles in launches:
             for rope in (False, True):
                 name = (f"decode attention {cache} depth-aware, {warps} warps, {'split' if split else 'unsplit'}"
                         + (", RoPE + K/V write" if rope else ""))
                 out[name] = compile_sm90(
                     attention._decode_attention_kernel, rope_ptrs,
-                    dict(cfg, SPLIT=split, TILES=tiles, MERGE_IN_PLACE=split, **flags,
+                    dict(cfg, SPLIT=split, TILES=tiles, MERGE_IN_PLACE=split, WIDEN_INLINE=True, **flags,
                          **dict(rope_off, ROPE=rope, UNFUSED=rope)),
                     floats=("qk_scale",), num_warps=warps, num_stages=attention.DECODE_STAGES)
     return out

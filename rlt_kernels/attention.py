@@ -28,7 +28,8 @@ Loop-depth indirection (LAST_EXITED without copies)
 FP8 caches: k/v_cache float8_e4m3fn with ``k_scale``, ``v_scale`` fp32 [KVH] (stored value
 times its KV head's scale is the key / value; `rlt_kernels.fp8`). K and V tiles are widened
 exactly to q's dtype, K's scale multiplies the score scale and V's the output, so the key order
-and the tiles, and with them the batch invariance, are those of a cache in q's dtype.
+and the tiles, and with them the batch invariance, are those of a cache in q's dtype. The decode
+kernel reads an aligned FP8 cache as int32 words and widens them in registers (same values).
 
 ``seq_slots`` [S] int32 maps each sequence to its row of block_tables (persistent per-request
 tables); default: sequence s uses row s.
@@ -84,7 +85,7 @@ from ._dot import exact_dots, mma
 from ._rows import active_count, compute_dtype
 from ._pdl import pdl_launch, wait_for_inputs
 from ._triton import check_launchable, interpreter_active, tl, triton
-from ._widen import inline_widening, widen_fp8
+from ._widen import inline_widening, widen_fp8, widen_fp8_words
 from .fp8 import FP8_DTYPE, check_kv_scales
 from .kv_cache import (check_rope_inputs, rope_angles, rope_kv_scatter, rope_kv_scatter_reference, rotate_heads,
                        slot_offset, to_cache)
@@ -518,19 +519,42 @@ def _decode_kv_tile(k_head, v_head, table, blk_own, kd, qd, start, range_end, of
         kv_row = tl.where(early, blk.to(tl.int64) * stride_cb + within * stride_co, kv_row)
     if KV_ALIGNED:  # every key row starts 16 elements aligned: 16-byte loads along the head dimension
         kv_row = tl.multiple_of(kv_row, 16)
-    offs = kv_row[None, :, None] + offs_d[None, None, :]
-    mask = key_ok[None, :, None]
-    if HEAD_DIM != DP:
-        mask = mask & (offs_d[None, None, :] < HEAD_DIM)
-    return tl.load(k_head + offs, mask=mask, other=0.0), tl.load(v_head + offs, mask=mask, other=0.0)
+    if k_head.dtype.element_ty == tl.float8e4nv and KV_ALIGNED and HEAD_DIM % 4 == 0:
+        # FP8 key rows as int32 words (whole words, 16-byte aligned), widened by `_lane_update`
+        offs_w = tl.arange(0, DP // 4)
+        offs = tl.multiple_of(kv_row >> 2, 4)[None, :, None] + offs_w[None, None, :]
+        mask = key_ok[None, :, None]
+        if HEAD_DIM != DP:
+            mask = mask & (offs_w[None, None, :] < HEAD_DIM // 4)
+        k = tl.load(k_head.to(tl.pointer_type(tl.int32), bitcast=True) + offs, mask=mask, other=0)
+        v = tl.load(v_head.to(tl.pointer_type(tl.int32), bitcast=True) + offs, mask=mask, other=0)
+    else:
+        offs = kv_row[None, :, None] + offs_d[None, None, :]
+        mask = key_ok[None, :, None]
+        if HEAD_DIM != DP:
+            mask = mask & (offs_d[None, None, :] < HEAD_DIM)
+        k = tl.load(k_head + offs, mask=mask, other=0.0)
+        v = tl.load(v_head + offs, mask=mask, other=0.0)
+    return k, v
 
 
 @triton.jit
-def _lane_update(q, k, v, start, range_end, offs_n, m_i, l_i, acc):
+def _widened(t, WIDEN_INLINE: tl.constexpr):
+    """A K or V tile of `_decode_kv_tile` in fp32 (exact): FP8 words through `widen_fp8_words`."""
+    if t.dtype == tl.int32:
+        wide = widen_fp8_words(t, WIDEN_INLINE)
+    else:
+        wide = t.to(tl.float32)
+    return wide
+
+
+@triton.jit
+def _lane_update(q, k, v, start, range_end, offs_n, m_i, l_i, acc, WIDEN_INLINE: tl.constexpr):
     """One key tile into the per-lane online softmax: lane n takes key start + n. q [GP, 1, DP]
-    (scaled), k/v [1, BLOCK_N, DP]; state m_i/l_i [GP, BLOCK_N], acc [GP, BLOCK_N, DP] fp32."""
+    (scaled), k/v [1, BLOCK_N, DP] (or FP8 words [1, BLOCK_N, DP / 4]); state m_i/l_i [GP, BLOCK_N],
+    acc [GP, BLOCK_N, DP] fp32."""
     key_ok = (start + offs_n) < range_end
-    s = tl.sum(q * k.to(tl.float32), 2)  # [GP, BLOCK_N]
+    s = tl.sum(q * _widened(k, WIDEN_INLINE), 2)  # [GP, BLOCK_N]
     s = tl.where(key_ok[None, :], s, float("-inf"))
     # Lanes without a key keep their state bit for bit (factor exactly 1, weight exactly 0).
     m_new = tl.maximum(m_i, s)
@@ -539,7 +563,7 @@ def _lane_update(q, k, v, start, range_end, offs_n, m_i, l_i, acc):
     alpha = tl.where(seen, tl.exp2(m_i - m_ref), 1.0)
     p = tl.exp2(s - m_ref)
     l_i = l_i * alpha + p
-    acc = acc * alpha[:, :, None] + p[:, :, None] * v.to(tl.float32)
+    acc = acc * alpha[:, :, None] + p[:, :, None] * _widened(v, WIDEN_INLINE)
     return m_new, l_i, acc
 
 
@@ -576,7 +600,7 @@ def _decode_range(q, k_head, v_head, table, qd, own_plane_table, key_depth_ptr, 
                   plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb, stride_kdo,
                   GP: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr,
                   BLOCK_SIZE: tl.constexpr, HAS_KEY_DEPTH: tl.constexpr, KV_ALIGNED: tl.constexpr,
-                  TILES: tl.constexpr):
+                  TILES: tl.constexpr, WIDEN_INLINE: tl.constexpr):
     """Softmax state (m [GP], l [GP], acc [GP, DP], fp32) of one decode row's GP heads over keys
     [range_start, range_end): per-lane online softmax, lanes folded at the end."""
     m_i = tl.full([GP, BLOCK_N], float("-inf"), tl.float32)
@@ -627,20 +651,24 @@ def _decode_range(q, k_head, v_head, table, qd, own_plane_table, key_depth_ptr, 
                 k_head, v_head, table, own_plane_table, key_depth_ptr, blk_d, kd_d, qd, ahead + 3 * BLOCK_N, lap,
                 range_end, offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb,
                 stride_kdb, stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
-        m_i, l_i, acc = _lane_update(q, k_a, v_a, start, range_end, offs_n, m_i, l_i, acc)
+        m_i, l_i, acc = _lane_update(q, k_a, v_a, start, range_end, offs_n, m_i, l_i, acc,
+                                             WIDEN_INLINE)
         k_a, v_a = k_next, v_next
         # A tile with no key is skipped, not applied.
         if TILES >= 2:
             if start + BLOCK_N < range_end:
-                m_i, l_i, acc = _lane_update(q, k_b, v_b, start + BLOCK_N, range_end, offs_n, m_i, l_i, acc)
+                m_i, l_i, acc = _lane_update(q, k_b, v_b, start + BLOCK_N, range_end, offs_n, m_i, l_i, acc,
+                                             WIDEN_INLINE)
             k_b, v_b = k_next_b, v_next_b
         if TILES >= 3:
             if start + 2 * BLOCK_N < range_end:
-                m_i, l_i, acc = _lane_update(q, k_c, v_c, start + 2 * BLOCK_N, range_end, offs_n, m_i, l_i, acc)
+                m_i, l_i, acc = _lane_update(q, k_c, v_c, start + 2 * BLOCK_N, range_end, offs_n, m_i, l_i, acc,
+                                             WIDEN_INLINE)
             k_c, v_c = k_next_c, v_next_c
         if TILES >= 4:
             if start + 3 * BLOCK_N < range_end:
-                m_i, l_i, acc = _lane_update(q, k_d, v_d, start + 3 * BLOCK_N, range_end, offs_n, m_i, l_i, acc)
+                m_i, l_i, acc = _lane_update(q, k_d, v_d, start + 3 * BLOCK_N, range_end, offs_n, m_i, l_i, acc,
+                                             WIDEN_INLINE)
             k_d, v_d = k_next_d, v_next_d
     # Fold the key lanes into one state per head.
     m_c = tl.max(m_i, 1)
@@ -686,7 +714,7 @@ def _decode_attention_kernel(
     GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, HAS_ACTIVE: tl.constexpr, HAS_SLOTS: tl.constexpr, QDEPTH_TENSOR: tl.constexpr,
     HAS_KEY_DEPTH: tl.constexpr, DECODE_FROM_TENSOR: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr,
-    TILES: tl.constexpr, MERGE_IN_PLACE: tl.constexpr, KV_ALIGNED: tl.constexpr,
+    TILES: tl.constexpr, MERGE_IN_PLACE: tl.constexpr, KV_ALIGNED: tl.constexpr, WIDEN_INLINE: tl.constexpr,
     rope_k_ptr, rope_v_ptr, pos_ptr, cos_sin_ptr, write_slot_ptr, q_bias_ptr, k_bias_ptr,
     stride_rkt, stride_rkh, stride_rvt, stride_rvh, stride_cs, stride_qbh, stride_kbh, n_kv_heads,
     ROPE: tl.constexpr, GPTJ: tl.constexpr, HAS_Q_BIAS: tl.constexpr, HAS_K_BIAS: tl.constexpr,
@@ -763,7 +791,7 @@ def _decode_attention_kernel(
             q, k_head, v_head, table, qd, own_plane_table, key_depth_ptr, range_start,
             tl.minimum(range_start + split_size, limit), offs_n, offs_d, plane_offset, plane_modulus, stride_cb,
             stride_co, stride_tp, stride_tb, stride_kdb, stride_kdo, GP, BLOCK_N, HEAD_DIM, DP, BLOCK_SIZE,
-            HAS_KEY_DEPTH, KV_ALIGNED, TILES)
+            HAS_KEY_DEPTH, KV_ALIGNED, TILES, WIDEN_INLINE)
         if SPLIT and many:  # the range's own state (merged into an empty one, as the combine reads it)
             m_p, l_p, acc_p = _merge(tl.full([GP], float("-inf"), tl.float32), tl.zeros([GP], tl.float32),
                                      tl.zeros([GP, DP], tl.float32), m_c, l_c, acc_c)
@@ -871,6 +899,12 @@ DECODE_STAGES = 1
 # tile against 44.5 with two and 51.2 with four.
 DECODE_TILES_SMALL_LAUNCH = 4
 DECODE_TILES = 1
+# FP8 caches (read as int32 words, `widen_fp8_words`) keep two key tiles in flight in every launch:
+# a tile is half the bytes of a bf16 one. H200, Ouro decode, us per call, per-byte cast with the
+# tiles above -> words with two tiles (same bits): 1 x 192 keys 9.6 -> 8.1, 16 x 192 13.5 -> 13.5,
+# 64 x 192 32.8 -> 28.0, 256 x 192 118.4 -> 98.6, 256 x 1024 481.7 -> 361.8, 64 x 4096 485.2 -> 361.1,
+# 16 x 32K 1098.7 -> 735.6 (words with one tile: 8.5, 13.0, 34.4, 112.9, 461.2, 508.1, 857.1).
+DECODE_TILES_FP8 = 2
 # Programs per SM a split decode launch aims for (`_decode_range_programs`). H200, Ouro 16 x 128,
 # tables as wide as a 64K context (64 ranges), against a program per range: batch 16 x 192 keys
 # 18.0 -> 10.2 us, x 32K keys 1090 -> 1077 (one program per row, each row's ranges in series:
@@ -1207,7 +1241,8 @@ def _attention(
     if decode_rows:
         cfg = _decode_shape(h, kvh, d)
         cfg["num_stages"] = DECODE_STAGES
-        launches.append((_decode_attention_kernel, _decode_combine_kernel, t_total, cfg, {}))
+        launches.append((_decode_attention_kernel, _decode_combine_kernel, t_total, cfg,
+                         dict(WIDEN_INLINE=inline_widening())))
     for kernel, combine, programs, cfg, extra in launches:
         cfg = dict(cfg)
         num_warps, num_stages = cfg.pop("num_warps"), cfg.pop("num_stages")
@@ -1230,8 +1265,10 @@ def _attention(
         if kernel is _decode_attention_kernel:
             small = grid[0] * grid[1] <= _sm_count(q.device)  # at most one row's program per SM
             merge_in_place = split_launch and range_counters is not None and range_counters.numel() >= programs * kvh
-            extra = dict(TILES=DECODE_TILES_SMALL_LAUNCH if small else DECODE_TILES, MERGE_IN_PLACE=merge_in_place,
-                         counters_ptr=range_counters if merge_in_place else ws, **_rope_args(rope, q, kvh))
+            tiles = DECODE_TILES_FP8 if kv_fp8 else DECODE_TILES_SMALL_LAUNCH if small else DECODE_TILES
+            extra = dict(extra, TILES=tiles,
+                         MERGE_IN_PLACE=merge_in_place, counters_ptr=range_counters if merge_in_place else ws,
+                         **_rope_args(rope, q, kvh))
         kernel[grid](
             *ptrs[:4], ws, *ptrs[5:], *scalars, ml_base, int(split_launch), *strides,
             num_warps=num_warps, num_stages=num_stages, **cfg, **flags, **extra, PDL=pdl, launch_pdl=pdl,

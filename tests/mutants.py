@@ -301,6 +301,20 @@ MUTANTS = (
         "a tensor-parallel decode engine gives each rank another rank's share of the K/V heads handed to it",
     ),
     Mutant(
+        "decode-fp8-read-as-bytes", "rlt_kernels/attention.py",
+        "if k_head.dtype.element_ty == tl.float8e4nv and KV_ALIGNED and HEAD_DIM % 4 == 0:",
+        "if False:",
+        ("tests/kernels/test_sm90_codegen.py::test_decode_attention_widens_fp8_words_without_byte_unpacking",),
+        "the decode kernel reads FP8 caches byte by byte again (per-byte unpacking made it issue-bound on the GPU)",
+    ),
+    Mutant(
+        "fp8-words-widened-out-of-order", "rlt_kernels/_widen.py",
+        "x = tl.join(tl.join(e0, e2), tl.join(e1, e3))",
+        "x = tl.join(tl.join(e0, e1), tl.join(e2, e3))",
+        ("tests/kernels/test_widen.py::test_word_widening_is_exact_for_every_value_in_element_order",),
+        "an FP8 word's bytes land at the wrong head-dimension elements of the widened tile",
+    ),
+    Mutant(
         "fp8-widening-through-the-cast", "rlt_kernels/_widen.py",
         "if INLINE and like.dtype == tl.bfloat16:",
         "if False:",

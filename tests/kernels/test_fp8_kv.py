@@ -132,6 +132,30 @@ def test_attention_reads_fp8_caches(device, monkeypatch, decode_from, split):
     assert_same_bits(other, out)
 
 
+def test_decode_reads_fp8_words_with_the_bytes_bits(device, monkeypatch):
+    """The decode kernel reads an aligned FP8 cache as int32 words and widens each word in
+    registers; a cache whose rows are not 16-byte aligned takes the per-byte cast. Both give the
+    same bits, unsplit and split."""
+    gen = seeded(5, device)
+    h = 4
+    padded = [randn((NB, BS, KVH, D + 4), torch.float32, device, gen, scale=4.0).to(FP8_DTYPE) for _ in range(2)]
+    unaligned = [c[..., :D] for c in padded]  # head stride D + 4: rows not 16-byte aligned
+    aligned = [c.contiguous() for c in unaligned]
+    assert attention._kv_rows_aligned(aligned[0]) and not attention._kv_rows_aligned(unaligned[0])
+    ks, vs = _scales(device)
+    tables = torch.randperm(NB, generator=gen, device=device).int().view(2, 6)
+    seq_lens = torch.tensor([90, 37], dtype=torch.int32, device=device)
+    qsl = torch.tensor([0, 1, 2], dtype=torch.int32, device=device)
+    q = randn((2, h, D), torch.bfloat16, device, gen)
+    for split in (False, True):
+        monkeypatch.setattr(attention, "_should_split", lambda *a: split)
+        words, bytes_ = (attention.paged_attention(q, kc, vc, tables, seq_lens, qsl, k_scale=ks, v_scale=vs,
+                                                   decode_from=0, split_size=64) for kc, vc in (aligned, unaligned))
+        assert_same_bits(words, bytes_)
+        exact = _fp64_attention(q, *aligned, ks, vs, tables, seq_lens, qsl)
+        torch.testing.assert_close(words.double().cpu(), exact, rtol=2**-7, atol=2**-6)
+
+
 def test_fp8_cache_scale_errors(device):
     kc, vc = _caches(device)
     k = torch.zeros((1, KVH, D), device=device)

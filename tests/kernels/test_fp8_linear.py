@@ -108,19 +108,24 @@ def test_fp8_linear_argument_errors(device):
 
 
 OURO_LAYER_WEIGHTS = [(6144, 2048, None), (2048, 2048, None), (11264, 2048, "swiglu"), (2048, 5632, None)]
+# ouro-tiny's and huginn-tiny's layer shapes (the conformance matrix's models): one K step, narrow
+# tiles, so launches of 17-64 rows take the untransposed 64-row tile where up to 16 rows take the
+# transposed one (the matrix's c018 once gave a crowd other bits than a request alone, on the GPU).
+TINY_LAYER_WEIGHTS = [(128, 64, None), (64, 64, None), (256, 64, "swiglu"), (64, 128, None)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n,k,activation", OURO_LAYER_WEIGHTS)
+@pytest.mark.parametrize("n,k,activation", OURO_LAYER_WEIGHTS + TINY_LAYER_WEIGHTS)
 def test_gpu_fp8_row_classes_keep_the_bits(device, n, k, activation):
-    """Ouro-1.4B's layer shapes: a row's bits are the same in the decode, middle and prefill row
-    classes (their tiles differ, their reduction plan does not), and close to the reference."""
+    """Ouro-1.4B's and the tiny presets' layer shapes: a row's bits are the same in the decode,
+    middle and prefill row classes (their tiles differ, their reduction plan does not), and close
+    to the reference."""
     gen = seeded(n + k, device)
     w8, scale = quantize_weight_fp8(_weight(n, k, device, n))
     x = randn((1100, k), torch.bfloat16, device, gen)
     full = gemm.linear(x, w8, weight_scale=scale, activation=activation)
     ref = gemm.linear_reference(x, w8, weight_scale=scale, activation=activation)
     torch.testing.assert_close(full.float(), ref.float(), rtol=2 * 2.0**-7, atol=2e-2)
-    for m in (1, 5, 64, 65, 300):
+    for m in (1, 5, 16, 17, 24, 64, 65, 300):
         assert torch.equal(gemm.linear(x[:m], w8, weight_scale=scale, activation=activation), full[:m]), \
             f"row bits changed at M={m}"

@@ -9,7 +9,8 @@ key tile in the decode kernel) and left the tile kernel's K/V out of its copy pi
 kernel over FP8 weights and the tile attention kernel over FP8 caches must widen their tiles with
 `rlt_kernels/_widen.py`'s integer instructions,
 not with Triton's cast (one slow f16 -> bf16 conversion per element, which set the pace of FP8
-decode: docs/perf/fp8.md). The linear kernel's middle and prefill tiles must move their tiles by TMA.
+decode: docs/perf/fp8.md), and the decode kernel must read FP8 caches as words, with no per-byte
+unpacking (64 `prmt` and 64 `cvt.u16.u32` per key tile had made it issue-bound). The linear kernel's middle and prefill tiles must move their tiles by TMA.
 """
 
 from __future__ import annotations
@@ -133,3 +134,10 @@ def test_tile_attention_widens_fp8_keys_with_integer_instructions(reports, confi
     widening = reports[f"paged_attention fp8 depth-aware, {config}"]["widening"]
     assert widening["cvt.bf16.f16"] == 0, widening
     assert widening["fma.rn.bf16x2"] > 0, widening
+
+
+@pytest.mark.parametrize("launch", ["split", "unsplit"])
+def test_decode_attention_widens_fp8_words_without_byte_unpacking(reports, launch):
+    widening = reports[f"decode attention fp8 depth-aware, 4 warps, {launch}"]["widening"]
+    assert widening["prmt.b32"] == 0 and widening["cvt.u16.u32"] == 0, widening
+    assert widening["cvt.rn.f16x2.e4m3x2"] >= 4, widening  # K and V words of a key tile

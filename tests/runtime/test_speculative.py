@@ -35,7 +35,7 @@ workloads = st.lists(st.tuples(st.lists(st.integers(3, 300), min_size=1, max_siz
                      min_size=1, max_size=5)
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=14, deadline=None)
 @given(
     work=workloads,
     k=st.integers(1, 4),
