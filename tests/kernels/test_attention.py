@@ -312,7 +312,7 @@ def sub_batch(universe: Batch, order, pad_seqs=0, pad_tokens=0):
     return b, dict(zip(tokens, range(len(tokens))))
 
 
-@settings(max_examples=4)
+@settings(max_examples=3)
 @given(
     seqs=st.lists(seq_strategy(max_prefill=70, max_context=140), min_size=2, max_size=4),
     group=st.sampled_from([1, 2, 4]),

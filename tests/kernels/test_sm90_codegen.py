@@ -29,40 +29,75 @@ pytest.importorskip("triton")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _compiled(call: str):
-    """perf.sm90_resources' `call`, run in a process without the interpreter; its JSON result."""
+# The compilations behind this module's fixtures: each runs perf.sm90_resources in a process of its own.
+_CALLS = {
+    "reports": "s.attention_reports()",
+    # Ouro's qkv over FP8 weights at the decode (transposed) and prefill tiles.
+    "fp8_linear": "{rows: s.linear_report(6144, 2048, None, rows, 'fp8')[1] for rows in (1, 2048)}",
+    # Ouro's weights at the middle and prefill tiles (bf16), and down over FP8 weights at the prefill tile.
+    "tma_linear": "{f'{name} {w} {rows}': s.linear_report(n, k, a, rows, w)[1] for name, n, k, a in s.OURO_WEIGHTS[:4] "
+                  "for w in ('bf16', 'fp8') for rows in (256, 2048) if w == 'bf16' or (name, rows) == ('down', 2048)}",
+    # Ouro's four layer weights at the 16- and 64-row transposed decode tiles, bf16 and FP8.
+    "decode_linear": "{f'{name} {w} {rows}': s.linear_report(n, k, a, rows, w)[1] for name, n, k, a in "
+                     "s.OURO_WEIGHTS[:4] for w in ('bf16', 'fp8') for rows in (1, 64)}",
+}
+
+
+def _start(call: str) -> subprocess.Popen:
+    """perf.sm90_resources' `call` in a process without the interpreter, printing its JSON result."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = f"import json; from perf import sm90_resources as s; print(json.dumps({call}))"
-    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    if done.returncode != 0 and "GPUTarget" in done.stderr:
+    return subprocess.Popen([sys.executable, "-c", code], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _result(proc: subprocess.Popen):
+    out, err = proc.communicate(timeout=600)
+    if proc.returncode != 0 and "GPUTarget" in err:
         pytest.skip("this Triton cannot compile for a target without its GPU")
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    assert proc.returncode == 0, err[-2000:]
+    return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
-def reports() -> dict:
-    return _compiled("s.attention_reports()")
+def compiled(request):
+    """The compilations the collected tests of this module need, started together (on a cold
+    Triton cache, as in CI, they take about a minute one after the other); name -> result,
+    each waited for when first read."""
+    needed = {name for item in request.session.items for name in getattr(item, "fixturenames", ()) if name in _CALLS}
+    procs = {name: _start(_CALLS[name]) for name in sorted(needed)}
+    results = {}
+
+    def get(name):
+        if name not in results:
+            results[name] = _result(procs[name])
+        return results[name]
+
+    yield get
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 @pytest.fixture(scope="module")
-def fp8_linear() -> dict:
-    """Ouro's qkv over FP8 weights at the decode (transposed) and prefill tiles."""
-    return _compiled("{rows: s.linear_report(6144, 2048, None, rows, 'fp8')[1] for rows in (1, 2048)}")
+def reports(compiled) -> dict:
+    return compiled("reports")
 
 
 @pytest.fixture(scope="module")
-def tma_linear() -> dict:
-    """Ouro's weights at the middle and prefill tiles (bf16), and down over FP8 weights at the prefill tile."""
-    return _compiled("{f'{name} {w} {rows}': s.linear_report(n, k, a, rows, w)[1] for name, n, k, a in s.OURO_WEIGHTS[:4] "
-                     "for w in ('bf16', 'fp8') for rows in (256, 2048) if w == 'bf16' or (name, rows) == ('down', 2048)}")
+def fp8_linear(compiled) -> dict:
+    return compiled("fp8_linear")
 
 
 @pytest.fixture(scope="module")
-def decode_linear() -> dict:
-    """Ouro's four layer weights at the 16- and 64-row transposed decode tiles, bf16 and FP8."""
-    return _compiled("{f'{name} {w} {rows}': s.linear_report(n, k, a, rows, w)[1] for name, n, k, a in "
-                     "s.OURO_WEIGHTS[:4] for w in ('bf16', 'fp8') for rows in (1, 64)}")
+def tma_linear(compiled) -> dict:
+    return compiled("tma_linear")
+
+
+@pytest.fixture(scope="module")
+def decode_linear(compiled) -> dict:
+    return compiled("decode_linear")
 
 
 def test_decode_tiles_fit_an_sm(decode_linear):
