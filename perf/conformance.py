@@ -9,7 +9,9 @@ Writes DIR/conformance.jsonl (one line per case, as it finishes), DIR/conformanc
 table) and DIR/cases/ (each case's JSON, result and stderr). A case that timed out beside the others
 runs once more with nothing beside it, if the budget allows (`alone`: its limit catches hangs, and
 cases sharing the GPU slow each other's graph captures several-fold); the last jsonl line of a case
-is its result, and a pass on that rerun says so in its detail. Exit code: 0 when every case passed
+is its result, and a pass on that rerun says so in its detail. A case that failed beside the others
+runs once more alone too and stays failed; its detail ends with the alone run's status (a failure
+that passes alone depends on timing, e.g. on how steps were composed). Exit code: 0 when every case passed
 or was not applicable, 1 when any failed, crashed or timed out, 2 when none failed but some did
 not run within the budget.
 
@@ -286,6 +288,24 @@ def rerun_alone(row: dict, run) -> dict:
     return {**again, "detail": detail, "stderr_tail_beside_others": row.get("stderr_tail", "")}
 
 
+def rerun_failure_alone(row: dict, run) -> dict:
+    """Run a case that failed beside others once more, one at a time. It stays a failure (a case's
+    bits must not depend on what else shares the device); its detail says whether it fails alone
+    too, which tells a deterministic failure from one that depends on timing."""
+    again = run({**row["case"], "alone": True})
+    if again["status"] == "not-run":
+        return row
+    return {**row, "alone_status": again["status"],
+            "detail": f"{row['detail']}; alone: {again['status']} in {again['duration_s']:.0f} s"}
+
+
+def rerun_alone_where_useful(row: dict, run) -> dict:
+    """A timeout or a failure beside others, run again alone (`rerun_alone`, `rerun_failure_alone`)."""
+    if row["status"] == "timeout":
+        return rerun_alone(row, run)
+    return rerun_failure_alone(row, run)
+
+
 def run_matrix(cases: list[dict], out: Path, workers: int, budget_s: float) -> int:
     """Run the cases on `workers` parallel processes within budget_s; write the log and the table.
     Slow cases start first so the budget cuts the cheap ones, if any."""
@@ -314,7 +334,8 @@ def run_matrix(cases: list[dict], out: Path, workers: int, budget_s: float) -> i
     with ThreadPoolExecutor(max_workers=workers) as pool:
         rows = list(pool.map(lambda case: record(run(case)), order))
     if workers > 1 and len(cases) > 1:
-        rows = [record(rerun_alone(row, run)) if row["status"] == "timeout" else row for row in rows]
+        rows = [record(rerun_alone_where_useful(row, run)) if row["status"] in ("timeout", "fail") else row
+                for row in rows]
     wall = time.monotonic() - start
     (out / "conformance.md").write_text(summary_markdown(rows, wall), encoding="utf-8")
     code = exit_code(rows)
