@@ -901,9 +901,9 @@ DECODE_TILES_SMALL_LAUNCH = 4
 DECODE_TILES = 1
 # FP8 caches (read as int32 words, `widen_fp8_words`) keep two key tiles in flight in every launch:
 # a tile is half the bytes of a bf16 one. H200, Ouro decode, us per call, per-byte cast with the
-# tiles above -> words with two tiles (same bits): 1 x 192 keys 9.6 -> 8.1, 16 x 192 13.5 -> 13.5,
+# tiles above -> words with two tiles (same bits): 1 x 192 keys 9.6 -> 8.1, 16 x 192 14.3 -> 13.5,
 # 64 x 192 32.8 -> 28.0, 256 x 192 118.4 -> 98.6, 256 x 1024 481.7 -> 361.8, 64 x 4096 485.2 -> 361.1,
-# 16 x 32K 1098.7 -> 735.6 (words with one tile: 8.5, 13.0, 34.4, 112.9, 461.2, 508.1, 857.1).
+# 16 x 32K 968.4 -> 735.6 (words with one tile: 8.5, 13.0, 34.4, 112.9, 461.2, 508.1, 857.1).
 DECODE_TILES_FP8 = 2
 # Programs per SM a split decode launch aims for (`_decode_range_programs`). H200, Ouro 16 x 128,
 # tables as wide as a 64K context (64 ranges), against a program per range: batch 16 x 192 keys
