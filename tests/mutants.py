@@ -13,7 +13,8 @@ they pass; any other status (collection error, no tests found, a crash) is an er
 runs the same selections on an unmodified copy instead (they must all pass).
 
 Adding a mutant: append a Mutant to MUTANTS (or put it first if its tests take tens of seconds:
-runs start in this order, so the slow ones overlap the rest) with the file, the exact source line
+runs start in this order, so the slow ones overlap the rest; a kill run of 20 s or more also goes
+into SLOW, which the default test suite leaves to `-m slow`) with the file, the exact source line
 to replace (compared without its indentation, which the replacement keeps) and the node ids of the
 few fast tests that must catch it; then run the script and check the mutant is reported killed, and
 that `--clean` passes. The line must occur exactly once in the file: when a refactor changes or
@@ -57,6 +58,13 @@ class Mutant:
     tests: tuple[str, ...]  # pytest node ids that must fail with the mutant applied
     bug: str  # what the mutant breaks
 
+
+# Mutants whose kill runs take 20-60 s each on two cores (the conformance runner's planted faults,
+# multi-process tensor-parallel and remote engines waiting on their failing peers): the default
+# suite leaves them to `python -m pytest -m slow` (tests/test_mutants.py marks them), this script
+# runs them with the others.
+SLOW = frozenset({"conformance-never-reruns-alone", "pd-tp-heads-joined-in-reverse", "tp-ranks-drop-late-masks",
+                  "remote-roles-unchecked", "pd-tp-import-shares-reversed"})
 
 MUTANTS = (
     Mutant(

@@ -43,7 +43,8 @@ def outcomes(request) -> dict:
     return dict(zip((m.name for m in todo), mutants.run_all(todo)))
 
 
-@pytest.mark.parametrize("mutant", mutants.MUTANTS, ids=lambda m: m.name)
+@pytest.mark.parametrize("mutant", [pytest.param(m, marks=pytest.mark.slow) if m.name in mutants.SLOW else m
+                                     for m in mutants.MUTANTS], ids=lambda m: m.name)
 def test_mutant_is_killed(mutant, outcomes):
     outcome = outcomes[mutant.name]
     if isinstance(outcome, Exception):
