@@ -299,11 +299,8 @@ def rerun_failure_alone(row: dict, run) -> dict:
             "detail": f"{row['detail']}; alone: {again['status']} in {again['duration_s']:.0f} s"}
 
 
-def rerun_alone_where_useful(row: dict, run) -> dict:
-    """A timeout or a failure beside others, run again alone (`rerun_alone`, `rerun_failure_alone`)."""
-    if row["status"] == "timeout":
-        return rerun_alone(row, run)
-    return rerun_failure_alone(row, run)
+# What a status beside others gets run alone with.
+RERUNS = {"timeout": rerun_alone, "fail": rerun_failure_alone}
 
 
 def run_matrix(cases: list[dict], out: Path, workers: int, budget_s: float) -> int:
@@ -334,8 +331,7 @@ def run_matrix(cases: list[dict], out: Path, workers: int, budget_s: float) -> i
     with ThreadPoolExecutor(max_workers=workers) as pool:
         rows = list(pool.map(lambda case: record(run(case)), order))
     if workers > 1 and len(cases) > 1:
-        rows = [record(rerun_alone_where_useful(row, run)) if row["status"] in ("timeout", "fail") else row
-                for row in rows]
+        rows = [record(RERUNS[row["status"]](row, run)) if row["status"] in RERUNS else row for row in rows]
     wall = time.monotonic() - start
     (out / "conformance.md").write_text(summary_markdown(rows, wall), encoding="utf-8")
     code = exit_code(rows)

@@ -145,10 +145,8 @@ def attention_reports() -> dict:
         rope_ptrs = dict(ptrs, rope_k_ptr="*bf16", rope_v_ptr="*bf16", pos_ptr="*i64", cos_sin_ptr="*fp32",
                          write_slot_ptr="*i64", q_bias_ptr="*bf16", k_bias_ptr="*bf16")
         rope_off = dict(ROPE=False, GPTJ=False, HAS_Q_BIAS=False, HAS_K_BIAS=False, UNFUSED=False)
-        launches = ((True, attention.DECODE_TILES_SMALL_LAUNCH), (False, attention.DECODE_TILES))
-        if cache == "fp8":
-            launches = ((True, attention.DECODE_TILES_FP8), (False, attention.DECODE_TILES_FP8))
-        for split, tiles in launches:
+        for split in (True, False):  # a split launch as at batch 1 (small), an unsplit one as at batch 256
+            tiles = attention.decode_tiles(cache == "fp8", small=split)
             for rope in (False, True):
                 name = (f"decode attention {cache} depth-aware, {warps} warps, {'split' if split else 'unsplit'}"
                         + (", RoPE + K/V write" if rope else ""))

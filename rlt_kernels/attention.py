@@ -905,6 +905,12 @@ DECODE_TILES = 1
 # 64 x 192 32.8 -> 28.0, 256 x 192 118.4 -> 98.6, 256 x 1024 481.7 -> 361.8, 64 x 4096 485.2 -> 361.1,
 # 16 x 32K 968.4 -> 735.6 (words with one tile: 8.5, 13.0, 34.4, 112.9, 461.2, 508.1, 857.1).
 DECODE_TILES_FP8 = 2
+
+
+def decode_tiles(kv_fp8: bool, small: bool) -> int:
+    """Key tiles the decode kernel keeps in flight: over an FP8 cache, in a small launch (at most
+    one (token, KV head) row per SM), or in a fuller one."""
+    return DECODE_TILES_FP8 if kv_fp8 else DECODE_TILES_SMALL_LAUNCH if small else DECODE_TILES
 # Programs per SM a split decode launch aims for (`_decode_range_programs`). H200, Ouro 16 x 128,
 # tables as wide as a 64K context (64 ranges), against a program per range: batch 16 x 192 keys
 # 18.0 -> 10.2 us, x 32K keys 1090 -> 1077 (one program per row, each row's ranges in series:
@@ -1265,10 +1271,8 @@ def _attention(
         if kernel is _decode_attention_kernel:
             small = grid[0] * grid[1] <= _sm_count(q.device)  # at most one row's program per SM
             merge_in_place = split_launch and range_counters is not None and range_counters.numel() >= programs * kvh
-            tiles = DECODE_TILES_FP8 if kv_fp8 else DECODE_TILES_SMALL_LAUNCH if small else DECODE_TILES
-            extra = dict(extra, TILES=tiles,
-                         MERGE_IN_PLACE=merge_in_place, counters_ptr=range_counters if merge_in_place else ws,
-                         **_rope_args(rope, q, kvh))
+            extra = dict(extra, TILES=decode_tiles(kv_fp8, small), MERGE_IN_PLACE=merge_in_place,
+                         counters_ptr=range_counters if merge_in_place else ws, **_rope_args(rope, q, kvh))
         kernel[grid](
             *ptrs[:4], ws, *ptrs[5:], *scalars, ml_base, int(split_launch), *strides,
             num_warps=num_warps, num_stages=num_stages, **cfg, **flags, **extra, PDL=pdl, launch_pdl=pdl,
