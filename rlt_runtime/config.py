@@ -61,8 +61,9 @@ class SpeculativeConfig:
     draft_loops: Optional[int] = None  # default: 2 for Ouro, depth // 4 for Huginn
     draft_policy: str = "adaptive"
     synthetic_acceptance: Optional[float] = None  # benchmark aid only: accept each draft with this probability
-    # Greedy rows draft none in a step where more rows than this decode (a large batch's step is no
-    # longer bound by the weights, so drafts cost what they save); sampled rows keep their counts.
+    # Greedy rows draft none while more requests than this are in the engine, running or waiting (a
+    # large batch's step is no longer bound by the weights, so drafts cost what they save); sampled
+    # rows keep their counts.
     disable_by_batch_size: Optional[int] = 64
 
     def validate(self, depth: int) -> None:

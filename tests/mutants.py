@@ -332,10 +332,31 @@ MUTANTS = (
     ),
     Mutant(
         "crowded-steps-never-stop-greedy-drafts", "rlt_runtime/engine/scheduler.py",
-        "crowded = limit is not None and len(decoding) > limit  # greedy rows draft none",
+        "crowded = limit is not None and len(self.running) + len(self.waiting) > limit  # greedy rows draft none",
         "crowded = False  # greedy rows draft none",
         ("tests/runtime/test_speculative.py::test_greedy_rows_stop_drafting_in_crowded_steps",),
         "speculative_config.disable_by_batch_size is ignored: greedy rows draft in steps of any batch",
+    ),
+    Mutant(
+        "crowded-steps-ignore-waiting-requests", "rlt_runtime/engine/scheduler.py",
+        "crowded = limit is not None and len(self.running) + len(self.waiting) > limit  # greedy rows draft none",
+        "crowded = limit is not None and len(decoding) > limit  # greedy rows draft none",
+        ("tests/runtime/test_speculative.py::test_waiting_requests_count_toward_disable_by_batch_size",),
+        "disable_by_batch_size counts only the step's decoding rows: a burst drafts while its prompts are admitted",
+    ),
+    Mutant(
+        "greedy-drafts-never-lifted", "rlt_runtime/engine/scheduler.py",
+        "budget = self._lift_greedy_drafts(out, budget)",
+        "pass",
+        ("tests/runtime/test_speculative.py::test_greedy_rows_draft_what_the_round_runs",),
+        "greedy rows draft only what their own estimates pick, in rounds that run more drafts for other rows",
+    ),
+    Mutant(
+        "sampled-drafts-lifted", "rlt_runtime/engine/scheduler.py",
+        "if r.draft is None or not r.params.greedy or k >= round_k:",
+        "if r.draft is None or k >= round_k:",
+        ("tests/runtime/test_speculative.py::test_greedy_rows_draft_what_the_round_runs",),
+        "sampled rows are lifted to the round's count: their counts (and seeded tokens) depend on the batch",
     ),
     Mutant(
         "crowded-steps-stop-sampled-drafts", "rlt_runtime/engine/scheduler.py",

@@ -27,9 +27,14 @@ cost one probe round in ever longer stretches, and a deeper position that was ju
 measured again.
 
 Greedy rows (temperature 0) commit the same tokens whatever they draft, so for them the count may
-follow the load: in a step where more than `disable_by_batch_size` rows decode they draft none (a
-large batch's step is no longer bound by reading the weights, and a round's extra tokens cost about
-what they save). Sampled rows never see that limit.
+follow the load: while more than `disable_by_batch_size` requests are in the engine, running or
+waiting (vLLM's count), they draft none (a large batch's step is no longer bound by reading the
+weights, and a round's extra tokens cost about what they save; counting the waiting requests stops
+drafts from the first step of a burst, while its prompts are still being admitted). Otherwise a
+greedy row drafts as many as its round runs for its other rows (within what it can still commit):
+the round's cost is set by its largest count, and an estimate that picks fewer would make the row
+commit less from the same passes (H200, Ouro-1.4B at acceptance 0.9, batches 16 and 64: 0.52x and
+0.59x of plain decoding before, 1.07x after). Sampled rows never see either rule.
 
 Timing of information: with async scheduling a request's round m is planned while round m - 1 is
 still in flight, so round m's count uses the request's results through round m - 2 (round 0 is
@@ -82,7 +87,7 @@ class DraftPolicy:
     draft_loops: int
     depth: int
     adaptive: bool = True
-    disable_by_batch_size: int | None = None  # greedy rows draft none in steps with more decoding rows
+    disable_by_batch_size: int | None = None  # greedy rows draft none while more requests run or wait
     chosen: dict = field(default_factory=lambda: defaultdict(int))  # k -> committed request-rounds (a stat)
 
     def new_state(self, max_tokens: int) -> DraftState:
@@ -121,13 +126,7 @@ class DraftPolicy:
         """Drafts for the request's next round; in_flight: its rounds submitted whose results have
         not arrived (0 or 1; its prefill's sampled token counts as round 0); limit: at most this
         many (the scheduler's, for rows whose tokens do not depend on the count)."""
-        if in_flight not in (0, 1):
-            raise ValueError(f"a request has 0 or 1 rounds in flight, got {in_flight}")
-        m = state.current.round + 1 + in_flight
-        base = state.current if in_flight else state.previous
-        assert base.round == m - 2, (base.round, m)
-        k_prev = 0 if m == 1 else state.decided[m - 1]
-        cap = min(self.max_drafts, state.max_tokens - base.tokens - k_prev - 2)
+        m, base, k_prev, cap = self._next_round(state, in_flight)
         if limit is not None:
             cap = min(cap, limit)
         if cap <= 0:
@@ -143,6 +142,29 @@ class DraftPolicy:
         state.decided[m] = k
         state.decided.pop(m - 3, None)  # rounds m - 1 and m may still be planned again after a preemption
         return k
+
+    def _next_round(self, state: DraftState, in_flight: int) -> tuple:
+        """(m, the history round m's count depends on, round m - 1's count, the most drafts round m
+        can use) for the request's next round m."""
+        if in_flight not in (0, 1):
+            raise ValueError(f"a request has 0 or 1 rounds in flight, got {in_flight}")
+        m = state.current.round + 1 + in_flight
+        base = state.current if in_flight else state.previous
+        assert base.round == m - 2, (base.round, m)
+        k_prev = 0 if m == 1 else state.decided[m - 1]
+        return m, base, k_prev, min(self.max_drafts, state.max_tokens - base.tokens - k_prev - 2)
+
+    def liftable(self, state: DraftState, in_flight: int, k: int) -> int:
+        """The count the request's next round (just decided by `drafts`) may take if raised to k:
+        k within what the round can still commit, never below its decided count."""
+        m, _, _, cap = self._next_round(state, in_flight)
+        return max(state.decided[m], min(k, cap))
+
+    def lift(self, state: DraftState, in_flight: int, k: int) -> None:
+        """Raise the next round's decided count to k (from `liftable`): for rows whose tokens do not
+        depend on the count, in a round that runs k drafts for another row anyway."""
+        m, _, _, _ = self._next_round(state, in_flight)
+        state.decided[m] = k
 
     def observe(self, state: DraftState, k: int, committed: int) -> None:
         """Fold one committed round of the request: k drafts, `committed` tokens (accepted + 1)."""

@@ -188,7 +188,9 @@ class Scheduler:
         if not prefill_only and not self.hold_decodes:
             decoding = [r for r, p in zip(self.running, prefills) if not p]
             limit = self.draft_policy.disable_by_batch_size if self.draft_policy is not None else None
-            crowded = limit is not None and len(decoding) > limit  # greedy rows draft none
+            # Requests in the engine (running or waiting), as vLLM counts them: a burst of arrivals
+            # stops greedy drafts from its first step, while its prompts are still being admitted.
+            crowded = limit is not None and len(self.running) + len(self.waiting) > limit  # greedy rows draft none
             for r in sorted(decoding, key=self._order_key):
                 if out.preempted and r not in self.running:  # preempted while scheduling this step
                     continue
@@ -207,6 +209,8 @@ class Scheduler:
                 out.decodes.append(r)
                 out.num_drafts.append(k)
                 budget -= 1 + k
+            if not crowded:
+                budget = self._lift_greedy_drafts(out, budget)
         if out.preempted:
             prefills = [r.is_prefilling for r in self.running]
         prefilling = [r for r, p in zip(self.running, prefills) if p]
@@ -234,6 +238,24 @@ class Scheduler:
             c.request.num_inflight += len(c.token_ids)
             c.request.inflight_outputs += int(c.sample)
         return out
+
+    def _lift_greedy_drafts(self, out: SchedulerOutput, budget: int) -> int:
+        """Greedy rows draft as many as the round runs for its other rows (within what each can
+        still commit, the token budget and the blocks it can get without preempting): a round's
+        cost is set by its largest count, and a greedy row's tokens do not depend on its count.
+        Returns the budget left."""
+        round_k = max(out.num_drafts, default=0)
+        for i, r in enumerate(out.decodes):
+            k = out.num_drafts[i]
+            if r.draft is None or not r.params.greedy or k >= round_k:
+                continue
+            lifted = self.draft_policy.liftable(r.draft, r.inflight_outputs, round_k)
+            if lifted > k and lifted - k <= budget and self.kv.allocate(
+                    r.request_id, r.slot, r.num_computed + r.num_inflight + lifted + 1):
+                self.draft_policy.lift(r.draft, r.inflight_outputs, lifted)
+                out.num_drafts[i] = lifted
+                budget -= lifted - k
+        return budget
 
     def _schedule_prefill(self, r: Request, budget: int, out: SchedulerOutput) -> int:
         start = r.num_computed + r.num_inflight

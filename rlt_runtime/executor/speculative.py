@@ -260,8 +260,9 @@ class SpeculativeRunner:
     def _synthetic_accept(self, drafts, num_drafts, target, keys, pos0, k):
         """Benchmark aid only: accept each draft with probability `synthetic_acceptance`.
 
-        The committed tokens are then NOT the model's output; this measures round mechanics at a
-        chosen acceptance rate on random-weight replicas.
+        The committed tokens are then NOT the model's output (a sampled row commits the verify
+        pass's argmax, also with no drafts); this measures round mechanics at a chosen acceptance
+        rate on random-weight replicas.
         """
         rows = drafts.shape[0]
         if k == 0:

@@ -266,8 +266,8 @@ def test_speculation_with_plane_sharing_layouts_is_rejected():
 
 @pytest.mark.parametrize("async_mode", [False, True])
 def test_greedy_rows_stop_drafting_in_crowded_steps(async_mode):
-    """speculative_config.disable_by_batch_size: in a step where more rows than that decode, greedy
-    rows draft none while a seeded sampled row keeps drafting; once few enough rows decode, greedy
+    """speculative_config.disable_by_batch_size: while more requests than that are in the engine,
+    greedy rows draft none while a seeded sampled row keeps drafting; once few enough remain, greedy
     rows draft again. Greedy tokens equal plain decoding, and the sampled row's equal what it
     commits alone (its counts never depend on the batch)."""
     config = dict(spec(3, 1, "fixed"), disable_by_batch_size=2)
@@ -293,6 +293,63 @@ def test_greedy_rows_stop_drafting_in_crowded_steps(async_mode):
     assert crowded and all(k == 0 for r in crowded for is_greedy, k in r if is_greedy)
     assert any(k > 0 for r in crowded for is_greedy, k in r if not is_greedy)
     assert any(k > 0 for r in rounds if len(r) <= 2 for is_greedy, k in r if is_greedy)
+
+
+@pytest.mark.parametrize("async_mode", [False, True])
+def test_greedy_rows_draft_what_the_round_runs(async_mode):
+    """Adaptive drafts in a small batch: a greedy row drafts as many as the round runs for its
+    other rows (its own estimate may pick fewer; the round's cost is set by its largest count),
+    seeded sampled rows keep their own counts, so their tokens equal their runs alone
+    (test_greedy_speculation_is_bitwise_identical checks greedy tokens against plain decoding with
+    the adaptive policy)."""
+    config = spec(4, 1, "adaptive")
+    rounds = []
+
+    def engine(prompts, params):
+        llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, speculative_config=config, async_scheduling=async_mode)
+        spec_runner = llm.engine.executor.worker.runner.spec
+        run_round, log = spec_runner.run_round, []
+
+        def recorded(requests, num_drafts, *rest, **kw):
+            log.append([(r.greedy, k) for r, k in zip(requests, num_drafts)])
+            return run_round(requests, num_drafts, *rest, **kw)
+
+        spec_runner.run_round = recorded
+        rounds.append(log)
+        return llm.generate(prompts, params, use_tqdm=False)
+
+    greedy = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    sampled = [SamplingParams(max_tokens=40, temperature=0.8, seed=s, ignore_eos=True) for s in (11, 12)]
+    prompts = [[5, 6, 7], [9, 10, 11, 12], [13, 14], [15, 16, 17]]
+    outs = engine(prompts, [greedy, greedy] + sampled)
+    for i in (2, 3):
+        assert outs[i].outputs[0].token_ids == engine(prompts[i:i + 1], sampled[i - 2:i - 1])[0].outputs[0].token_ids
+    crowd = rounds[0]
+    early = [r for r in crowd[:12] if len(r) == 4]  # every row far from max_tokens
+    assert early and all(k == max(kk for _, kk in r) for r in early for is_greedy, k in r if is_greedy)
+    assert any(k < max(kk for _, kk in r) for r in early for is_greedy, k in r if not is_greedy)
+
+
+def test_waiting_requests_count_toward_disable_by_batch_size():
+    """The limit counts requests waiting for admission too (vLLM's count): one running row with two
+    more queued behind it (max_num_seqs=1, limit 2) drafts none; once at most two requests are in
+    the engine, rows draft. Tokens equal plain decoding."""
+    config = dict(spec(3, 1, "fixed"), disable_by_batch_size=2)
+    llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=1, speculative_config=config)
+    spec_runner, queued = llm.engine.executor.worker.runner.spec, []  # requests in the engine at each round
+    run_round, scheduler = spec_runner.run_round, llm.engine.scheduler
+
+    def recorded(requests, num_drafts, *rest, **kw):
+        queued.append(len(scheduler.running) + len(scheduler.waiting))
+        return run_round(requests, num_drafts, *rest, **kw)
+
+    spec_runner.run_round = recorded
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    prompts = [[5, 6, 7], [9, 10], [11, 12, 13, 14]]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    plain = LLM("ouro-tiny", dtype="float32", max_num_seqs=1).generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+    assert queued and max(queued) <= 2
 
 
 def test_disable_by_batch_size_is_validated():
