@@ -139,7 +139,7 @@ def add_engine_args(parser: argparse.ArgumentParser, skip=()) -> None:
     spec.add_argument("--draft-policy", dest="spec_draft_policy", choices=DRAFT_POLICIES, default=None,
                       help="adaptive (choose k per round) or fixed (always K)")
     spec.add_argument("--speculative-disable-by-batch-size", dest="spec_disable_by_batch_size", type=int, default=None,
-                      help="greedy rows draft none in steps where more rows than this decode (default 64)")
+                      help="greedy rows draft none while more requests than this run or wait (default 64)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
