@@ -247,6 +247,8 @@ class Scheduler:
         cost is set by its largest count, and a greedy row's tokens do not depend on its count.
         Returns the budget left."""
         round_k = max(out.num_drafts, default=0)
+        if round_k == 0:  # a plain decode step (every step of an engine without speculation)
+            return budget
         for i, r in enumerate(out.decodes):
             k = out.num_drafts[i]
             if r.draft is None or not r.params.greedy or k >= round_k:
