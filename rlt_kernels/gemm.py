@@ -185,6 +185,14 @@ PREFILL_STAGES = 3
 TMA_MID_TILES = {1: ((64, 256, 64, 4, 5), (64, 128, 128, 4, 4), (64, 128, 64, 4, 3), (64, 64, 128, 4, 5)),
                  2: ((64, 128, 64, 4, 5), (64, 64, 64, 4, 3))}
 TMA_PREFILL_TILES = {1: ((128, 128, 64, 8, 3),), 2: ((128, 128, 64, 8, 4),)}
+# Prefill rows of a split weight (Ouro down and o) add their K ranges in the tile, which keeps a second
+# fp32 tile (the finished ranges' sum): 160 registers at 128 x 128 x 64 (sm_90), one program per SM,
+# whose 3-stage pipeline no longer hides the loads. Keyed by the weight's bytes per element. H200,
+# us at M = 1,024 / 2,048 / 4,096, 128 x 128 x 64 (3 stages) -> these tiles, same bits in every
+# candidate (docs/perf/kernels.md): bf16 down 49.4 / 100.6 / 197.2 -> 36.8 / 73.0 / 148.2, o 19.8 /
+# 36.8 / 71.8 -> 16.2 / 31.2 / 61.1; FP8 weights down 82.7 / 162.2 / 319.0 -> 61.8 / 138.5 / 215.9,
+# o 32.7 / 64.2 / 125.1 -> 25.4 / 54.3 / 85.4.
+TMA_PREFILL_IN_TILE_TILES = {2: ((64, 256, 64, 8, 5),), 1: ((128, 64, 64, 4, 3),)}
 TMA_WAVE_FILL = 0.7
 SM_SHARED_BYTES = 227 * 1024  # shared memory an H100/H200 SM gives its resident programs
 # Row tiles that share a column band in the launch order (L2 reuse of weight tiles at large M;
@@ -234,8 +242,8 @@ def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = N
     prefill classes of 16-bit weights then take `_tma_tile`). block_k and split_k depend on the
     weight alone, which is what makes `linear` batch invariant. Examples (bf16, decode / M = 256 /
     M = 2048, the last two TMA): Ouro qkv 64x64x64 s5 / 64x256x64 s5 / 128x128x64 s3; o 64x64x128 s5 split 4 /
-    64x64x128 s5 split 4 in tile; down 64x64x128 split 4 / 64x256x64 s5 split 4; gate_up swiglu 64x(2x64)x64 s5 /
-    s3 / 128x(2x128)x64 s4."""
+    64x64x128 s5 split 4 in tile / 64x256x64 s5 (8 warps) split 4 in tile; down 64x64x128 split 4 / 64x256x64 s5
+    split 4 / 64x256x64 s5 (8 warps) split 4 in tile; gate_up swiglu 64x(2x64)x64 s5 / s3 / 128x(2x128)x64 s4."""
     _check_activation(activation)
     accumulators = 2 if activation == "swiglu" else 1
     n_out = n // accumulators
@@ -289,7 +297,12 @@ def _tma_tile(n_out: int, k: int, rows: int, elem: int, w_elem: int, accumulator
     keeps the K ranges. in_tile: a split weight's tile adds its K ranges itself (no partials). The
     candidates' K steps are for 2-byte rows; FP8 rows (W8A8) take as many bytes, twice the elements,
     or the decode tile's K step where theirs would move a split weight's ranges (Ouro down)."""
-    shapes = (TMA_MID_TILES if rows <= PREFILL_ROWS else TMA_PREFILL_TILES)[accumulators]
+    if rows <= PREFILL_ROWS:
+        shapes = TMA_MID_TILES[accumulators]
+    elif in_tile and decode.split_k > 1 and accumulators == 1 and elem == 2:
+        shapes = TMA_PREFILL_IN_TILE_TILES[w_elem]
+    else:
+        shapes = TMA_PREFILL_TILES[accumulators]
     tiles = [LinearConfig(bm, bn, bk * 2 // elem, warps, stages, split_k=decode.split_k, tma=True,
                           reduce_in_tile=in_tile and decode.split_k > 1)
              for bm, bn, bk, warps, stages in shapes]

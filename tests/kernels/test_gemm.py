@@ -310,7 +310,7 @@ def test_split_ranges_add_in_range_order(device, rows, tma, k):
 @pytest.mark.parametrize("rows,expected", [
     (128, {"qkv": (64, 128, 128, 4), "o": (64, 64, 128, 5), "gate_up": (64, 64, 64, 3), "down": (64, 128, 128, 4)}),
     (256, {"qkv": (64, 256, 64, 5), "o": (64, 64, 128, 5), "gate_up": (64, 64, 64, 3), "down": (64, 256, 64, 5)}),
-    (2048, {"qkv": (128, 128, 64, 3), "o": (128, 128, 64, 3), "gate_up": (128, 128, 64, 4), "down": (128, 128, 64, 3)})])
+    (2048, {"qkv": (128, 128, 64, 3), "o": (64, 256, 64, 5), "gate_up": (128, 128, 64, 4), "down": (64, 256, 64, 5)})])
 def test_tma_tiles_at_ouro_shapes(rows, expected):
     """The TMA tiles the H200 sweep chose for Ouro's bf16 weights (docs/perf/kernels.md): wide tiles
     while they fill the GPU's waves, narrower ones where the weight has few columns; FP8 weights take
@@ -327,6 +327,9 @@ def test_tma_tiles_at_ouro_shapes(rows, expected):
         found[name] = (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages)
         fp8 = gemm.linear_config(n, k, torch.bfloat16, act, rows, FP8_DTYPE)
         assert fp8.tma == (rows > gemm.PREFILL_ROWS and act is None) and fp8.k_bounds(k) == cfg.k_bounds(k)
+        if cfg.reduce_in_tile and rows > gemm.PREFILL_ROWS:  # the sum of finished ranges is a second fp32 tile
+            assert (cfg.block_m, cfg.block_n, cfg.num_warps) == (64, 256, 8)
+            assert (fp8.block_m, fp8.block_n, fp8.num_warps, fp8.num_stages) == (128, 64, 4, 3) and fp8.reduce_in_tile
         assert not gemm.linear_config(n, k, torch.float32, act, rows).tma
     assert found == expected
 
