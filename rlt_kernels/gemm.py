@@ -297,14 +297,15 @@ def _tma_tile(n_out: int, k: int, rows: int, elem: int, w_elem: int, accumulator
     keeps the K ranges. in_tile: a split weight's tile adds its K ranges itself (no partials). The
     candidates' K steps are for 2-byte rows; FP8 rows (W8A8) take as many bytes, twice the elements,
     or the decode tile's K step where theirs would move a split weight's ranges (Ouro down)."""
+    adds_ranges = in_tile and decode.split_k > 1
     if rows <= PREFILL_ROWS:
         shapes = TMA_MID_TILES[accumulators]
-    elif in_tile and decode.split_k > 1 and accumulators == 1 and elem == 2:
+    elif adds_ranges and accumulators == 1 and elem == 2:
         shapes = TMA_PREFILL_IN_TILE_TILES[w_elem]
     else:
         shapes = TMA_PREFILL_TILES[accumulators]
     tiles = [LinearConfig(bm, bn, bk * 2 // elem, warps, stages, split_k=decode.split_k, tma=True,
-                          reduce_in_tile=in_tile and decode.split_k > 1)
+                          reduce_in_tile=adds_ranges)
              for bm, bn, bk, warps, stages in shapes]
     if elem == 1:
         tiles = [t if t.k_bounds(k) == decode.k_bounds(k) else dataclasses.replace(t, block_k=decode.block_k)
