@@ -204,6 +204,13 @@ MUTANTS = (
         "a prompt token's log-probability is read at its own position instead of the one before it",
     ),
     Mutant(
+        "prefix-keys-not-chained", "rlt_runtime/cache/kv_cache.py",
+        "parent = hashlib.blake2b(parent + key + raw[start : start + width], digest_size=8).digest()",
+        "parent = hashlib.blake2b(bytes(8) + key + raw[start : start + width], digest_size=8).digest()",
+        ("tests/runtime/test_scheduler.py::test_prompt_block_hashes_chain_over_the_prefix_and_skip_the_last_token",),
+        "a prompt block's cache key ignores the blocks before it: another prompt's equal block is a false hit",
+    ),
+    Mutant(
         "prompt-logprobs-prefix-hit", "rlt_runtime/engine/scheduler.py",
         "hashes = [] if r.needs_prompt_logprobs else self.prompt_hashes(r)",
         "hashes = self.prompt_hashes(r)",

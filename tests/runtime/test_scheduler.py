@@ -118,6 +118,38 @@ def test_prefix_hit_skips_cached_blocks():
     assert chunk.start == 16 and second.metrics.num_cached_tokens == 16
 
 
+def _chained_digests(tokens, block_size, salt):
+    """Independent reference of the prefix-cache keys: one BLAKE2b per full block over the previous
+    digest, the salt and the block's ids, each packed on its own."""
+    import hashlib
+
+    out, parent = [], bytes(8)
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        body = b"".join(int(t).to_bytes(8, "little", signed=True) for t in tokens[start : start + block_size])
+        parent = hashlib.blake2b(parent + salt.to_bytes(8, "little", signed=True) + body, digest_size=8).digest()
+        out.append(int.from_bytes(parent, "little") & ((1 << 63) - 1))
+    return out
+
+
+def test_prompt_block_hashes_chain_over_the_prefix_and_skip_the_last_token():
+    """Cache keys of a prompt's full blocks, never of the block holding its last token (its logits
+    are needed): equal to the reference, the same for the same prefix under the same salt, different
+    from the first changed block on, and different under another salt."""
+    kv = KVCacheManager(8, 4, 2, enable_prefix_caching=True)
+    rng = random.Random(3)
+    prompt = [rng.randrange(2**31) for _ in range(21)]
+    hashes = kv.block_hashes(prompt, 77)
+    assert hashes == _chained_digests(prompt[:20], 4, 77) and len(hashes) == 5
+    assert kv.block_hashes(prompt[:20], 77) == hashes[:4]  # 20 tokens: the fifth block holds the last one
+    changed = prompt[:9] + [prompt[9] + 1] + prompt[10:]
+    other = kv.block_hashes(changed, 77)
+    assert other[:2] == hashes[:2] and all(a != b for a, b in zip(other[2:], hashes[2:]))
+    assert not set(kv.block_hashes(prompt, 78)) & set(hashes)
+    assert kv.block_hashes(prompt[:4], 77) == []
+    # A block's key covers the blocks before it: the same second block after another first one differs.
+    assert kv.block_hashes([1, 2, 3, 4, 5, 6, 7, 8, 0], 77)[1] != kv.block_hashes([9, 9, 9, 9, 5, 6, 7, 8, 0], 77)[1]
+
+
 def test_generated_positions_never_come_from_the_prefix_cache():
     """A request re-admitted after a preemption by recompute takes only its prompt's blocks from the
     cache, even where another request's cached prompt holds its generated tokens: their K/V there
