@@ -204,6 +204,13 @@ MUTANTS = (
         "a prompt token's log-probability is read at its own position instead of the one before it",
     ),
     Mutant(
+        "recomputed-outputs-take-the-previous-depth", "rlt_runtime/engine/request.py",
+        "return [full_depth] * max(min(end, p) - start, 0) + self.exit_depths[max(start - p, 0) + 1:max(end - p, 0) + 1]",
+        "return [full_depth] * max(min(end, p) - start, 0) + self.exit_depths[max(start - p, 0):max(end - p, 0)]",
+        ("tests/runtime/test_preemption_outputs.py::test_preempted_requests_keep_every_output[0.0-huginn-tiny-recompute]",),
+        "an output recomputed after preemption runs the loops of the output before it (its K/V then differs)",
+    ),
+    Mutant(
         "prefix-keys-not-chained", "rlt_runtime/cache/kv_cache.py",
         "parent = hashlib.blake2b(parent + key + raw[start : start + width], digest_size=8).digest()",
         "parent = hashlib.blake2b(bytes(8) + key + raw[start : start + width], digest_size=8).digest()",

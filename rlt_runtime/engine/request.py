@@ -105,15 +105,16 @@ class Request:
     def finished(self) -> bool:
         return self.status is Status.FINISHED
 
-    def token_at(self, position: int) -> int:
+    def tokens_in(self, start: int, end: int) -> list[int]:
+        """Token ids at positions [start, end): prompt tokens, then outputs."""
         p = self.num_prompt_tokens
-        return self.prompt_token_ids[position] if position < p else self.output_token_ids[position - p]
+        return self.prompt_token_ids[start:min(end, p)] + self.output_token_ids[max(start - p, 0):max(end - p, 0)]
 
-    def depth_of_position(self, position: int, full_depth: int) -> int:
-        """Loops the token at `position` runs: full depth for the prompt, the recorded depth for
-        outputs being recomputed after preemption (output j ran exit_depths[j + 1] loops)."""
+    def depths_in(self, start: int, end: int, full_depth: int) -> list[int]:
+        """Loops the tokens at positions [start, end) run: full depth for the prompt, the recorded
+        depth for outputs being recomputed after preemption (output j ran exit_depths[j + 1] loops)."""
         p = self.num_prompt_tokens
-        return full_depth if position < p else self.exit_depths[position - p + 1]
+        return [full_depth] * max(min(end, p) - start, 0) + self.exit_depths[max(start - p, 0) + 1:max(end - p, 0) + 1]
 
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids

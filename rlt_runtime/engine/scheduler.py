@@ -268,8 +268,8 @@ class Scheduler:
             return 0
         if n <= 0 or not self._allocate(r, start + n, out):
             return 0
-        ids = [r.token_at(p) for p in range(start, start + n)]
-        depths = [r.depth_of_position(p, self.depth) for p in range(start, start + n)]
+        ids = r.tokens_in(start, start + n)
+        depths = r.depths_in(start, start + n, self.depth)
         sample = start + n == r.prefill_target and not r.output_token_ids
         out.prefills.append(PrefillChunk(r, start, ids, depths, sample))
         return n
