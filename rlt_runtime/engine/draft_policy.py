@@ -30,11 +30,11 @@ Greedy rows (temperature 0) commit the same tokens whatever they draft, so for t
 follow the load: while more than `disable_by_batch_size` requests are in the engine, running or
 waiting (vLLM's count), they draft none (a large batch's step is no longer bound by reading the
 weights, and a round's extra tokens cost about what they save; counting the waiting requests stops
-drafts from the first step of a burst, while its prompts are still being admitted). Otherwise a
-greedy row drafts as many as its round runs for its other rows (within what it can still commit):
-the round's cost is set by its largest count, and an estimate that picks fewer would make the row
-commit less from the same passes (H200, Ouro-1.4B at acceptance 0.9, batches 16 and 64: 0.52x and
-0.59x of plain decoding before, 1.07x after). Sampled rows never see either rule.
+drafts from the first step of a burst, while its prompts are still being admitted). Otherwise the
+round's greedy rows all draft one count (within what each can still commit), chosen for the round:
+with the fixed policy its largest count, with the adaptive one the count that pays best for the
+round as a whole by its rows' estimates and measured round costs (`greedy_rounds`). Sampled rows
+never see either rule.
 
 Timing of information: with async scheduling a request's round m is planned while round m - 1 is
 still in flight, so round m's count uses the request's results through round m - 2 (round 0 is
@@ -68,6 +68,7 @@ class DraftHistory:
     last: tuple  # [K] last[p]: the last round that took more than p drafts
     wait: tuple  # [K] wait[p]: rounds after last[p] before a round at p drafts probes p + 1
     best: tuple  # [K + 1] best[c]: the winning draft count among 0..c (adaptive only)
+    expected: tuple  # [K + 1] expected[k]: E(k), the tokens a round with k drafts commits (adaptive only)
 
 
 @dataclass
@@ -92,8 +93,8 @@ class DraftPolicy:
 
     def new_state(self, max_tokens: int) -> DraftState:
         zeros = (0.0,) * self.max_drafts
-        start = DraftHistory(round=-1, tokens=0, offered=zeros, passed=zeros, last=(-PROBE_EVERY,) * self.max_drafts,
-                             wait=(PROBE_EVERY,) * self.max_drafts, best=self._best(zeros, zeros))
+        start = DraftHistory(-1, 0, zeros, zeros, (-PROBE_EVERY,) * self.max_drafts, (PROBE_EVERY,) * self.max_drafts,
+                             *self._best(zeros, zeros))
         return DraftState(max_tokens, start, start)
 
     def cost(self, k: int) -> float:
@@ -110,17 +111,18 @@ class DraftPolicy:
         return out
 
     def _best(self, offered: tuple, passed: tuple) -> tuple:
+        """(best, expected) of `DraftHistory` for these counts."""
         if not self.adaptive:
-            return ()
-        best, best_k, best_rate, expected, run = [0], 0, 1.0, 1.0, 1.0
+            return (), ()
+        best, best_k, best_rate, expected, run = [0], 0, 1.0, [1.0], 1.0
         for k, a in enumerate(self.acceptance(offered, passed), start=1):
             run *= a
-            expected += run
-            rate = expected / self.cost(k)
+            expected.append(expected[-1] + run)
+            rate = expected[-1] / self.cost(k)
             if rate > best_rate:
                 best_k, best_rate = k, rate
             best.append(best_k)
-        return tuple(best)
+        return tuple(best), tuple(expected)
 
     def drafts(self, state: DraftState, in_flight: int, limit: int | None = None) -> int:
         """Drafts for the request's next round; in_flight: its rounds submitted whose results have
@@ -154,15 +156,28 @@ class DraftPolicy:
         k_prev = 0 if m == 1 else state.decided[m - 1]
         return m, base, k_prev, min(self.max_drafts, state.max_tokens - base.tokens - k_prev - 2)
 
-    def liftable(self, state: DraftState, in_flight: int, k: int) -> int:
-        """The count the request's next round (just decided by `drafts`) may take if raised to k:
-        k within what the round can still commit, never below its decided count."""
-        m, _, _, cap = self._next_round(state, in_flight)
-        return max(state.decided[m], min(k, cap))
+    def explores(self, state: DraftState, in_flight: int) -> int:
+        """The count `drafts` just decided for the request's next round when it probes a position
+        the request was never offered (adaptive; a fresh request does at once), else 0."""
+        m, base, _, cap = self._next_round(state, in_flight)
+        best, k = base.best[max(cap, 0)], state.decided[m]
+        return k if k > best and base.offered[best] == 0.0 else 0
 
-    def lift(self, state: DraftState, in_flight: int, k: int) -> None:
-        """Raise the next round's decided count to k (from `liftable`): for rows whose tokens do not
-        depend on the count, in a round that runs k drafts for another row anyway."""
+    def expected(self, state: DraftState, in_flight: int) -> tuple:
+        """E(0..cap) for the request's next round (adaptive): expected tokens committed by a round of
+        each draft count it can take, by the estimates its count depends on."""
+        _, base, _, cap = self._next_round(state, in_flight)
+        return base.expected[:max(cap, 0) + 1]
+
+    def within_cap(self, state: DraftState, in_flight: int, k: int) -> int:
+        """k drafts for the request's next round (just decided by `drafts`), within what the round can
+        still commit."""
+        _, _, _, cap = self._next_round(state, in_flight)
+        return max(0, min(k, cap))
+
+    def set_drafts(self, state: DraftState, in_flight: int, k: int) -> None:
+        """Replace the next round's decided count by k (from `within_cap`): for rows whose tokens do
+        not depend on the count (greedy rows, `greedy_rounds`)."""
         m, _, _, _ = self._next_round(state, in_flight)
         state.decided[m] = k
 
@@ -173,18 +188,20 @@ class DraftPolicy:
             self.chosen[k] += 1
         state.previous = h
         if k == 0:  # a plain step: no position was offered, so only the round and the tokens move
-            state.current = DraftHistory(h.round + 1, h.tokens + committed, h.offered, h.passed, h.last, h.wait, h.best)
+            state.current = DraftHistory(h.round + 1, h.tokens + committed, h.offered, h.passed, h.last, h.wait, h.best,
+                                         h.expected)
             return
         accepted = committed - 1
         offered, passed = list(h.offered), list(h.passed)
         for i in range(min(k, accepted + 1)):  # draft i + 1 was tested: the i before it passed
             offered[i] = offered[i] * (1.0 - FORGET) + 1.0
             passed[i] = passed[i] * (1.0 - FORGET) + float(accepted > i)
-        best = self._best(tuple(offered), tuple(passed))
+        best, expected = self._best(tuple(offered), tuple(passed))
         last, wait = list(h.last), list(h.wait)
         if self.adaptive:
             for p in range(k):  # the round took position p + 1
                 last[p] = h.round + 1
                 wait[p] = PROBE_EVERY if best[-1] > p or accepted > p else min(2 * wait[p], MAX_PROBE_EVERY)
         state.current = DraftHistory(round=h.round + 1, tokens=h.tokens + committed, offered=tuple(offered),
-                                     passed=tuple(passed), last=tuple(last), wait=tuple(wait), best=best)
+                                     passed=tuple(passed), last=tuple(last), wait=tuple(wait), best=best,
+                                     expected=expected)

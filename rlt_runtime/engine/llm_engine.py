@@ -214,6 +214,7 @@ class LLMEngine:
 
     def _init_speculation(self, spec) -> None:
         from .draft_policy import DraftPolicy
+        from .greedy_rounds import GreedyRounds
 
         if self.exit_mode == "trace" and self.async_scheduling:
             raise ConfigError("exit_mode='trace' with speculative decoding needs async_scheduling=False "
@@ -238,6 +239,7 @@ class LLMEngine:
         self.policy = DraftPolicy(k_max, d, self.depth, adaptive=spec.draft_policy == "adaptive",
                                   disable_by_batch_size=spec.disable_by_batch_size)
         self.scheduler.draft_policy = self.policy
+        self.scheduler.greedy_rounds = GreedyRounds(self.policy.cost) if self.policy.adaptive else None
         self.spec_stats = {"rounds": 0, "drafted": 0, "accepted": 0, "committed": 0, "verify_rows": 0,
                            "accepted_per_position": [0] * spec.num_speculative_tokens,
                            "drafted_per_position": [0] * spec.num_speculative_tokens}
@@ -547,6 +549,11 @@ class LLMEngine:
         res = handle.result()
         self._wait_s += time.perf_counter() - t_wait
         self._last_device_ms = handle.device_ms()
+        rounds = self.scheduler.greedy_rounds
+        if rounds is not None and self._last_device_ms is not None and not handle.prefills:
+            decode_rows = sum(1 for row in handle.rows if row[2] == "decode")
+            if decode_rows:  # a decode-only step's device time teaches the greedy rows' round costs
+                rounds.costs.record(decode_rows, handle.round_k, self._last_device_ms)
         live = handle.live
         for key, gen, n in handle.prefills:
             req = live[key]

@@ -85,6 +85,7 @@ class Scheduler:
         self._consecutive_prefill_steps = 0
         self.num_preemptions = 0
         self.draft_policy = None  # DraftPolicy when speculative decoding is on
+        self.greedy_rounds = None  # GreedyRounds with the adaptive policy: the greedy rows' count per round
         # Prefill role of disaggregated prefill: requests stop after their first token (no decode rows)
         # until engine/kv_transfer.py hands them to the decode engine.
         self.hold_decodes = False
@@ -212,7 +213,7 @@ class Scheduler:
                 out.num_drafts.append(k)
                 budget -= 1 + k
             if not crowded:
-                budget = self._lift_greedy_drafts(out, budget)
+                budget = self._greedy_drafts(out, budget)
         if out.preempted:
             prefills = [r.is_prefilling for r in self.running]
         prefilling = [r for r, p in zip(self.running, prefills) if p]
@@ -241,25 +242,41 @@ class Scheduler:
             c.request.inflight_outputs += int(c.sample)
         return out
 
-    def _lift_greedy_drafts(self, out: SchedulerOutput, budget: int) -> int:
-        """Greedy rows draft as many as the round runs for its other rows (within what each can
-        still commit, the token budget and the blocks it can get without preempting): a round's
-        cost is set by its largest count, and a greedy row's tokens do not depend on its count.
-        Returns the budget left."""
-        round_k = max(out.num_drafts, default=0)
-        if round_k == 0:  # a plain decode step (every step of an engine without speculation)
+    def _greedy_drafts(self, out: SchedulerOutput, budget: int) -> int:
+        """The count of the round's greedy rows, whose tokens do not depend on it: one count for the
+        whole round (`greedy_rounds`, adaptive policy), or the round's largest (fixed policy). Each
+        greedy row takes it within what it can still commit, the token budget and the blocks it can
+        get without preempting. Returns the budget left."""
+        policy = self.draft_policy
+        greedy = [i for i, r in enumerate(out.decodes) if r.draft is not None and r.params.greedy]
+        if not greedy:
             return budget
-        for i, r in enumerate(out.decodes):
-            k = out.num_drafts[i]
-            if r.draft is None or not r.params.greedy or k >= round_k:
+        if self.greedy_rounds is not None:
+            chosen = set(greedy)
+            others = [i for i in range(len(out.decodes)) if i not in chosen]
+            target = self.greedy_rounds.drafts(
+                [policy.expected(out.decodes[i].draft, out.decodes[i].inflight_outputs) for i in greedy],
+                sum(self._expected_tokens(out, i) for i in others),
+                max((out.num_drafts[i] for i in others), default=0), len(out.decodes),
+                [policy.explores(out.decodes[i].draft, out.decodes[i].inflight_outputs) for i in greedy])
+        else:
+            target = max(out.num_drafts, default=0)
+        for i in greedy:
+            r, k = out.decodes[i], out.num_drafts[i]
+            want = policy.within_cap(r.draft, r.inflight_outputs, target)
+            if want > k and (want - k > budget or not self.kv.allocate(
+                    r.request_id, r.slot, r.num_computed + r.num_inflight + want + 1)):
                 continue
-            lifted = self.draft_policy.liftable(r.draft, r.inflight_outputs, round_k)
-            if lifted > k and lifted - k <= budget and self.kv.allocate(
-                    r.request_id, r.slot, r.num_computed + r.num_inflight + lifted + 1):
-                self.draft_policy.lift(r.draft, r.inflight_outputs, lifted)
-                out.num_drafts[i] = lifted
-                budget -= lifted - k
+            if want != k:
+                policy.set_drafts(r.draft, r.inflight_outputs, want)
+                out.num_drafts[i] = want
+                budget -= want - k
         return budget
+
+    def _expected_tokens(self, out: SchedulerOutput, i: int) -> float:
+        """What decode row i commits by its own count: 1 without drafts, else its policy's estimate."""
+        r, k = out.decodes[i], out.num_drafts[i]
+        return 1.0 if r.draft is None or k == 0 else self.draft_policy.expected(r.draft, r.inflight_outputs)[k]
 
     def _schedule_prefill(self, r: Request, budget: int, out: SchedulerOutput) -> int:
         start = r.num_computed + r.num_inflight

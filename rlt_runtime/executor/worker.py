@@ -118,6 +118,7 @@ class Worker:
         from .speculative import SpeculativeRunner
 
         self.runner.spec = SpeculativeRunner(self.runner, num_speculative_tokens, draft_loops, synthetic_acceptance)
+        self.runner.record_device_time = True  # rounds' device times teach the adaptive policy's round costs
         if graph_sizes is not None:
             self.runner.spec.enable_graphs(self.spec.execution_mode, graph_sizes)
 

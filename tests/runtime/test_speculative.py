@@ -330,6 +330,30 @@ def test_greedy_rows_draft_what_the_round_runs(async_mode):
     assert any(k < max(kk for _, kk in r) for r in early for is_greedy, k in r if not is_greedy)
 
 
+def test_greedy_rows_take_the_count_that_pays_for_the_round():
+    """Eight greedy rows at synthetic acceptance 0.7 with d = 2 of D = 4 (by the static round cost,
+    which the CPU engine keeps for want of device times, one draft pays and two do not): once their
+    estimates settle the round runs one draft, deeper only in an occasional probe. Each row's own
+    choice, maxed over the batch as before `greedy_rounds`, ran most of these rounds at 2 or more.
+    (Synthetic acceptance makes the tokens not the model's; test_greedy_speculation_is_bitwise_identical
+    checks the adaptive policy's greedy tokens against plain decoding.)"""
+    config = dict(spec(4, 2, "adaptive"), synthetic_acceptance=0.7)
+    llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=8, speculative_config=config)
+    spec_runner, counts = llm.engine.executor.worker.runner.spec, []
+    run_round = spec_runner.run_round
+
+    def recorded(requests, num_drafts, *rest, **kw):
+        counts.append(max(num_drafts))
+        return run_round(requests, num_drafts, *rest, **kw)
+
+    spec_runner.run_round = recorded
+    params = SamplingParams(max_tokens=120, temperature=0, ignore_eos=True)
+    prompts = [[5 + i, 6, 7 + 2 * i] for i in range(8)]
+    llm.generate(prompts, params, use_tqdm=False)
+    settled = counts[len(counts) // 3:]
+    assert sum(k == 1 for k in settled) >= 0.8 * len(settled), counts
+
+
 def test_waiting_requests_count_toward_disable_by_batch_size():
     """The limit counts requests waiting for admission too (vLLM's count): one running row with two
     more queued behind it (max_num_seqs=1, limit 2) drafts none; once at most two requests are in
