@@ -175,8 +175,8 @@ class Scheduler:
         """Plan one step. With a draft policy, decode rows of speculative requests draft the count
         their own history gives (never cut to fit the batch: a row whose round does not fit this
         step's token budget waits, one that cannot get its blocks is preempted); greedy rows draft
-        none while the engine holds more than `disable_by_batch_size` requests, else as many as
-        the round runs (`_lift_greedy_drafts`)."""
+        none while the engine holds more than `disable_by_batch_size` requests, else one count
+        chosen for the round (`_greedy_drafts`)."""
         out = SchedulerOutput()
         budget = self.cfg.max_num_batched_tokens
         prefill_only = (
