@@ -64,7 +64,8 @@ def end_to_end(llm, batch: int, prefix: str) -> dict:
             "requests_per_round": request_rounds / rounds if rounds else None,
             "median_device_ms_per_step": dev[len(dev) // 2] if dev else None,
             "steps": len(dev), "device_s": sum(dev) / 1e3, "host_s": host_ms / 1e3,
-            "chosen_k": {k: n for k, n in chosen.items() if n}}
+            "chosen_k": {k: n for k, n in chosen.items() if n},
+            "round_ms": after.get("round_ms")}  # the adaptive policy's measured round costs so far
 
 
 def syncs_per_round(llm) -> int:

@@ -54,6 +54,13 @@ class RoundCosts:
     def measured(self, rows: int, drafts: int) -> bool:
         return (self.bucket(rows), drafts) in self.ms
 
+    def table(self) -> dict:
+        """{bucket: {drafts: ms}} of what each measured (bucket, drafts) is priced at (str keys)."""
+        out: dict = {}
+        for (bucket, drafts), samples in sorted(self.ms.items()):
+            out.setdefault(str(bucket), {})[str(drafts)] = min(samples)
+        return out
+
     def relative(self, rows: int, drafts: int) -> Optional[float]:
         """A round's device time over a plain step's at the rows' bucket, once both are measured."""
         b = self.bucket(rows)

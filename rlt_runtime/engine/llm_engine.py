@@ -773,6 +773,8 @@ class LLMEngine:
             return None
         st = dict(self.spec_stats)
         st["chosen_k"] = dict(self.policy.chosen)
+        if self.scheduler.greedy_rounds is not None:  # what the greedy rows' round counts are priced at
+            st["round_ms"] = self.scheduler.greedy_rounds.costs.table()
         st["graphs"] = self.executor.graph_stats()["speculative"]
         return st
 

@@ -111,6 +111,7 @@ def test_measured_costs_replace_the_static_ones_and_the_plain_step_is_timed_firs
     rounds.costs.record(8, 1, 40.0)  # a stall: a round's cost is the least of its recent samples
     assert rounds.costs.relative(8, 1) == 3.0
     assert RoundCosts.bucket(5) == 8 and RoundCosts.bucket(8) == 8 and RoundCosts.bucket(1) == 1
+    assert rounds.costs.table() == {"8": {"0": 1.0, "1": 3.0, "2": 5.0, "3": 7.0, "4": 9.0}}
 
 
 def test_fresh_requests_explore_together_and_a_lone_one_waits():
