@@ -1,5 +1,8 @@
 """Compile the hot kernels for the H200 (sm_90) without a GPU and report their resources.
 
+`small_smem_linear_reports` compiles the linear kernel's tiles for a GPU with 99 KiB of shared memory
+per program (sm_89: RTX 4090, L40S, L4) as `gemm.linear_config` picks them there.
+
     python -m perf.sm90_resources            # with the installed Triton
     PYTHONPATH=/path/to/triton-3.6:. python -m perf.sm90_resources   # with the GPU image's Triton
 
@@ -48,7 +51,7 @@ def _resources(cubin: bytes) -> dict:
     return {"registers": int(found.group(1)), "stack_bytes": int(found.group(2))} if found else {}
 
 
-def compile_sm90(fn, pointers: dict, constexprs: dict, floats=(), **options) -> dict:
+def compile_sm90(fn, pointers: dict, constexprs: dict, floats=(), target=TARGET, **options) -> dict:
     """Compile `fn` for sm_90: `pointers` maps pointer arguments to Triton types; every other
     non-constexpr argument is i32 (fp32 if in `floats`) and, like pointers, 16-byte divisible
     unless the kernel opts out of specialising it (`do_not_specialize`). FMA contraction is on, as
@@ -61,7 +64,7 @@ def compile_sm90(fn, pointers: dict, constexprs: dict, floats=(), **options) -> 
     src = ASTSource(fn=fn, signature=signature, constexprs={(names.index(n),): v for n, v in constexprs.items()},
                     attrs=divisible)
     try:
-        kernel = triton.compile(src, target=TARGET, options={"enable_fp_fusion": True, **options})
+        kernel = triton.compile(src, target=target, options={"enable_fp_fusion": True, **options})
     except Exception as exc:  # noqa: BLE001 - reported: which construct fails to lower is the finding
         return {"error": str(exc).strip().splitlines()[-1][:200]}
     ptx = kernel.asm["ptx"]
@@ -70,14 +73,18 @@ def compile_sm90(fn, pointers: dict, constexprs: dict, floats=(), **options) -> 
             **_resources(kernel.asm["cubin"])}
 
 
-def linear_report(n: int, k: int, activation, rows: int, weight: str = "bf16") -> tuple:
+def linear_report(n: int, k: int, activation, rows: int, weight: str = "bf16", target=TARGET,
+                  smem: int = gemm.SM_SHARED_BYTES) -> tuple:
     """(tile, report) of the linear kernel over a bf16, FP8 ("fp8": bf16 rows) or W8A8 ("w8a8": FP8
-    rows too) weight [n, k] at the tile of a `rows`-row launch."""
+    rows too) weight [n, k] at the tile of a `rows`-row launch on `target` (TMA and dependent launches
+    from sm_90 on) with `smem` bytes of shared memory per program."""
     fp8, w8a8 = weight in ("fp8", "w8a8"), weight == "w8a8"
+    hopper = target.arch >= 90
     if w8a8:
-        cfg = gemm.linear_config(n, k, FP8_DTYPE, activation, rows)
+        cfg = gemm.linear_config(n, k, FP8_DTYPE, activation, rows, tma=hopper, smem=smem)
     else:
-        cfg = gemm.linear_config(n, k, torch.bfloat16, activation, rows, FP8_DTYPE if fp8 else None)
+        cfg = gemm.linear_config(n, k, torch.bfloat16, activation, rows, FP8_DTYPE if fp8 else None, tma=hopper,
+                                 smem=smem)
     x_type = "fp8e4nv" if w8a8 else "bf16"
     if cfg.tma:
         w_type = "fp8e4nv" if fp8 else "bf16"
@@ -87,16 +94,36 @@ def linear_report(n: int, k: int, activation, rows: int, weight: str = "bf16") -
         const = dict(HAS_ACTIVE=True, SWIGLU=activation == "swiglu", HAS_SCALE=fp8, X_FP8=w8a8, WIDEN_INLINE=True,
                      EXACT_DOT=False,
                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-                     SPLIT_K=cfg.split_k, STAGES=cfg.num_stages, REDUCE_IN_TILE=cfg.reduce_in_tile, PDL=True)
-        return cfg, compile_sm90(gemm._linear_tma_kernel, descs, const, num_warps=cfg.num_warps,
+                     SPLIT_K=cfg.split_k, STAGES=cfg.num_stages, REDUCE_IN_TILE=cfg.reduce_in_tile, PDL=hopper)
+        return cfg, compile_sm90(gemm._linear_tma_kernel, descs, const, target=target, num_warps=cfg.num_warps,
                                  num_stages=cfg.num_stages)
     ptrs = {"x_ptr": f"*{x_type}", "w_ptr": "*fp8e4nv" if fp8 else "*bf16", "scale_ptr": "*fp32",
             "x_scale_ptr": "*fp32", "out_ptr": "*bf16", "ws_ptr": "*fp32", "active_ptr": "*i32"}
     const = dict(HAS_ACTIVE=True, SWIGLU=activation == "swiglu", HAS_SCALE=fp8, X_FP8=w8a8, WIDEN_INLINE=True,
                  EXACT_DOT=False,
                  PRECISION="tf32", EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                 BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k, SWAP_AB=cfg.swap_ab, PDL=True)
-    return cfg, compile_sm90(gemm._linear_kernel, ptrs, const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                 BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=cfg.split_k, SWAP_AB=cfg.swap_ab, PDL=hopper)
+    return cfg, compile_sm90(gemm._linear_kernel, ptrs, const, target=target, num_warps=cfg.num_warps,
+                             num_stages=cfg.num_stages)
+
+
+SM89 = GPUTarget("cuda", 89, 32)
+SM89_SHARED_BYTES = 99 * 1024  # shared memory a program may use on sm_89 (and sm_86, sm_120)
+HUGINN_WEIGHTS = [("wqkv", 15840, 5280, None), ("proj", 5280, 5280, None), ("fc", 35840, 5280, "swiglu"),
+                  ("mlp_proj", 5280, 17920, None)]
+
+
+def small_smem_linear_reports(weights=("bf16", "w8a8"), rows=(1, 64, 256, 2048)) -> dict:
+    """Ouro's and Huginn's layer weights on an sm_89 GPU (99 KiB per program): {name: shared bytes or
+    the compiler's error} of each tile `linear_config` picks there."""
+    out = {}
+    for name, n, k, act in OURO_WEIGHTS[:4] + HUGINN_WEIGHTS:
+        for weight in weights:
+            for m in rows:
+                cfg, rep = linear_report(n, k, act, m, weight, target=SM89, smem=SM89_SHARED_BYTES)
+                out[f"{name} {weight} M={m} {cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.num_stages}"] = \
+                    rep.get("shared_bytes", rep.get("error"))
+    return out
 
 
 def linear_reports() -> dict:

@@ -234,12 +234,16 @@ class LinearConfig:
 
 @functools.lru_cache(maxsize=None)
 def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = None,
-                  rows: int | None = None, weight_dtype: torch.dtype | None = None, tma: bool = True) -> LinearConfig:
+                  rows: int | None = None, weight_dtype: torch.dtype | None = None, tma: bool = True,
+                  smem: int = SM_SHARED_BYTES) -> LinearConfig:
     """The launch configuration for a weight [n, k] against activations of ``dtype`` (n = 2F for
     swiglu; ``weight_dtype`` float8_e4m3fn for FP8 weights, None: ``dtype``, so float8_e4m3fn
     ``dtype`` alone is W8A8) and a launch of ``rows``
     rows on the GPU (None: the decode tile); ``tma``: whether TMA can fetch the tiles (the middle and
-    prefill classes of 16-bit weights then take `_tma_tile`). block_k and split_k depend on the
+    prefill classes of 16-bit weights then take `_tma_tile`); ``smem``: the shared memory a program
+    may use on the device (`shared_memory`; the constants above are the H100/H200's, and a device
+    with less keeps every pipeline within it, with fewer stages or other tiles: stages and tiles
+    never change the bits, the K steps and ranges stay). block_k and split_k depend on the
     weight alone, which is what makes `linear` batch invariant. Examples (bf16, decode / M = 256 /
     M = 2048, the last two TMA): Ouro qkv 64x64x64 s5 / 64x256x64 s5 / 128x128x64 s3; o 64x64x128 s5 split 4 /
     64x64x128 s5 split 4 in tile / 64x256x64 s5 (8 warps) split 4 in tile; down 64x64x128 split 4 / 64x256x64 s5
@@ -264,37 +268,39 @@ def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = N
 
     block_n = next((w for w in COLUMN_TILE_WIDTHS if triton.cdiv(n_out, w) * split_k <= WAVE_CTAS),
                    COLUMN_TILE_WIDTHS[-1])
-    stages = max(2, min(MAX_STAGES, SMEM_BUDGET_BYTES // stage_bytes(BLOCK_M, block_n)))
+    budget = min(SMEM_BUDGET_BYTES, smem)
+    stages = max(2, min(MAX_STAGES, budget // stage_bytes(BLOCK_M, block_n)))
     decode = LinearConfig(BLOCK_M, block_n, block_k, warps(block_n), stages, split_k=split_k)
     if rows is None or dtype == torch.float32:
         return decode
     if rows <= SKINNY_ROWS or (rows <= DECODE_ROWS and block_n >= SKINNY_BLOCK_N):
         w_elem = elem if weight_dtype is None else weight_dtype.itemsize
-        return _skinny_config(decode, k, elem, w_elem, accumulators, SKINNY_ROWS if rows <= SKINNY_ROWS else BLOCK_M)
+        return _skinny_config(decode, k, elem, w_elem, accumulators, SKINNY_ROWS if rows <= SKINNY_ROWS else BLOCK_M,
+                              smem)
     if rows <= DECODE_ROWS:
         return decode
     if tma and (weight_dtype is None or (rows > PREFILL_ROWS and accumulators == 1)):
         tile = _tma_tile(n_out, k, rows, elem, elem if weight_dtype is None else weight_dtype.itemsize, accumulators,
-                         decode, in_tile=rows > PREFILL_ROWS or wave_split)
+                         decode, in_tile=rows > PREFILL_ROWS or wave_split, smem=smem)
         if tile is not None:
             return tile
     if deep_split and rows <= PREFILL_ROWS:  # same K ranges, 128-row tiles: one weight pass per 128 rows
         split_tile = LinearConfig(BLOCK_M_PREFILL, MID_BLOCK_N, MID_SPLIT_BLOCK_K, 8, 4, split_k=split_k)
-        smem = 4 * (BLOCK_M_PREFILL + accumulators * MID_BLOCK_N) * MID_SPLIT_BLOCK_K * elem
-        if split_tile.k_range(k) == decode.k_range(k) and smem <= SMEM_BUDGET_BYTES:
+        split_bytes = 4 * (BLOCK_M_PREFILL + accumulators * MID_BLOCK_N) * MID_SPLIT_BLOCK_K * elem
+        if split_tile.k_range(k) == decode.k_range(k) and split_bytes <= budget:
             return split_tile
     block_n = 128 // accumulators
-    if rows > PREFILL_ROWS and PREFILL_STAGES * stage_bytes(BLOCK_M_PREFILL, block_n) <= SMEM_BUDGET_BYTES:
+    if rows > PREFILL_ROWS and PREFILL_STAGES * stage_bytes(BLOCK_M_PREFILL, block_n) <= budget:
         return LinearConfig(BLOCK_M_PREFILL, block_n, block_k, 8, PREFILL_STAGES, split_k=split_k)
-    stages = max(3, min(4, MID_STAGE_BYTES // stage_bytes(BLOCK_M, MID_BLOCK_N)))
+    stages = max(3, min(4, min(MID_STAGE_BYTES, smem) // stage_bytes(BLOCK_M, MID_BLOCK_N)))
     return LinearConfig(BLOCK_M, MID_BLOCK_N, block_k, warps(MID_BLOCK_N), stages, split_k=split_k)
 
 
 def _tma_tile(n_out: int, k: int, rows: int, elem: int, w_elem: int, accumulators: int, decode: LinearConfig,
-              in_tile: bool):
+              in_tile: bool, smem: int = SM_SHARED_BYTES):
     """The TMA tile of a launch of ``rows`` (> DECODE_ROWS) rows: the first candidate of its row class
     that keeps the weight's K ranges and fills the GPU's waves (TMA_WAVE_FILL); None when no candidate
-    keeps the K ranges. in_tile: a split weight's tile adds its K ranges itself (no partials). The
+    keeps the K ranges within ``smem``. in_tile: a split weight's tile adds its K ranges itself (no partials). The
     candidates' K steps are for 2-byte rows; FP8 rows (W8A8) take as many bytes, twice the elements,
     or the decode tile's K step where theirs would move a split weight's ranges (Ouro down)."""
     adds_ranges = in_tile and decode.split_k > 1
@@ -310,12 +316,11 @@ def _tma_tile(n_out: int, k: int, rows: int, elem: int, w_elem: int, accumulator
     if elem == 1:
         tiles = [t if t.k_bounds(k) == decode.k_bounds(k) else dataclasses.replace(t, block_k=decode.block_k)
                  for t in tiles]
-        tiles = [t for t in tiles
-                 if t.num_stages * (t.block_m + accumulators * t.block_n) * t.block_k <= SM_SHARED_BYTES]
-    tiles = [t for t in tiles if t.k_bounds(k) == decode.k_bounds(k)]
+    tiles = [t for t in tiles if t.k_bounds(k) == decode.k_bounds(k)
+             and t.num_stages * (t.block_m * elem + accumulators * t.block_n * w_elem) * t.block_k <= smem]
     for t in tiles:
         stage_bytes = (t.block_m * elem + accumulators * t.block_n * w_elem) * t.block_k
-        resident = max(1, SM_SHARED_BYTES // (t.num_stages * stage_bytes))
+        resident = max(1, smem // (t.num_stages * stage_bytes))
         programs = triton.cdiv(rows, t.block_m) * triton.cdiv(n_out, t.block_n) * (1 if t.reduce_in_tile else t.split_k)
         slots = WAVE_CTAS * resident
         if programs >= TMA_WAVE_FILL * WAVE_CTAS and programs >= TMA_WAVE_FILL * triton.cdiv(programs, slots) * slots:
@@ -324,7 +329,7 @@ def _tma_tile(n_out: int, k: int, rows: int, elem: int, w_elem: int, accumulator
 
 
 def _skinny_config(decode: LinearConfig, k: int, elem: int, w_elem: int, accumulators: int,
-                   block_m: int) -> LinearConfig:
+                   block_m: int, smem: int = SM_SHARED_BYTES) -> LinearConfig:
     """The transposed decode tile: K steps of SKINNY_K_STEP_BYTES of 16-bit weight row (FP8: twice
     the elements for one-accumulator weights up to FP8_WIDE_STEP_MAX_K) unless they would move the
     weight's split ranges; stages as many as keep the tile's bytes in flight (x in ``elem`` bytes,
@@ -344,8 +349,10 @@ def _skinny_config(decode: LinearConfig, k: int, elem: int, w_elem: int, accumul
     in_flight = SKINNY_BYTES_IN_FLIGHT if block_m == SKINNY_ROWS else SKINNY_WIDE_BYTES_IN_FLIGHT
     if widened:
         in_flight = FP8_SKINNY_BYTES_IN_FLIGHT
-    stages = max(SKINNY_STAGES, min(SKINNY_MAX_STAGES, in_flight // stage_bytes))
-    if accumulators == 2 and not widened and SWIGLU_SKINNY_STAGES * stage_bytes <= SM_SHARED_BYTES:
+    stages = max(2, min(SKINNY_MAX_STAGES, min(in_flight, smem) // stage_bytes))
+    if SKINNY_STAGES * stage_bytes <= smem:
+        stages = max(stages, SKINNY_STAGES)
+    if accumulators == 2 and not widened and SWIGLU_SKINNY_STAGES * stage_bytes <= smem:
         stages = max(stages, SWIGLU_SKINNY_STAGES)
     return LinearConfig(block_m, SKINNY_BLOCK_N, block_k, 4, stages, split_k=decode.split_k, swap_ab=True)
 
@@ -726,7 +733,9 @@ def _checked(x, weight, out, active_rows, activation, weight_scale, x_scale=None
     check_launchable(x, weight, out, active_rows, weight_scale, x_scale)
     rows = m if x.is_cuda and not interpreter_active() else None
     weight_dtype = None if weight.dtype == x.dtype else weight.dtype
-    return out, linear_config(n, k, x.dtype, activation, rows, weight_dtype, tma=rows is not None and _tma_usable(x, weight))
+    smem = SM_SHARED_BYTES if rows is None else shared_memory(_device_index(x))
+    return out, linear_config(n, k, x.dtype, activation, rows, weight_dtype, tma=rows is not None and _tma_usable(x, weight),
+                              smem=smem)
 
 
 @functools.lru_cache(maxsize=None)
@@ -734,10 +743,22 @@ def _capability(index: int) -> int:
     return torch.cuda.get_device_capability(index)[0]
 
 
+def _device_index(t: torch.Tensor) -> int:
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
+@functools.lru_cache(maxsize=None)
+def shared_memory(index: int) -> int:
+    """Shared memory a program may use on CUDA device ``index`` (the limit Triton launches against),
+    at most SM_SHARED_BYTES, the H100/H200's, within which the tiles were tuned (RTX 4090, L40S and
+    other sm_89 GPUs: 99 KiB)."""
+    return min(SM_SHARED_BYTES, int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]))
+
+
 def _tma_usable(x, weight) -> bool:
     """Whether TMA can fetch x's and the weight's tiles: a Hopper or newer GPU, 16-byte aligned
     bases and row strides."""
-    if _capability(x.device.index if x.device.index is not None else torch.cuda.current_device()) < 9:
+    if _capability(_device_index(x)) < 9:
         return False
     return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 and t.shape[1] * t.element_size() >= 16
                for t in (x, weight))

@@ -542,6 +542,20 @@ MUTANTS = (
         "a batch of fresh requests waits for the backed-off probe schedule before drafting at all",
     ),
     Mutant(
+        "linear-tiles-ignore-the-device-shared-memory", "rlt_kernels/gemm.py",
+        "budget = min(SMEM_BUDGET_BYTES, smem)",
+        "budget = SMEM_BUDGET_BYTES",
+        ("tests/kernels/test_small_smem_gpus.py::test_tiles_fit_a_99_kib_gpu_and_keep_their_k_plan",),
+        "decode and prefill pipelines sized for the H200 fail to launch on 99 KiB GPUs (RTX 4090, L40S)",
+    ),
+    Mutant(
+        "skinny-tiles-ignore-the-device-shared-memory", "rlt_kernels/gemm.py",
+        "stages = max(2, min(SKINNY_MAX_STAGES, min(in_flight, smem) // stage_bytes))",
+        "stages = max(2, min(SKINNY_MAX_STAGES, in_flight // stage_bytes))",
+        ("tests/kernels/test_small_smem_gpus.py::test_tiles_fit_a_99_kib_gpu_and_keep_their_k_plan",),
+        "the transposed decode tiles keep 120-160 KiB in flight on 99 KiB GPUs: every decode launch fails there",
+    ),
+    Mutant(
         "greedy-rounds-follow-the-luckiest-row", "rlt_runtime/engine/scheduler.py",
         "if self.greedy_rounds is not None:",
         "if False:",
