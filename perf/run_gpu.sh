@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU suite and every benchmark in one call.
-#   OUT=out bash perf/run_gpu.sh [tests|validate|conformance|kernels|decode-attn|chain|gemm-sweep|attn-sweep|engine|gaps|compile|spec|serving|fp8 ...]
+#   OUT=out bash perf/run_gpu.sh [tests|validate|rest|conformance|kernels|decode-attn|chain|gemm-sweep|attn-sweep|engine|gaps|compile|spec|serving|fp8 ...]
 #   (default: all but the sweeps; `tests` runs the GPU pytest suite and the conformance matrix side by
 #   side on the device, each with its own time limit, PART_TIMEOUT and CONF_TIMEOUT (default 480 s), so
-#   both fit one device call; `validate` runs the same two one after the other). Narrowing a part: TESTS_K (pytest -k for the GPU tests),
+#   both fit one device call; `validate` runs the same two one after the other; `rest`, with REST_FROM naming an
+#   earlier validate call's $WORK, what that call left unfinished). Narrowing a part: TESTS_K (pytest -k for the GPU tests),
 #   CONF_CASES, CONF_SEED, CONF_WORKERS, CONF_BUDGET, CONF_ONLY, CONF_FIRST (the conformance matrix: perf/conformance.py),
 #   RLT_SWEEP_K (weights and sweeps of gemm-sweep, e.g. "skinny and ouro.o" for the transposed decode tiles), RLT_SPEC_CONFIGS (fixed2,fixed4,adaptive), RLT_SPEC_BATCHES,
 #   RLT_SPEC_ACCEPTANCE (measured,0.7,0.9),
@@ -24,15 +25,18 @@ CONF_TIMEOUT=${CONF_TIMEOUT:-480}
 pack() { tar czf "$OUT/results.tgz" -C "$WORK" . ; }
 conformance() {  # Random engine configurations, each case in its own process, bitwise against its requests
                  # run alone (docs/gpu_validation.md); the runner keeps to CONF_BUDGET, timeout is the backstop.
+                 # Arguments: more perf.conformance options (e.g. --only "c031 ").
   timeout "$CONF_TIMEOUT" python3 -m perf.conformance --out "$WORK/conformance" --cases "${CONF_CASES:-40}" \
     --seed "${CONF_SEED:-0}" --workers "${CONF_WORKERS:-6}" --budget-s "${CONF_BUDGET:-420}" ${CONF_ONLY:+--only "$CONF_ONLY"} ${CONF_FIRST:+--first "$CONF_FIRST"} \
-    > "$WORK/conformance.log" 2>&1
+    "$@" > "$WORK/conformance.log" 2>&1
   echo "conformance exit code $?" | tee -a "$WORK/conformance.log"
   grep -E -A1 "^ *(fail|crash|timeout) " "$WORK/conformance.log"; grep "^conformance:" "$WORK/conformance.log"
 }
-gpu_tests() {  # Every GPU test, spread over pytest-xdist workers sharing the device (a device fault takes
-               # down one worker, which is replaced; its test is reported as failed).
-  timeout "$PART_TIMEOUT" python3 -m pytest tests -m gpu -n "${WORKERS:-6}" -v -p no:cacheprovider -rfE ${TESTS_K:+-k "$TESTS_K"} \
+gpu_tests() {  # Every GPU test (or the node ids given as arguments), spread over pytest-xdist workers sharing
+               # the device (a device fault takes down one worker, which is replaced; its test is reported as failed).
+  local targets=("$@")
+  [ ${#targets[@]} -eq 0 ] && targets=(tests)
+  timeout "$PART_TIMEOUT" python3 -m pytest "${targets[@]}" -m gpu -n "${WORKERS:-6}" -v -p no:cacheprovider -rfE ${TESTS_K:+-k "$TESTS_K"} \
     --tb=short --junitxml="$WORK/gpu_tests.xml" > "$WORK/gpu_tests.log" 2>&1
 }
 gpu_tests_summary() {
@@ -60,6 +64,18 @@ for part in $parts; do
              gpu_tests
              gpu_tests_summary
              conformance ;;
+    rest)    # What an earlier validate call left unfinished (REST_FROM: that call's $WORK, carried along; same
+             # CONF_CASES and CONF_SEED): its GPU tests with no result beside its matrix cases that did not
+             # run (perf/validation_rest.py).
+             mapfile -t rest_tests < <(python3 -m perf.validation_rest "$REST_FROM" --tests)
+             mapfile -t rest_cases < <(python3 -m perf.validation_rest "$REST_FROM" --cases)
+             echo "rest: ${#rest_tests[@]} GPU tests, ${#rest_cases[@]} matrix cases" | tee "$WORK/rest.txt"
+             only=()
+             for case in "${rest_cases[@]}"; do only+=(--only "$case"); done
+             tests_pid=
+             if [ ${#rest_tests[@]} -gt 0 ]; then gpu_tests "${rest_tests[@]}" & tests_pid=$!; fi
+             [ ${#only[@]} -gt 0 ] && conformance "${only[@]}"
+             if [ -n "$tests_pid" ]; then wait "$tests_pid"; gpu_tests_summary; fi ;;
     conformance) conformance ;;
     kernels) timeout "$PART_TIMEOUT" python3 -m pytest perf -q -p no:cacheprovider --benchmark-json="$WORK/kernels.json" \
                -k "not sweep" > "$WORK/kernel_bench.log" 2>&1; tail -n 15 "$WORK/kernel_bench.log"
