@@ -94,7 +94,8 @@ def linear_report(n: int, k: int, activation, rows: int, weight: str = "bf16", t
         const = dict(HAS_ACTIVE=True, SWIGLU=activation == "swiglu", HAS_SCALE=fp8, X_FP8=w8a8, WIDEN_INLINE=True,
                      EXACT_DOT=False,
                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-                     SPLIT_K=cfg.split_k, STAGES=cfg.num_stages, REDUCE_IN_TILE=cfg.reduce_in_tile, PDL=hopper)
+                     SPLIT_K=cfg.split_k, STAGES=cfg.num_stages, REDUCE_IN_TILE=cfg.reduce_in_tile, SWAP_AB=cfg.swap_ab,
+                     PDL=hopper)
         return cfg, compile_sm90(gemm._linear_tma_kernel, descs, const, target=target, num_warps=cfg.num_warps,
                                  num_stages=cfg.num_stages)
     ptrs = {"x_ptr": f"*{x_type}", "w_ptr": "*fp8e4nv" if fp8 else "*bf16", "scale_ptr": "*fp32",

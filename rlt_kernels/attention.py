@@ -469,14 +469,14 @@ def _combine_kernel(
 def _locate_row(qsl_ptr, active_ptr, seq_lens_ptr, n_seqs, HAS_ACTIVE: tl.constexpr):
     """Map program_id(0) (a query token) to its sequence. Returns (seq, token, position, idle):
     idle for a token no live sequence owns. Sequence t owning exactly token t (decode) is
-    recognised without the binary search."""
+    recognised without the binary search, and without waiting for the live count: its loads go out
+    beside the count's."""
     token = tl.program_id(0)
+    seq = tl.minimum(token, tl.maximum(n_seqs - 1, 0))
     n_active = n_seqs + token * 0
     if HAS_ACTIVE:
         n_active = tl.minimum(tl.load(active_ptr), n_seqs)
-    last = tl.maximum(n_active - 1, 0)
-    seq = tl.minimum(token, last)
-    if (tl.load(qsl_ptr + seq) != token) | (tl.load(qsl_ptr + seq + 1) != token + 1):
+    if (seq >= n_active) | (tl.load(qsl_ptr + seq) != token) | (tl.load(qsl_ptr + seq + 1) != token + 1):
         lo = token * 0
         hi = tl.maximum(n_active, 1)
         while hi - lo > 1:  # largest s < n_active with qsl[s] <= token

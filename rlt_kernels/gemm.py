@@ -138,6 +138,14 @@ SKINNY_WIDE_BYTES_IN_FLIGHT = 160 * 1024
 # 1 / 16 / 64: 4.68 / 5.48 / 8.28 -> 4.57 / 5.39 / 8.15. FP8 weights keep their rule (3 and 4 stages
 # timed alike at M = 1).
 SWIGLU_SKINNY_STAGES = 4
+# The 64-row skinny tile of 16-bit weights and rows (M = 17..64) is fetched by TMA on Hopper
+# (`_linear_tma_kernel` with SWAP_AB: same tile, K steps and stages, same bits). H200, the decode chain
+# of perf.bench_decode_chain (96 layer-loops in one graph), ms at batch 64, cp.async -> TMA, three
+# rounds: 8.047 / 8.039 / 8.039 -> 7.784 / 7.785 / 7.785. The 16-row tile (M <= 16) keeps cp.async:
+# alone, from HBM, its TMA form was faster with its own stages (M = 1, us: qkv 9.1 -> 8.4, gate_up
+# 15.8 -> 13.5 with 128-byte K steps, LM head 51.2 -> 48.5, Huginn mlp_proj 59.7 -> 47.8), yet the chain
+# at batch 1 / 4 / 16 went 4.32 / 4.58 / 5.29 -> 4.43 / 4.70 / 5.34 ms (docs/perf/kernels.md).
+SKINNY_WIDE_TMA = True
 FP8_SKINNY_BYTES_IN_FLIGHT = 48 * 1024
 FP8_WIDE_STEP_MAX_K = 4096
 # Column tile of the middle row class.
@@ -276,7 +284,7 @@ def linear_config(n: int, k: int, dtype: torch.dtype, activation: str | None = N
     if rows <= SKINNY_ROWS or (rows <= DECODE_ROWS and block_n >= SKINNY_BLOCK_N):
         w_elem = elem if weight_dtype is None else weight_dtype.itemsize
         return _skinny_config(decode, k, elem, w_elem, accumulators, SKINNY_ROWS if rows <= SKINNY_ROWS else BLOCK_M,
-                              smem)
+                              smem, tma=tma and weight_dtype is None and elem == 2)
     if rows <= DECODE_ROWS:
         return decode
     if tma and (weight_dtype is None or (rows > PREFILL_ROWS and accumulators == 1)):
@@ -329,12 +337,13 @@ def _tma_tile(n_out: int, k: int, rows: int, elem: int, w_elem: int, accumulator
 
 
 def _skinny_config(decode: LinearConfig, k: int, elem: int, w_elem: int, accumulators: int,
-                   block_m: int, smem: int = SM_SHARED_BYTES) -> LinearConfig:
+                   block_m: int, smem: int = SM_SHARED_BYTES, tma: bool = False) -> LinearConfig:
     """The transposed decode tile: K steps of SKINNY_K_STEP_BYTES of 16-bit weight row (FP8: twice
     the elements for one-accumulator weights up to FP8_WIDE_STEP_MAX_K) unless they would move the
     weight's split ranges; stages as many as keep the tile's bytes in flight (x in ``elem`` bytes,
     the weight in ``w_elem``). W8A8 (FP8 x and weight: nothing to widen) follows the 16-bit rules
-    in bytes."""
+    in bytes. ``tma``: TMA can fetch the tiles of these 16-bit weights and rows; the 64-row tile then
+    takes it (SKINNY_WIDE_TMA)."""
     widened = w_elem < elem
     step = SKINNY_K_STEP_BYTES // elem
     if widened and accumulators == 1 and k <= FP8_WIDE_STEP_MAX_K:
@@ -354,7 +363,8 @@ def _skinny_config(decode: LinearConfig, k: int, elem: int, w_elem: int, accumul
         stages = max(stages, SKINNY_STAGES)
     if accumulators == 2 and not widened and SWIGLU_SKINNY_STAGES * stage_bytes <= smem:
         stages = max(stages, SWIGLU_SKINNY_STAGES)
-    return LinearConfig(block_m, SKINNY_BLOCK_N, block_k, 4, stages, split_k=decode.split_k, swap_ab=True)
+    return LinearConfig(block_m, SKINNY_BLOCK_N, block_k, 4, stages, split_k=decode.split_k, swap_ab=True,
+                        tma=tma and SKINNY_WIDE_TMA and block_m == BLOCK_M)
 
 
 def _check_activation(activation) -> None:
@@ -570,39 +580,59 @@ def _linear_kernel(
 
 
 @triton.jit
+def _accumulator(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP_AB: tl.constexpr):
+    """A zero fp32 tile accumulator: [BLOCK_M, BLOCK_N], or [BLOCK_N, BLOCK_M] for transposed products."""
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    return acc
+
+
+@triton.jit
 def _tma_k_range(x_desc, w_desc, row0, col0, n_out, k_lo, k_hi, k_range, SWIGLU: tl.constexpr,
                  HAS_SCALE: tl.constexpr, X_FP8: tl.constexpr, WIDEN_INLINE: tl.constexpr, EXACT_DOT: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-                 IN_RANGES: tl.constexpr):
+                 IN_RANGES: tl.constexpr, SWAP_AB: tl.constexpr):
     """fp32 sums over K in [k_lo, k_hi) of the tile at (row0, col0), gate (and up with SWIGLU)
-    accumulators [BLOCK_M, BLOCK_N], fetched by TMA into a STAGES-deep pipeline. IN_RANGES: the
+    accumulators [BLOCK_M, BLOCK_N], fetched by TMA into a STAGES-deep pipeline. SWAP_AB: the
+    product is taken transposed, W x^T with the weight tile on the left (skinny decode tiles, as
+    `_linear_kernel`'s), and the sums transposed back. IN_RANGES: the
     sums of each k_range-long range (ranges start at multiples of k_range) added in range order,
     in the same one pipelined loop: each range accumulates from zero and joins the sum at its last
     step. (One pipelined loop per range restarts the pipeline at every range: same bits, H200 o at
     M = 256 10.6 against 7.8 us.)"""
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_g = _accumulator(BLOCK_M, BLOCK_N, SWAP_AB)
+    acc_u = _accumulator(BLOCK_M, BLOCK_N, SWAP_AB)
     if IN_RANGES:
-        sum_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        sum_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        sum_g = _accumulator(BLOCK_M, BLOCK_N, SWAP_AB)
+        sum_u = _accumulator(BLOCK_M, BLOCK_N, SWAP_AB)
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
         a = x_desc.load([row0, k0])
         g = _dot_operand(w_desc.load([col0, k0]), a, X_FP8, HAS_SCALE, WIDEN_INLINE, EXACT_DOT)
         if SWIGLU:
             u = _dot_operand(w_desc.load([n_out + col0, k0]), a, X_FP8, HAS_SCALE, WIDEN_INLINE, EXACT_DOT)
         a = _row_operand(a, X_FP8, EXACT_DOT)
-        acc_g = mma(a, tl.trans(g), acc_g, "tf32", EXACT_DOT)
-        if SWIGLU:
-            acc_u = mma(a, tl.trans(u), acc_u, "tf32", EXACT_DOT)
+        if SWAP_AB:
+            acc_g = mma(g, tl.trans(a), acc_g, "tf32", EXACT_DOT)
+            if SWIGLU:
+                acc_u = mma(u, tl.trans(a), acc_u, "tf32", EXACT_DOT)
+        else:
+            acc_g = mma(a, tl.trans(g), acc_g, "tf32", EXACT_DOT)
+            if SWIGLU:
+                acc_u = mma(a, tl.trans(u), acc_u, "tf32", EXACT_DOT)
         if IN_RANGES:
             if ((k0 + BLOCK_K) % k_range == 0) | (k0 + BLOCK_K >= k_hi):  # the range's last step
                 sum_g += acc_g
-                acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                acc_g = _accumulator(BLOCK_M, BLOCK_N, SWAP_AB)
                 if SWIGLU:
                     sum_u += acc_u
-                    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                    acc_u = _accumulator(BLOCK_M, BLOCK_N, SWAP_AB)
     if IN_RANGES:
-        return sum_g, sum_u
+        acc_g, acc_u = sum_g, sum_u
+    if SWAP_AB:
+        acc_g = tl.trans(acc_g)
+        acc_u = tl.trans(acc_u)
     return acc_g, acc_u
 
 
@@ -613,7 +643,7 @@ def _linear_tma_kernel(
     WIDEN_INLINE: tl.constexpr,
     EXACT_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr,
-    REDUCE_IN_TILE: tl.constexpr, PDL: tl.constexpr,
+    REDUCE_IN_TILE: tl.constexpr, SWAP_AB: tl.constexpr, PDL: tl.constexpr,
 ):
     """`_linear_kernel`'s untransposed tile with both operands fetched through TMA descriptors
     (x [m, k] in [BLOCK_M, BLOCK_K] boxes, weight [n, k] in [BLOCK_N, BLOCK_K] boxes; the
@@ -621,7 +651,8 @@ def _linear_tma_kernel(
     widened in registers as in `_linear_kernel`. Same K steps, ranges and fp32 accumulation order,
     so the same bits as `_linear_kernel` for the same reduction plan. REDUCE_IN_TILE: the program
     runs all SPLIT_K ranges of its tile in turn and adds their fp32 sums in range order, as
-    `_split_reduce_kernel` adds the partials (same bits, no partials written)."""
+    `_split_reduce_kernel` adds the partials (same bits, no partials written). SWAP_AB: the
+    transposed product of `_linear_kernel`'s skinny decode tiles (same bits)."""
     pid_m, pid_n = _tile_ids(m, n_out, BLOCK_M, BLOCK_N, GROUP_M)
     wait_for_inputs(PDL)
     live = _live_rows(m, active_ptr, HAS_ACTIVE)
@@ -634,13 +665,13 @@ def _linear_tma_kernel(
     io_mask = (rows[:, None] < live) & (cols[None, :] < n_out)
     if REDUCE_IN_TILE:
         sum_g, sum_u = _tma_k_range(x_desc, w_desc, row0, col0, n_out, 0, k, k_range, SWIGLU, HAS_SCALE, X_FP8,
-                                    WIDEN_INLINE, EXACT_DOT, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, True)
+                                    WIDEN_INLINE, EXACT_DOT, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, True, SWAP_AB)
         _store_result(out_ptr, scale_ptr, x_scale_ptr, rows, cols, m, n_out, stride_out, sum_g, sum_u, io_mask, SWIGLU,
                       HAS_SCALE, X_FP8)
     else:
         k_lo, k_hi = _k_span(k, k_range, SPLIT_K)
         acc_g, acc_u = _tma_k_range(x_desc, w_desc, row0, col0, n_out, k_lo, k_hi, k_range, SWIGLU, HAS_SCALE, X_FP8,
-                                    WIDEN_INLINE, EXACT_DOT, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, False)
+                                    WIDEN_INLINE, EXACT_DOT, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, False, SWAP_AB)
         _store_tile(out_ptr, ws_ptr, scale_ptr, x_scale_ptr, rows, cols, m, n_out, stride_out, acc_g, acc_u, io_mask,
                     SWIGLU, HAS_SCALE, X_FP8, SPLIT_K)
 
@@ -791,7 +822,7 @@ def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_s
             k, k_range, out.stride(0), HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu, HAS_SCALE=has_scale,
             X_FP8=x_fp8, WIDEN_INLINE=inline_widening(), EXACT_DOT=exact_dots(), BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, SPLIT_K=split, STAGES=cfg.num_stages,
-            REDUCE_IN_TILE=in_tile, PDL=pdl,
+            REDUCE_IN_TILE=in_tile, SWAP_AB=cfg.swap_ab, PDL=pdl,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl, enable_fp_fusion=True,
         )
     else:

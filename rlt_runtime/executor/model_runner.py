@@ -572,7 +572,7 @@ class ModelRunner:
         active = self.dec_in["num_rows"]
         idx = slots.long()
         pos = self.slot_pos.index_select(0, idx)
-        batch = self._decode_batch(pos, slots, active, key_depth_reads=not fixed)
+        batch = self._decode_batch(pos, slots, active, key_depth_reads=not fixed, padding_unread=fixed)
         rs = self.start_rows(self.slot_token.index_select(0, idx), slots, pos, self.dec_in["trace"][:b], active, batch,
                              idx=idx, exits=not fixed)
         if fixed:
@@ -580,7 +580,7 @@ class ModelRunner:
         else:
             out = RowResults.empty(b, rs.h, self.device)
             self.run_loops(rs, 0, self.depth, out, False, batch)
-        logits = self.head_logits(out, slots, pos, active)
+        logits = self.head_logits(out, slots, pos, active, padding_unread=fixed)
         if late:
             return {"logits": logits, "depths": out.depth}
         return self._sample_decode_rows(logits, out.depth, slots, idx, pos, active, want_lp, num_top, processed)
@@ -702,23 +702,29 @@ class ModelRunner:
             rs = rs.permute(torch.argsort((~keep).to(torch.int8), stable=True), keep.sum().to(torch.int32).reshape(1))
         return rs
 
-    def head_logits(self, out: "RowResults", slots, pos, active, cached: bool = True) -> torch.Tensor:
+    def head_logits(self, out: "RowResults", slots, pos, active, cached: bool = True,
+                    padding_unread: bool = False) -> torch.Tensor:
         """fp32 logits of the rows' final states (the model's `head_input`, then the head; Huginn's
         coda writes its K/V).
 
-        cached: reuse logits the exit rule already computed at each row's exit (Huginn's logit criteria)."""
+        cached: reuse logits the exit rule already computed at each row's exit (Huginn's logit criteria).
+        padding_unread: rows past `active` are padding nothing reads (see `_decode_batch`)."""
         if cached and out.logits is not None:
             return out.logits
-        batch = self._decode_batch(pos, slots, active) if self.model.head_input_attends else None
-        return self.model.logits(self.model.head_input(out.final, batch), self.ops, active)
+        batch = self._decode_batch(pos, slots, active, padding_unread=padding_unread) \
+            if self.model.head_input_attends else None
+        return self.model.logits(self.model.head_input(out.final, batch), self.ops, None if padding_unread else active)
 
-    def _decode_batch(self, pos, slots, active, key_depth_reads: bool = True) -> ForwardBatch:
+    def _decode_batch(self, pos, slots, active, key_depth_reads: bool = True, padding_unread: bool = False
+                      ) -> ForwardBatch:
+        """The pass of decode rows; padding_unread: a fixed-depth pass, whose rows past `active`
+        (a bucket's padding) nothing reads, so its dense kernels need not read the count."""
         b = pos.shape[0]
         return ForwardBatch(
             ops=self.ops, kv=self.kv, positions=pos, token_slots=slots, seq_slots=slots,
             seq_lens=(pos + 1).to(torch.int32), query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=self.device),
             cos_sin=self.cos_sin, rope_style=self.model.rope_style, active=active, decode_from=0,
-            key_depth_reads=key_depth_reads, one_query_per_sequence=True,
+            key_depth_reads=key_depth_reads, one_query_per_sequence=True, padding_unread=padding_unread,
         )
 
     def _record_exit(self, batch: ForwardBatch, exit_now: torch.Tensor, t: int) -> None:

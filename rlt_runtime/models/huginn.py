@@ -148,7 +148,7 @@ class HuginnModel:
     # ---- stage functions ---------------------------------------------------------------------
     def _blocks(self, x, blocks, batch, spec: PlaneSpec, first_cache_layer: int, final_norm=None):
         """Run add-then-norm blocks; returns (x, rms(x; final_norm) or None)."""
-        cfg, ops, active = self.config, batch.ops, batch.active
+        cfg, ops, active = self.config, batch.ops, batch.dense_active
         eps = cfg.norm_eps
         m = x.shape[0]
         hq, hkv, d = self.heads, self.kv_heads, cfg.head_dim
@@ -187,7 +187,7 @@ class HuginnModel:
         """One recurrence at index t: s [M, hidden], e [M, hidden] -> new s. Tokens at or past
         their depth limit (batch.depth_limit) keep s: the coda reads their recorded depth's state."""
         ops = batch.ops
-        x = ops.linear(torch.cat([s, e], dim=1), self.adapter, active_rows=batch.active)
+        x = ops.linear(torch.cat([s, e], dim=1), self.adapter, active_rows=batch.dense_active)
         s_new, _ = self._blocks(x, self.core, batch, self.layout.core(t), 0)
         if batch.depth_limit is not None:
             s_new = torch.where((batch.depth_limit > t)[:, None], s_new, s)
@@ -196,7 +196,7 @@ class HuginnModel:
     def coda(self, s: torch.Tensor, batch) -> torch.Tensor:
         """ln_f -> coda blocks (K/V in plane 0) -> ln_f: the head's input [M, hidden]."""
         cfg = self.config
-        x = batch.ops.rms_norm(s, self.ln_f, cfg.norm_eps, active_rows=batch.active)
+        x = batch.ops.rms_norm(s, self.ln_f, cfg.norm_eps, active_rows=batch.dense_active)
         _, n = self._blocks(x, self.coda_blocks, batch, self.layout.boundary(), cfg.n_layers_in_prelude, final_norm=self.ln_f)
         return n
 

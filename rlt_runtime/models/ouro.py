@@ -106,7 +106,7 @@ class OuroModel:
     def loop(self, h: torch.Tensor, e: None, batch, t: int) -> torch.Tensor:
         """One full loop at loop index t: all layers, then `model.norm`. h [M, hidden] -> [M, hidden]
         (e: None). Tokens past their depth limit write no K/V; their state is never read."""
-        cfg, ops, active = self.config, batch.ops, batch.active
+        cfg, ops, active = self.config, batch.ops, batch.dense_active
         eps = cfg.rms_norm_eps
         m = h.shape[0]
         hq, hkv, d = self.heads, self.kv_heads, cfg.head_dim

@@ -576,6 +576,20 @@ def test_nothing_to_do_leaves_out_untouched(device):
     assert run_kernel(empty).shape == (0, *b.q.shape[1:])
 
 
+@pytest.mark.parametrize("active", [0, 2])
+def test_decode_padding_rows_past_the_live_count_stay_untouched(device, active):
+    """Decode rows past the live count, laid out as a CUDA graph's bucket pads them (each owning its
+    own token, as live decode rows do, with stale lengths and tables), are neither computed nor written: the
+    decode kernel finds a row's sequence without waiting for the count, so it must still test it."""
+    lens = [20, 7, 33, 12]
+    b = make_batch([(1, n) for n in lens], device=device, active=active, seed=11)
+    b.query_start_loc.copy_(torch.arange(5, dtype=torch.int32, device=device))
+    b.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32, device=device))  # stale, yet in bounds
+    got = run_kernel(b, decode_from=0)
+    assert torch.isnan(got[active:]).all()
+    check_against_oracle(got, b, torch.float32)
+
+
 def test_argument_errors(device):
     b = make_batch([(1, 10)], heads=3, kv_heads=2, device=device)
     with pytest.raises(ValueError, match="kv heads"):

@@ -194,7 +194,8 @@ def test_linear_config_fits_and_spreads(n, k, activation, dtype):
         cfg = gemm.linear_config(n, k, dtype, activation, rows)
         budget = gemm.SM_SHARED_BYTES if cfg.tma or cfg.swap_ab else gemm.SMEM_BUDGET_BYTES
         assert cfg.num_stages * (cfg.block_m + accumulators * cfg.block_n) * cfg.block_k * elem <= budget
-        assert cfg.tma == (rows is not None and rows > gemm.DECODE_ROWS and dtype != torch.float32)
+        wide_skinny = cfg.swap_ab and cfg.block_m == gemm.BLOCK_M  # the 64-row transposed tile
+        assert cfg.tma == (rows is not None and (rows > gemm.DECODE_ROWS or wide_skinny) and dtype != torch.float32)
         max_stages = gemm.SKINNY_MAX_STAGES if cfg.swap_ab else gemm.MAX_STAGES
         assert cfg.block_m in (gemm.SKINNY_ROWS, gemm.BLOCK_M, gemm.BLOCK_M_PREFILL) and 2 <= cfg.num_stages <= max_stages
         assert (cfg.k_bounds(k), cfg.split_k) == (decode.k_bounds(k), decode.split_k)
@@ -280,6 +281,34 @@ def test_linear_row_class_tiles(device, weight_dtype, rows, activation, n, k):
     partial = run(cfg, live=2)
     _assert_rows_written(partial, 2)
     assert torch.equal(partial[:2], got[:2])
+
+
+@pytest.mark.parametrize("activation,n,k", [(None, 4352, 80), ("swiglu", 2 * 4352, 80), (None, 1088, gemm.SPLIT_MIN_K)])
+def test_wide_decode_tile_by_tma(device, activation, n, k):
+    """The 64-row transposed decode tile (launches of 17-64 rows) is fetched by TMA where TMA can
+    run (`_linear_tma_kernel` with SWAP_AB) and gives the bits of the same tile by cp.async, the
+    16-row tile keeps cp.async, and rows past the active count are not written (an unsplit and a
+    SwiGLU weight with 64-column decode tiles, and a deep split one)."""
+    cfg = gemm.linear_config(n, k, torch.bfloat16, activation, gemm.DECODE_ROWS)
+    plain = gemm.linear_config(n, k, torch.bfloat16, activation, gemm.DECODE_ROWS, tma=False)
+    assert cfg.swap_ab and cfg.tma and cfg.block_m == gemm.BLOCK_M and dataclasses.replace(cfg, tma=False) == plain
+    assert not gemm.linear_config(n, k, torch.bfloat16, activation, gemm.SKINNY_ROWS).tma
+    assert not gemm.linear_config(n, k, torch.bfloat16, activation, gemm.DECODE_ROWS, FP8_DTYPE).tma
+    gen = seeded(n + k, device)
+    x = randn((5, k), torch.bfloat16, device, gen)
+    w, _ = linear_weight(n, k, torch.bfloat16, device, gen)
+    n_out = n // 2 if activation else n
+
+    def run(config, live=None):
+        active = None if live is None else torch.tensor([live], dtype=torch.int32, device=device)
+        return gemm._launch(x, w, _poison((5, n_out), torch.bfloat16, device), active, activation, config)
+
+    got = run(cfg)
+    _assert_close_to(got, _exact(x, w.float(), activation), x, w.float(), activation)
+    assert torch.equal(got, run(plain))
+    partial = run(cfg, live=3)
+    _assert_rows_written(partial, 3)
+    assert torch.equal(partial[:3], got[:3])
 
 
 @pytest.mark.parametrize("rows", [1, gemm.DECODE_ROWS + 1, gemm.PREFILL_ROWS + 1])

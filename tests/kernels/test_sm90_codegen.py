@@ -112,6 +112,16 @@ def test_decode_tiles_fit_an_sm(decode_linear):
         assert report["shared_bytes"] <= gemm.SM_SHARED_BYTES and report["stack_bytes"] == 0, (name, report)
 
 
+def test_wide_decode_tiles_move_by_tma(decode_linear):
+    """The 64-row transposed decode tiles of bf16 weights fetch x and the weight by TMA
+    (`gemm.SKINNY_WIDE_TMA`, faster in the H200's decode chain at batch 64); the 16-row tiles, slower
+    by TMA inside the chain, and FP8 weights' tiles keep per-thread copies."""
+    for name, report in decode_linear.items():
+        by_tma = report["loads"]["cp.async.bulk.tensor"] > 0
+        assert by_tma == name.endswith("bf16 64"), (name, report["loads"])
+        assert by_tma == (report["loads"]["cp.async.cg.shared.global"] == 0), (name, report["loads"])
+
+
 def test_decode_attention_variants_compile_without_spills(reports):
     """Split and unsplit decode kernels, with and without RoPE and the K/V write, bf16 and FP8 caches."""
     variants = {name: r for name, r in reports.items() if name.startswith("decode attention")}

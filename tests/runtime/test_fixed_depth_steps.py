@@ -62,3 +62,49 @@ def test_which_rows_may_exit_early():
     assert ouro.may_exit_early(0.9, 4, 4) and ouro.may_exit_early(1.0, 3, 4)
     assert not huginn_fixed.may_exit_early(0.5, 8, 8) and huginn_fixed.may_exit_early(1.0, 7, 8)
     assert kl.may_exit_early(1.0, 8, 8) and ExitRule("trace").may_exit_early(1.0, 4, 4)
+
+
+@pytest.mark.parametrize("model", ["ouro-tiny", "huginn-tiny"])
+def test_fixed_depth_dense_kernels_take_no_live_count(model):
+    """A fixed-depth decode pass hands its linear layers and norms no live-row count (the rows past
+    it are a bucket's padding that nothing reads, and a count read before every launch's loads cost
+    the H200's batch-1 step 0.16 ms), while its attention keeps the count (padding rows write no
+    K/V); a pass whose rows may exit early hands the count to every kernel."""
+    llm = LLM(model, dtype="float32", max_num_seqs=4, seed=3, execution_mode="eager")
+    runner = llm.engine.executor.worker.runner
+    ops, program = runner.ops, runner.decode_program
+    seen, decoding = [], []
+    dense = ("linear", "linear_residual_norm", "rms_norm", "residual_norm")
+
+    def recording(name, fn):
+        def call(*args, **kwargs):
+            if decoding:
+                count = kwargs.get("active_seqs" if name == "rope_paged_attention" else "active_rows")
+                seen.append((decoding[-1], name, count is None))
+            return fn(*args, **kwargs)
+        return call
+
+    def decode_program(b, want_lp, num_top, processed=False, fixed=False, late=False):
+        decoding.append(fixed)
+        try:
+            return program(b, want_lp, num_top, processed, fixed, late)
+        finally:
+            decoding.pop()
+
+    originals = {name: getattr(ops, name) for name in dense + ("rope_paged_attention",)}
+    for name, fn in originals.items():
+        setattr(ops, name, recording(name, fn))
+    runner.decode_program = decode_program
+    try:
+        for threshold in (1.0, 0.6) if model == "ouro-tiny" else (1.0,):
+            llm.generate(PROMPTS[:2], [_params(threshold)] * 2, use_tqdm=False)
+    finally:
+        for name, fn in originals.items():
+            setattr(ops, name, fn)
+        del runner.decode_program
+    fixed_passes = {(name, without) for fixed, name, without in seen if fixed}
+    assert {name for name, _ in fixed_passes} >= {"linear", "rope_paged_attention"}
+    assert fixed_passes == {(name, name in dense) for name, _ in fixed_passes}
+    if model == "ouro-tiny":
+        others = {(name, without) for fixed, name, without in seen if not fixed}
+        assert others and not any(without for _, without in others)
