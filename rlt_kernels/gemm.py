@@ -645,7 +645,7 @@ def _linear_tma_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, STAGES: tl.constexpr,
     REDUCE_IN_TILE: tl.constexpr, SWAP_AB: tl.constexpr, PDL: tl.constexpr,
 ):
-    """`_linear_kernel`'s untransposed tile with both operands fetched through TMA descriptors
+    """`_linear_kernel`'s tile with both operands fetched through TMA descriptors
     (x [m, k] in [BLOCK_M, BLOCK_K] boxes, weight [n, k] in [BLOCK_N, BLOCK_K] boxes; the
     accelerator zero-fills past either shape) into a STAGES-deep pipeline; FP8 weight tiles are
     widened in registers as in `_linear_kernel`. Same K steps, ranges and fp32 accumulation order,
