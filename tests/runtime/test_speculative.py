@@ -190,10 +190,14 @@ class PaddingOnly:
         return None
 
 
+@pytest.mark.parametrize("threshold", [0.6, 1.0], ids=["early-exit", "fixed-depth"])
 @pytest.mark.parametrize("with_spec", [False, True])
-def test_padded_rows_are_inert(with_spec):
+def test_padded_rows_are_inert(with_spec, threshold):
+    """Rows padded to a bucket change nothing, also in fixed-depth steps (threshold 1.0), whose
+    linear layers and norms compute the padding rows (they take no live count)."""
     options = {"speculative_config": spec(3, 1)} if with_spec else {}
-    params = SamplingParams(max_tokens=10, temperature=0.7, seed=9, exit_threshold=0.6, logprobs=2, ignore_eos=True)
+    params = SamplingParams(max_tokens=10, temperature=0.7, seed=9, exit_threshold=threshold, logprobs=2,
+                            ignore_eos=True)
     prompts = [[5, 6, 7], [8, 9], list(range(20, 40))]
     plain = LLM("ouro-tiny", dtype="float32", max_num_seqs=8, **options)
     padded = LLM("ouro-tiny", dtype="float32", max_num_seqs=8, **options)
