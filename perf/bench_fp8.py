@@ -12,7 +12,10 @@ two with FP8 activation rows too (quantization="w8a8_fp8").
 * Speed: decode steady state (prompt 128, output 128, greedy, ignore_eos, full depth) at batch 1,
   64, 256 with `bench_offline.decode_benchmark`, beside the roofline floor of `bench_engine.floor_ms`
   with the FP8 bytes: the layers' weights at 1 byte a parameter (embeddings and LM head stay
-  bf16) and, with the FP8 cache, K/V at 1 byte an element.
+  bf16) and, with the FP8 cache, K/V at 1 byte an element. Each batch runs `--repeats` times in
+  the same engine, each run with its own prompts (seed = run); the row is the median run, with
+  the fastest and slowest beside it (batch-256 runs of one engine on the H200 differed by up to
+  9%: docs/perf/fp8.md).
 * Fidelity against the bf16 engine over a fixed prompt set (seeded random token prompts):
   free-running greedy generation with the Ouro exit gate (exit_threshold 0.5): token agreement by
   position and exit-depth agreement where both engines saw the same tokens (up to and including
@@ -92,7 +95,20 @@ def fp8_weight_bytes_per_step(cfg, depth: int) -> int:
     return weight_bytes_per_step(cfg, depth) - saved
 
 
-def speed(model, options, batches, input_len, output_len, roof, dtype) -> dict:
+REPEATS = 3
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The median of `decode_benchmark` results by ms_per_step (the slower middle one of an even
+    count), with every run's ms_per_step and the spread: ms_per_step_min / _max."""
+    ordered = sorted(runs, key=lambda r: r["ms_per_step"])
+    mid = dict(ordered[len(ordered) // 2])
+    mid.update(runs_ms_per_step=[r["ms_per_step"] for r in runs], ms_per_step_min=ordered[0]["ms_per_step"],
+               ms_per_step_max=ordered[-1]["ms_per_step"])
+    return mid
+
+
+def speed(model, options, batches, input_len, output_len, roof, dtype, repeats: int = REPEATS) -> dict:
     from perf.bench_engine import floor_ms
 
     llm = LLM(model, dtype=dtype, max_num_seqs=max(batches), **options)
@@ -103,13 +119,15 @@ def speed(model, options, batches, input_len, output_len, roof, dtype) -> dict:
     wbytes = fp8_weight_bytes_per_step(cfg, depth) if options.get("quantization") in FP8_QUANTIZATIONS else None
     kv_elem = 1 if options.get("kv_cache_dtype") == "fp8" else 2
     for b in batches:
-        r = decode_benchmark(llm, b, input_len, output_len, prefix=f"d{b}")
+        r = median_run([decode_benchmark(llm, b, input_len, output_len, prefix=f"d{b}r{i}", seed=i)
+                        for i in range(repeats)])
         if roof is not None:
             r["floor_ms"] = floor_ms(cfg, depth, b, roof, ctx=input_len + output_len // 2, weight_bytes=wbytes,
                                      kv_elem_bytes=kv_elem)
             r["frac_floor"] = r["floor_ms"] / r["ms_per_step"]
         out[b] = r
-        print(options, b, {k: r.get(k) for k in ("tok_per_s", "ms_per_step", "floor_ms")}, flush=True)
+        print(options, b, {k: r.get(k) for k in ("tok_per_s", "ms_per_step", "ms_per_step_min", "ms_per_step_max",
+                                                  "floor_ms")}, flush=True)
     del llm
     _free()
     return out
@@ -225,11 +243,13 @@ def run(args) -> dict:
         roof = measure()
         print("roofline", roof, flush=True)
     res = {"model": args.model, "date": time.strftime("%Y-%m-%d"), "roofline": roof, "dtype": dtype,
-           "input_len": args.input_len, "output_len": args.output_len, "speed": {}, "fidelity": {}, "sensitivity": {}}
+           "input_len": args.input_len, "output_len": args.output_len, "repeats": args.repeats, "speed": {}, "fidelity": {},
+           "sensitivity": {}}
     configs = {name: CONFIGS[name] for name in args.configs}
     if "speed" in args.parts:
         for name, options in configs.items():
-            res["speed"][name] = speed(args.model, options, args.batches, args.input_len, args.output_len, roof, dtype)
+            res["speed"][name] = speed(args.model, options, args.batches, args.input_len, args.output_len, roof, dtype,
+                                       args.repeats)
     if "fidelity" in args.parts:
         prompts = random_prompts(args.prompts, args.fidelity_prompt_len, vocab_size(args.model), seed=11)
         reference = fidelity(args.model, CONFIGS["bf16"], prompts, args.fidelity_output_len, dtype)
@@ -261,7 +281,10 @@ def markdown(res: dict) -> str:
     if res["speed"]:
         lines += [f"Decode steady state, prompt {res['input_len']}, output {res['output_len']}, greedy, full depth; "
                   "floors with FP8 bytes (layer weights 1 byte a parameter; FP8 cache 1 byte a K/V element).", "",
-                  "| engine | batch | tok/s | ms/step | floor ms | of floor | vs bf16 |", "|---|---|---|---|---|---|---|"]
+                  f"Each row is the median of {res.get('repeats', 1)} runs (own prompts each); ms/step range: the "
+                  "fastest and slowest run.", "",
+                  "| engine | batch | tok/s | ms/step | ms/step range | floor ms | of floor | vs bf16 |",
+                  "|---|---|---|---|---|---|---|---|"]
     base = res["speed"].get("bf16")
     for name, runs in res["speed"].items():
         for b, r in runs.items():
@@ -270,7 +293,9 @@ def markdown(res: dict) -> str:
             floor = f"{r['floor_ms']:.2f}" if "floor_ms" in r else "-"
             frac = f"{r['frac_floor']:.0%}" if "frac_floor" in r else "-"
             ratio = f"{r['tok_per_s'] / base[b]['tok_per_s']:.2f}x" if base else "-"
-            lines.append(f"| {name} | {b} | {r['tok_per_s']:.0f} | {r['ms_per_step']:.2f} | {floor} | {frac} | {ratio} |")
+            spread = f"{r['ms_per_step_min']:.2f}-{r['ms_per_step_max']:.2f}" if "ms_per_step_min" in r else "-"
+            lines.append(f"| {name} | {b} | {r['tok_per_s']:.0f} | {r['ms_per_step']:.2f} | {spread} | {floor} | {frac} | "
+                         f"{ratio} |")
     if res["fidelity"]:
         lines += _fidelity_lines(res)
     if res.get("sensitivity"):
@@ -301,12 +326,15 @@ def main(argv=None) -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=BATCHES)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=REPEATS, help="decode runs per batch (speed); the median is reported")
     ap.add_argument("--prompts", type=int, default=16, help="fidelity prompts")
     ap.add_argument("--fidelity-prompt-len", type=int, default=32)
     ap.add_argument("--fidelity-output-len", type=int, default=32)
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=["speed", "fidelity"], help="what to measure")
     ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS), help="engines to run")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1, got {args.repeats}")
     os.makedirs(args.out, exist_ok=True)
     res = run(args)
     for f in res["fidelity"].values():

@@ -60,3 +60,46 @@ def test_fidelity_smoke_on_cpu(tmp_path):
         for key in ("greedy_agreement", "teacher_forced_argmax_agreement", "exit_depth_agreement"):
             assert 0.0 <= f[key] <= 1.0
     assert "| fp8 weights + KV |" in (tmp_path / "fp8.md").read_text()
+
+
+def test_median_run_is_the_middle_run_with_the_spread():
+    from perf.bench_fp8 import median_run
+
+    runs = [{"ms_per_step": ms, "tok_per_s": 1000 / ms, "seed": i} for i, ms in enumerate((18.6, 20.2, 18.5))]
+    mid = median_run(runs)
+    assert mid["seed"] == 0 and mid["ms_per_step"] == 18.6 and mid["tok_per_s"] == 1000 / 18.6
+    assert (mid["ms_per_step_min"], mid["ms_per_step_max"]) == (18.5, 20.2)
+    assert mid["runs_ms_per_step"] == [18.6, 20.2, 18.5]  # in run order
+    assert median_run(runs[:2])["ms_per_step"] == 20.2  # an even count takes the slower middle run
+    assert runs[0] == {"ms_per_step": 18.6, "tok_per_s": 1000 / 18.6, "seed": 0}  # inputs untouched
+
+
+def test_speed_smoke_on_cpu_repeats_each_batch(tmp_path, monkeypatch):
+    """The speed part on ouro-tiny: every batch runs --repeats times with its own prompts (seed =
+    run) and reports the median run and the spread; the markdown shows the range."""
+    import perf.bench_fp8 as bench
+    from rlt_runtime.entrypoints import bench_offline
+
+    seeds = []
+    real = bench_offline.decode_benchmark
+
+    def recorded(llm, batch, input_len, output_len, **kw):
+        seeds.append((batch, kw.get("seed")))
+        return real(llm, batch, input_len, output_len, **kw)
+
+    monkeypatch.setattr(bench, "decode_benchmark", recorded)
+    bench.main(["--out", str(tmp_path), "--model", "ouro-tiny", "--parts", "speed", "--configs", "bf16", "w8a8",
+                "--batches", "1", "2", "--input-len", "4", "--output-len", "3", "--repeats", "3"])
+    res = json.loads((tmp_path / "fp8.json").read_text())
+    assert res["repeats"] == 3 and list(res["speed"]) == ["bf16", "w8a8"]
+    for runs in res["speed"].values():
+        for b in ("1", "2"):
+            r = runs[b]
+            assert len(r["runs_ms_per_step"]) == 3
+            assert r["ms_per_step"] == sorted(r["runs_ms_per_step"])[1]
+            assert r["ms_per_step_min"] == min(r["runs_ms_per_step"]) and r["ms_per_step_max"] == max(r["runs_ms_per_step"])
+    timed = [s for s in seeds if s[1] is not None]
+    assert timed == [(b, i) for _ in range(2) for b in (1, 2) for i in range(3)]
+    assert "ms/step range" in (tmp_path / "fp8.md").read_text()
+    with pytest.raises(SystemExit):
+        bench.main(["--out", str(tmp_path), "--model", "ouro-tiny", "--parts", "speed", "--repeats", "0"])
