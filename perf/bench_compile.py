@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-from perf.bench_engine import _free, engine
+from perf.bench_engine import engine, free_engine
 from perf.report import bench_main
 from rlt_runtime import SamplingParams
 from rlt_runtime.entrypoints.bench_offline import decode_benchmark, random_prompts
@@ -39,7 +39,7 @@ def run(out_dir: str, quick: bool) -> dict:
         row.update(decode_graphs=st["graphs"], prefill_graphs=st["prefill_graphs"])
         res["modes"][mode] = row
         del llm
-        _free()
+        free_engine()
     res["same_tokens"] = tokens["graphs"] == tokens["compile"]
     return res
 

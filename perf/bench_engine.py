@@ -29,10 +29,13 @@ from rlt_runtime.entrypoints.bench_offline import decode_benchmark, prefill_benc
 BATCHES = [1, 16, 64, 256]
 
 
-def _free():
-    gc.unfreeze()  # engine() froze the heap; a dropped engine's cycles must be collectable again
+def free_engine():
+    """After dropping an `engine()`: thaw the heap it froze (so the dropped engine's reference
+    cycles can be collected), collect, and give cached GPU memory back."""
+    gc.unfreeze()
     gc.collect()
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def weight_bytes_per_step(cfg, depth) -> int:
@@ -73,6 +76,10 @@ def floor_ms(cfg, depth, batch, roof, ctx=192, *, weight_bytes=None, kv_elem_byt
 
 
 def engine(model, **kw):
+    """An `LLM` (bf16, engine options kw) as the benchmarks time it: the heap frozen once it has
+    started, as `rlt-generate` and `rlt-serve` freeze theirs (`freeze_heap`: no full collection
+    scans the engine mid-step), and every step's device time recorded. Returns (llm, {init_s,
+    capture_s, captures}); drop it with `del llm; free_engine()`."""
     from rlt_runtime import LLM
     from rlt_runtime.engine.heap import freeze_heap
 
@@ -212,9 +219,9 @@ def run(out_dir: str, quick: bool) -> dict:
         res["baseline"][b] = {"ms_per_step": ms, "tok_per_s": b / ms * 1e3}
         print("baseline", b, res["baseline"][b], flush=True)
         del base
-        _free()
+        free_engine()
     del w
-    _free()
+    free_engine()
 
     torch.cuda.reset_peak_memory_stats()
     llm, meta = engine("ouro-1.4b", max_num_seqs=max(batches))
@@ -238,7 +245,7 @@ def run(out_dir: str, quick: bool) -> dict:
     res["rlt_meta"]["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     res["rlt_meta"]["stats"] = llm.stats()
     del llm
-    _free()
+    free_engine()
 
     if "early_exit" not in parts:
         return _other_parts(res, roof, batches, parts, quick)
@@ -254,7 +261,7 @@ def run(out_dir: str, quick: bool) -> dict:
     res["early_exit_breakdown"] = {batches[-1]: kernel_breakdown(llm, batches[-1])}  # where an early-exit step goes
     print("early exit breakdown", res["early_exit_breakdown"], flush=True)
     del llm
-    _free()
+    free_engine()
 
     return _other_parts(res, roof, batches, parts, quick)
 
@@ -271,7 +278,7 @@ def _other_parts(res: dict, roof: dict, batches: list[int], parts: set, quick: b
         res["cublas"][b] = r
         print("cublas", b, r, flush=True)
     del llm
-    _free()
+    free_engine()
 
     return _other_models(res, roof, batches, parts, quick)
 
@@ -293,7 +300,7 @@ def _other_models(res: dict, roof: dict, batches: list[int], parts: set, quick: 
         res["other_models"][model] = r
         print(model, r, flush=True)
         del llm
-        _free()
+        free_engine()
     return res
 
 

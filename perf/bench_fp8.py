@@ -12,10 +12,12 @@ two with FP8 activation rows too (quantization="w8a8_fp8").
 * Speed: decode steady state (prompt 128, output 128, greedy, ignore_eos, full depth) at batch 1,
   64, 256 with `bench_offline.decode_benchmark`, beside the roofline floor of `bench_engine.floor_ms`
   with the FP8 bytes: the layers' weights at 1 byte a parameter (embeddings and LM head stay
-  bf16) and, with the FP8 cache, K/V at 1 byte an element. Each batch runs `--repeats` times in
-  the same engine, each run with its own prompts (seed = run); the row is the median run, with
-  the fastest and slowest beside it (batch-256 runs of one engine on the H200 differed by up to
-  9%: docs/perf/fp8.md).
+  bf16) and, with the FP8 cache, K/V at 1 byte an element. Engines are built as
+  `bench_engine.engine` builds them (bf16, the heap frozen as `rlt-generate` and `rlt-serve`
+  freeze it, each step's device time recorded: `device_ms_per_step`). Each batch runs
+  `--repeats` times in the same engine, each run with its own prompts (seed = run); the row is
+  the median run, with the fastest and slowest beside it (batch-256 runs of one engine on the
+  H200 differed by up to 9%: docs/perf/fp8.md).
 * Fidelity against the bf16 engine over a fixed prompt set (seeded random token prompts):
   free-running greedy generation with the Ouro exit gate (exit_threshold 0.5): token agreement by
   position and exit-depth agreement where both engines saw the same tokens (up to and including
@@ -37,7 +39,6 @@ two with FP8 activation rows too (quantization="w8a8_fp8").
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import os
@@ -45,6 +46,7 @@ import time
 
 import torch
 
+from perf.bench_engine import free_engine
 from rlt_runtime import LLM, SamplingParams
 from rlt_runtime.entrypoints.bench_offline import decode_benchmark, random_prompts
 from rlt_runtime.models.fp8_weights import FP8_QUANTIZATIONS
@@ -61,12 +63,6 @@ EXIT_THRESHOLD = 0.5
 CONTROL = "bf16 (second engine)"  # a fresh bf16 engine against the reference: the measurement's noise
 PARTS = ("speed", "fidelity", "sensitivity")
 SENSITIVITY_PROMPTS = 2  # the reference runs token by token
-
-
-def _free():
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def _reads(cfg, name: str, depth: int) -> int:
@@ -108,10 +104,10 @@ def median_run(runs: list[dict]) -> dict:
     return mid
 
 
-def speed(model, options, batches, input_len, output_len, roof, dtype, repeats: int = REPEATS) -> dict:
-    from perf.bench_engine import floor_ms
+def speed(model, options, batches, input_len, output_len, roof, repeats: int = REPEATS) -> dict:
+    from perf.bench_engine import engine, floor_ms
 
-    llm = LLM(model, dtype=dtype, max_num_seqs=max(batches), **options)
+    llm, _ = engine(model, max_num_seqs=max(batches), **options)
     cfg, depth = llm.engine.model_config, llm.engine.depth
     decode_benchmark(llm, min(4, max(batches)), 32, 8, prefix="warm")
     out = {"block_bytes": llm.engine.memory_plan.block_bytes, "num_blocks": llm.engine.memory_plan.num_blocks,
@@ -129,7 +125,7 @@ def speed(model, options, batches, input_len, output_len, roof, dtype, repeats: 
         print(options, b, {k: r.get(k) for k in ("tok_per_s", "ms_per_step", "ms_per_step_min", "ms_per_step_max",
                                                   "floor_ms")}, flush=True)
     del llm
-    _free()
+    free_engine()
     return out
 
 
@@ -168,7 +164,7 @@ def fidelity(model, options, prompts, output_len, dtype, reference=None) -> dict
     seqs = [p + t for p, t in zip(prompts, (reference or run)["tokens"])]
     run["logprobs"] = [_teacher_forced_logprobs(llm, s)[len(p) - 1:] for s, p in zip(seqs, prompts)]
     del llm
-    _free()
+    free_engine()
     if reference is None:
         return run
     same_tok = total = same_depth = depth_total = 0
@@ -248,7 +244,7 @@ def run(args) -> dict:
     configs = {name: CONFIGS[name] for name in args.configs}
     if "speed" in args.parts:
         for name, options in configs.items():
-            res["speed"][name] = speed(args.model, options, args.batches, args.input_len, args.output_len, roof, dtype,
+            res["speed"][name] = speed(args.model, options, args.batches, args.input_len, args.output_len, roof,
                                        args.repeats)
     if "fidelity" in args.parts:
         prompts = random_prompts(args.prompts, args.fidelity_prompt_len, vocab_size(args.model), seed=11)

@@ -8,29 +8,25 @@ synthetic acceptance 0.7 and 0.9 (benchmark aid: each draft accepted with that p
 round mechanics are measured at realistic acceptance; those outputs are not the model's).
 Reported: end-to-end tok/s including the tail, committed tokens per round (and per request in a
 round), requests per round, device time of a round vs a native step, the speed-up by summed device
-time alone, and the host syncs per round (counted with CUDA sync debug mode). RLT_SPEC_CONFIGS,
-RLT_SPEC_BATCHES and RLT_SPEC_ACCEPTANCE narrow a run.
+time alone, and the host syncs per round (counted with CUDA sync debug mode). Engines are built by
+`bench_engine.engine` (heap frozen as the CLI and server freeze it, device times recorded).
+RLT_SPEC_CONFIGS, RLT_SPEC_BATCHES and RLT_SPEC_ACCEPTANCE narrow a run.
 """
 
 from __future__ import annotations
 
-import gc
 import os
 import tempfile
 import time
 
 import torch
 
+from perf.bench_engine import engine, free_engine
 from perf.report import bench_main
 from perf.roofline import measure
 from rlt_runtime.entrypoints.bench_offline import random_prompts
 from rlt_runtime.executor.profiling import count_host_syncs
 from rlt_runtime.sampling_params import SamplingParams
-
-
-def _free():
-    gc.collect()
-    torch.cuda.empty_cache()
 
 
 def end_to_end(llm, batch: int, prefix: str) -> dict:
@@ -94,8 +90,6 @@ def preset_checkpoint(name: str) -> str:
 
 
 def run(out: str, quick: bool) -> dict:
-    from rlt_runtime import LLM
-
     batches = [1, 64] if quick else [1, 16, 64, 256]
     if os.environ.get("RLT_SPEC_BATCHES"):  # e.g. "64,256"
         batches = [int(b) for b in os.environ["RLT_SPEC_BATCHES"].split(",")]
@@ -109,21 +103,19 @@ def run(out: str, quick: bool) -> dict:
     if os.environ.get("RLT_SPEC_ACCEPTANCE"):  # e.g. "0.9" or "measured,0.9"
         acceptances = [None if a == "measured" else float(a) for a in os.environ["RLT_SPEC_ACCEPTANCE"].split(",")]
     res = {"roofline": measure(), "date": time.strftime("%Y-%m-%d"), "native": {}, "spec": {}}
-    common = dict(dtype="bfloat16", max_num_seqs=max(batches), cuda_graph_sizes=batches)
+    common = dict(max_num_seqs=max(batches), cuda_graph_sizes=batches)
     model = preset_checkpoint("ouro-1.4b")
-    llm = LLM(model, **common)
-    llm.engine.executor.worker.runner.record_device_time = True
+    llm, _ = engine(model, **common)
     end_to_end(llm, 2, "warm")
     for b in batches:
         res["native"][b] = end_to_end(llm, b, f"n{b}")
         print("native", b, res["native"][b], flush=True)
     del llm
-    _free()
+    free_engine()
     for name, (k, policy) in configs.items():
         for acc in acceptances:
             spec = {"num_speculative_tokens": k, "draft_loops": 2, "draft_policy": policy, "synthetic_acceptance": acc}
-            llm = LLM(model, speculative_config=spec, **common)
-            llm.engine.executor.worker.runner.record_device_time = True
+            llm, _ = engine(model, speculative_config=spec, **common)
             end_to_end(llm, 2, "warm")
             key = f"{name}@{'measured' if acc is None else acc}"
             res["spec"][key] = {}
@@ -140,7 +132,7 @@ def run(out: str, quick: bool) -> dict:
             if acc is None and name == "fixed4":
                 res["syncs_per_round"] = syncs_per_round(llm)
             del llm
-            _free()
+            free_engine()
     return res
 
 

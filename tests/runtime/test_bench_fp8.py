@@ -76,18 +76,23 @@ def test_median_run_is_the_middle_run_with_the_spread():
 
 def test_speed_smoke_on_cpu_repeats_each_batch(tmp_path, monkeypatch):
     """The speed part on ouro-tiny: every batch runs --repeats times with its own prompts (seed =
-    run) and reports the median run and the spread; the markdown shows the range."""
+    run) and reports the median run and the spread; the markdown shows the range. Engines are
+    timed with the heap frozen, as the CLI and server run them, and thawed once dropped."""
+    import gc
+
     import perf.bench_fp8 as bench
     from rlt_runtime.entrypoints import bench_offline
 
-    seeds = []
+    seeds, frozen = [], []
     real = bench_offline.decode_benchmark
 
     def recorded(llm, batch, input_len, output_len, **kw):
         seeds.append((batch, kw.get("seed")))
+        frozen.append(gc.get_freeze_count())
         return real(llm, batch, input_len, output_len, **kw)
 
     monkeypatch.setattr(bench, "decode_benchmark", recorded)
+    gc.unfreeze()  # whatever another test froze: the freezes counted below are the benchmark's
     bench.main(["--out", str(tmp_path), "--model", "ouro-tiny", "--parts", "speed", "--configs", "bf16", "w8a8",
                 "--batches", "1", "2", "--input-len", "4", "--output-len", "3", "--repeats", "3"])
     res = json.loads((tmp_path / "fp8.json").read_text())
@@ -101,5 +106,6 @@ def test_speed_smoke_on_cpu_repeats_each_batch(tmp_path, monkeypatch):
     timed = [s for s in seeds if s[1] is not None]
     assert timed == [(b, i) for _ in range(2) for b in (1, 2) for i in range(3)]
     assert "ms/step range" in (tmp_path / "fp8.md").read_text()
+    assert min(frozen) > 0 and gc.get_freeze_count() == 0
     with pytest.raises(SystemExit):
         bench.main(["--out", str(tmp_path), "--model", "ouro-tiny", "--parts", "speed", "--repeats", "0"])
