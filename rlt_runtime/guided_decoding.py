@@ -7,8 +7,11 @@ Exactly one of:
 * ``regex``: a regular expression the whole output matches.
 * ``choice``: a list of strings; the output is one of them.
 * ``grammar``: an EBNF grammar (xgrammar's dialect, GBNF-like: ``root ::= ...``) the output derives.
-* ``structural_tag``: an xgrammar structural tag (a dict or its JSON text): free text in which
-  tagged segments follow their schemas.
+* ``structural_tag`` (a dict or its JSON text): vLLM's form ``{"structures": [{"begin", "schema",
+  "end"}, ...], "triggers": [...]}`` (free text in which each segment that opens with a trigger runs
+  from a structure's ``begin`` through JSON its ``schema`` validates to its ``end``), or xgrammar's
+  ``{"type": "structural_tag", "format": {...}}``. A ``"type": "structural_tag"`` key is allowed in
+  both (the server passes `response_format` through as it came).
 
 ``origin`` names the request field the
 constraint came from in error messages (the server sets "response_format", "guided_json", ...).
@@ -53,6 +56,8 @@ class GuidedDecoding:
                     raise ConfigError(f"{o}: the {name} text is not valid JSON ({exc})") from None
             if not isinstance(value, dict):
                 raise ConfigError(f"{o}: {name} must be a JSON object (a dict or its JSON text), got {value!r}")
+            if name == "structural_tag":
+                _check_structural_tag(o, value)
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, str) and value):
@@ -87,3 +92,35 @@ class GuidedDecoding:
             return GuidedDecoding(**value)
         raise ConfigError(f"guided must be None, a GuidedDecoding or a dict with one of {', '.join(KINDS)}, "
                           f"got {type(value).__name__}")
+
+
+def _check_structural_tag(origin: str, tag: dict) -> None:
+    """A structural tag's shape (ConfigError naming `origin`): vLLM's structures and triggers, or
+    xgrammar's format. xgrammar checks the rest (a begin without its trigger, a bad schema) when
+    it compiles the tag."""
+    if tag.get("type", "structural_tag") != "structural_tag":
+        raise ConfigError(f"{origin}: a structural tag's type must be 'structural_tag', got {tag.get('type')!r}")
+    if "format" in tag:
+        extra = sorted(set(tag) - {"type", "format"})
+        if extra or not isinstance(tag["format"], dict):
+            raise ConfigError(f"{origin}: xgrammar's structural tag is {{'type': 'structural_tag', 'format': {{...}}}}"
+                              f"{f', got the extra keys {extra}' if extra else ', with format an object'}")
+        return
+    extra = sorted(set(tag) - {"type", "structures", "triggers"})
+    if "structures" not in tag or "triggers" not in tag or extra:
+        raise ConfigError(f"{origin}: a structural tag needs 'structures' and 'triggers' (vLLM's form) or 'format' "
+                          f"(xgrammar's), got the keys {sorted(tag)}")
+    structures, triggers = tag["structures"], tag["triggers"]
+    if not isinstance(structures, list) or not structures or not all(_structure_ok(s) for s in structures):
+        raise ConfigError(f"{origin}: structural tag structures must be a non-empty list of {{'begin', 'schema', "
+                          f"'end'}} objects (begin a non-empty string, end a string, schema a JSON schema object), "
+                          f"got {structures!r}")
+    if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
+        raise ConfigError(f"{origin}: structural tag triggers must be a non-empty list of non-empty strings, "
+                          f"got {triggers!r}")
+
+
+def _structure_ok(s) -> bool:
+    return (isinstance(s, dict) and set(s) <= {"begin", "schema", "end"} and isinstance(s.get("begin"), str)
+            and bool(s["begin"]) and isinstance(s.get("end"), str) and isinstance(s.get("schema", {}), dict))
+

@@ -167,6 +167,20 @@ MUTANTS = (
         "the grammar's end allows another token instead of EOS, so guided requests never stop on EOS",
     ),
     Mutant(
+        "structural-tag-triggers-dropped", "rlt_runtime/engine/grammar.py",
+        'return self.compiler.compile_structural_tag(items, list(tag["triggers"]))',
+        "return self.compiler.compile_structural_tag(items, [])",
+        ("tests/runtime/test_guided_decoding.py::test_structural_tag_in_vllms_form_constrains_every_triggered_segment",),
+        "a structural tag in vLLM's form compiles without its triggers, so no segment is ever constrained",
+    ),
+    Mutant(
+        "response-format-structural-tag-ignored", "rlt_runtime/entrypoints/server/protocol.py",
+        'return {"structural_tag": dict(rf)}',
+        "return None",
+        ("tests/server/test_structured_output.py::test_response_format_structural_tag_in_vllms_form",),
+        "response_format of type structural_tag is accepted but constrains nothing",
+    ),
+    Mutant(
         "guided-matcher-not-advanced", "rlt_runtime/engine/llm_engine.py",
         "if not req.matcher.accept_token(token):",
         "if False:",

@@ -82,13 +82,14 @@ class GrammarBackend:
         return compiled
 
     def _structural_tag(self, tag: dict):
-        """xgrammar's structural tag ({"type": "structural_tag", "format": ...}), or vLLM's form
-        ({"structures": [{"begin", "schema", "end"}], "triggers": [...]})."""
-        if "structures" not in tag:
-            return self.compiler.compile_structural_tag(json.dumps(tag))
+        """xgrammar's structural tag ({"type": "structural_tag", "format": ...}; the type may be left
+        out), or vLLM's form ({"structures": [{"begin", "schema", "end"}], "triggers": [...]}), as
+        `GuidedDecoding` checked it."""
+        if "format" in tag:
+            return self.compiler.compile_structural_tag(json.dumps({"type": "structural_tag", "format": tag["format"]}))
         items = [self.xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s.get("schema", {})), end=s["end"])
                  for s in tag["structures"]]
-        return self.compiler.compile_structural_tag(items, list(tag.get("triggers", [])))
+        return self.compiler.compile_structural_tag(items, list(tag["triggers"]))
 
     def matcher(self, compiled, stop_token_ids):
         """A fresh matcher at the start of the grammar; it ends on any of `stop_token_ids`."""

@@ -121,6 +121,47 @@ def test_json_object_regex_choice_and_grammar(llm):
     assert re.fullmatch(r"\([a-z][a-z]?\)", out.text) and out.finish_reason == "stop"
 
 
+STRUCTURE = {"begin": "<f>", "schema": SCHEMA, "end": "</f>"}
+
+
+def _bias(llm, favour=None):
+    """logit_bias against whitespace (a structural tag's JSON allows it anywhere, and the random
+    model favours it), and for the text `favour`'s first token."""
+    first = [llm.engine.tokenizer.encode(c, add_special_tokens=False)[0] for c in (" ", "\n", "\r", "\t")]
+    bias = {t: -100.0 for t in first}
+    if favour is not None:
+        bias[llm.engine.tokenizer.encode(favour, add_special_tokens=False)[0]] = 30.0
+    return bias
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_structural_tag_in_xgrammars_format_is_the_whole_output(llm, temperature):
+    tag = {"type": "structural_tag", "format": {"type": "tag", "begin": "<f>", "end": "</f>",
+                                                "content": {"type": "json_schema", "json_schema": SCHEMA}}}
+    out = _run(llm, {"structural_tag": tag}, temperature, max_tokens=40, logit_bias=_bias(llm))[0]
+    body = re.fullmatch("<f>(.*)</f>", out.text, re.S)
+    assert out.finish_reason == "stop" and body
+    _check_schema(json.loads(body.group(1)))
+
+
+def test_structural_tag_in_vllms_form_constrains_every_triggered_segment(llm):
+    """Free text until a trigger ("<", favoured), then the structure from its begin through JSON
+    its schema validates to its end, again and again until max_tokens; unguided, the favoured "<"
+    only repeats."""
+    tag = {"structures": [STRUCTURE], "triggers": ["<"]}
+    bias = _bias(llm, favour="<")
+    for out in _run(llm, {"structural_tag": tag}, 1.0, max_tokens=60, n=2, logit_bias=bias):
+        assert out.finish_reason == "length" and out.text.startswith("<f>")
+        *complete, last = out.text.split("<f>")[1:]
+        assert len(complete) >= 2 and "</f>" not in last
+        for segment in complete:
+            assert segment.endswith("</f>")
+            _check_schema(json.loads(segment[: -len("</f>")]))
+    free = llm.generate(["Answer:"], SamplingParams(max_tokens=20, temperature=1.0, seed=7, logit_bias=bias),
+                        use_tqdm=False)[0].outputs[0]
+    assert "<f>" not in free.text
+
+
 def test_min_tokens_cannot_hold_a_finished_grammar(llm):
     """min_tokens holds back EOS, but a choice that is complete can only end: the grammar wins and
     the request stops (finish_reason stop) with a valid choice before min_tokens."""
@@ -313,6 +354,16 @@ def test_draft_checks_mask_each_verify_position_and_roll_back():
     ({"choice": []}, "guided: choice must be"),
     ({"choice": ["a", 3]}, "guided: choice must be"),
     ({"regx": "a"}, "guided has unknown keys"),
+    ({"structural_tag": {"structures": [STRUCTURE]}}, "guided: a structural tag needs 'structures' and 'triggers'"),
+    ({"structural_tag": {"structures": [], "triggers": ["<"]}}, "guided: structural tag structures must be"),
+    ({"structural_tag": {"structures": [{"begin": "<f>", "end": 3}], "triggers": ["<"]}},
+     "guided: structural tag structures must be"),
+    ({"structural_tag": {"structures": [dict(STRUCTURE, schema="{}")], "triggers": ["<"]}},
+     "guided: structural tag structures must be"),
+    ({"structural_tag": {"structures": [STRUCTURE], "triggers": [""]}}, "guided: structural tag triggers must be"),
+    ({"structural_tag": {"type": "tag", "format": {}}}, "guided: a structural tag's type must be 'structural_tag'"),
+    ({"structural_tag": {"format": {}, "triggers": ["<"]}}, "guided: xgrammar's structural tag is"),
+    ({"structural_tag": '{"format": 3}'}, "guided: xgrammar's structural tag is"),
     ("[0-9]+", "guided must be None"),
 ])
 def test_sampling_params_errors_name_the_field(guided, match):
@@ -324,6 +375,8 @@ def test_sampling_params_errors_name_the_field(guided, match):
     ({"regex": "(ab"}, "guided: invalid regex"),
     ({"json": {"type": "object", "properties": {"a": {"type": "frobnicate"}}}}, "guided: invalid json"),
     ({"grammar": "root ::= "}, "guided: invalid grammar"),
+    ({"structural_tag": {"structures": [STRUCTURE], "triggers": ["["]}}, "guided: invalid structural tag"),
+    ({"structural_tag": {"format": {"type": "frobnicate"}}}, "guided: invalid structural tag"),
 ])
 def test_grammars_that_do_not_compile_name_the_field(llm, guided, match):
     with pytest.raises(RequestError, match=f"^{match}"):

@@ -1,7 +1,9 @@
 """Structured output over HTTP with the official `openai` client: response_format json_schema and
-json_object on chat completions, vLLM's guided_regex / guided_choice / guided_grammar / guided_json
-in extra_body, the engine receiving the offline GuidedDecoding, and 400s naming the field for bad
-schemas, regexes, grammars and conflicting constraints."""
+json_object on chat and text completions, vLLM's response_format structural_tag (its
+structures-and-triggers form and xgrammar's format), vLLM's guided_regex / guided_choice /
+guided_grammar / guided_json / structural_tag in extra_body, the engine receiving the offline
+GuidedDecoding, and 400s naming the field for bad schemas, regexes, grammars, structural tags and
+conflicting constraints."""
 
 from __future__ import annotations
 
@@ -72,6 +74,82 @@ def test_vllm_guided_fields(client):
     resp = client.completions.create(model=MODEL, prompt="P", max_tokens=40, temperature=1.0, seed=8,
                                      extra_body={"guided_json": json.dumps(SCHEMA)})
     assert set(json.loads(resp.choices[0].text)) == {"city", "rank"}
+
+
+STRUCTURE = {"begin": "<f>", "schema": SCHEMA, "end": "</f>"}
+XGRAMMAR_TAG = {"type": "structural_tag", "format": {"type": "tag", "begin": "<f>", "end": "</f>",
+                                                     "content": {"type": "json_schema", "json_schema": SCHEMA}}}
+
+
+def _first_token(server, text: str) -> str:
+    resp = httpx.post(server.url + "/tokenize", json={"prompt": text, "add_special_tokens": False}, timeout=60)
+    return str(resp.json()["tokens"][0])
+
+
+@pytest.fixture(scope="module")
+def tag_bias(server):
+    """logit_bias against whitespace (a structural tag's JSON allows it anywhere, and the random
+    model favours it) and for "<", the trigger below."""
+    bias = {_first_token(server, c): -100 for c in (" ", "\n", "\r", "\t")}
+    return dict(bias, **{_first_token(server, "<"): 30})
+
+
+def _check(obj):
+    assert set(obj) == {"city", "rank"} and re.fullmatch("[a-z]{1,4}", obj["city"])
+    assert isinstance(obj["rank"], int) and 1 <= obj["rank"] <= 9
+
+
+def test_response_format_structural_tag_in_vllms_form(client, submitted_params, tag_bias):
+    fmt = {"type": "structural_tag", "structures": [STRUCTURE], "triggers": ["<"]}
+    resp = client.chat.completions.create(response_format=fmt, temperature=1.0, seed=9, logit_bias=tag_bias,
+                                          **dict(CHAT, max_tokens=50))
+    text = resp.choices[0].message.content
+    *complete, last = text.split("<f>")[1:]
+    assert text.startswith("<f>") and complete and "</f>" not in last
+    for segment in complete:
+        assert segment.endswith("</f>")
+        _check(json.loads(segment[: -len("</f>")]))
+    assert submitted_params[-1].guided == GuidedDecoding(structural_tag=fmt)
+
+
+def test_structural_tag_in_xgrammars_format_on_completions(client, submitted_params, tag_bias):
+    """response_format on /v1/completions too (as vLLM takes it), and vLLM's structural_tag field
+    as JSON text."""
+    for extra in ({"response_format": XGRAMMAR_TAG}, {"structural_tag": json.dumps(XGRAMMAR_TAG)}):
+        resp = client.completions.create(model=MODEL, prompt="Tag:", max_tokens=40, temperature=1.0, seed=10,
+                                         logit_bias=tag_bias, extra_body=extra)
+        body = re.fullmatch("<f>(.*)</f>", resp.choices[0].text, re.S)
+        assert resp.choices[0].finish_reason == "stop" and body
+        _check(json.loads(body.group(1)))
+    assert submitted_params[0].guided == GuidedDecoding(structural_tag=XGRAMMAR_TAG)
+    assert submitted_params[1].guided == GuidedDecoding(structural_tag=json.dumps(XGRAMMAR_TAG))
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}
+    resp = client.completions.create(model=MODEL, prompt="P", max_tokens=40, temperature=1.0, seed=8,
+                                     extra_body={"response_format": fmt})
+    _check(json.loads(resp.choices[0].text))
+
+
+COMPLETION = dict(model=MODEL, prompt="P", max_tokens=8)
+
+
+@pytest.mark.parametrize("body,param", [
+    (dict(CHAT, response_format={"type": "structural_tag", "structures": [STRUCTURE]}), "response_format"),
+    (dict(CHAT, response_format={"type": "structural_tag", "structures": [STRUCTURE], "triggers": ["<"],
+                                 "schema": {}}), "response_format"),
+    (dict(CHAT, response_format={"type": "structural_tag", "structures": [{"begin": "<f>"}], "triggers": ["<"]}),
+     "response_format"),
+    (dict(CHAT, response_format={"type": "structural_tag", "structures": [STRUCTURE], "triggers": ["["]}),
+     "response_format"),
+    (dict(COMPLETION, response_format={"type": "yaml"}), "response_format"),
+    (dict(COMPLETION, response_format={"type": "json_object"}, guided_json=SCHEMA), "guided_json"),
+    (dict(COMPLETION, structural_tag={"format": {"type": "frobnicate"}}), "structural_tag"),
+    (dict(COMPLETION, structural_tag="[1]"), "structural_tag"),
+])
+def test_bad_structural_tags_are_400s_naming_the_field(server, body, param):
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    resp = httpx.post(server.url + path, json=body, timeout=60)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == param, resp.text
 
 
 @pytest.mark.parametrize("body,param", [

@@ -108,6 +108,9 @@ class _SamplingFields(_Strict):
                                           "derives")
     structural_tag: Optional[Union[dict[str, Any], str]] = Field(
         None, description="vLLM: an xgrammar structural tag (tagged segments of the text follow schemas)")
+    response_format: Optional[dict[str, Any]] = Field(
+        None, description="OpenAI: {'type': 'text' | 'json_object' | 'json_schema'}; vLLM: also 'structural_tag' "
+                          "(with 'structures' and 'triggers', or xgrammar's 'format'), on completions too")
 
     _GUIDED: ClassVar[dict] = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
                                "guided_grammar": "grammar", "structural_tag": "structural_tag"}
@@ -169,9 +172,12 @@ class _SamplingFields(_Strict):
         )
 
     def guided_fields(self) -> list[tuple[str, dict]]:
-        """(request field, GuidedDecoding arguments) of every constraint the request sets."""
-        return [(name, {kind: getattr(self, name)}) for name, kind in self._GUIDED.items()
-                if getattr(self, name) is not None]
+        """(request field, GuidedDecoding arguments) of every constraint the request sets:
+        `response_format` first, then vLLM's fields."""
+        fields = [(name, {kind: getattr(self, name)}) for name, kind in self._GUIDED.items()
+                  if getattr(self, name) is not None]
+        guided = response_format_constraint(self.response_format)
+        return fields if guided is None else [("response_format", guided)] + fields
 
     def guided(self) -> Optional[GuidedDecoding]:
         """The request's structured-output constraint, if any (400 naming the field: at most one may be given)."""
@@ -291,7 +297,6 @@ class ChatCompletionRequest(_SamplingFields):
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
     functions: Optional[list[dict[str, Any]]] = None
     function_call: Optional[Union[str, dict[str, Any]]] = None
-    response_format: Optional[dict[str, Any]] = None
     add_generation_prompt: Optional[bool] = Field(
         True, description="vLLM: end the prompt with the template's assistant header (the answer starts a new message)")
     continue_final_message: Optional[bool] = Field(
@@ -335,34 +340,41 @@ class ChatCompletionRequest(_SamplingFields):
     def template_messages(self) -> list[dict]:
         return template_messages(self.messages)
 
-    def guided_fields(self) -> list[tuple[str, dict]]:
-        """`response_format` (json_object, json_schema; text is no constraint) before vLLM's fields."""
-        rf = self.response_format
-        if rf is None:
-            return super().guided_fields()
-        kind = rf.get("type")
-        allowed = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
-        if kind not in allowed:
-            raise ApiError(400, f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
-                           "response_format", "invalid_value")
-        extra = sorted(set(rf) - allowed[kind])
-        if extra:
-            raise ApiError(400, f"response_format of type {kind!r} takes no {extra}", "response_format", "invalid_value")
-        if kind == "text":
-            return super().guided_fields()
-        if kind == "json_object":
-            return [("response_format", {"json_object": True})] + super().guided_fields()
-        spec = rf.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-            raise ApiError(400, "response_format.json_schema must be an object with a 'schema' object (and 'name', "
-                           "'description', 'strict')", "response_format", "invalid_value")
-        unknown = sorted(set(spec) - {"name", "description", "schema", "strict"})
-        if unknown:
-            raise ApiError(400, f"response_format.json_schema has unknown keys {unknown}", "response_format",
-                           "invalid_value")
-        # No schema: any JSON object (OpenAI requires one; vLLM falls back the same way).
-        guided = {"json": spec["schema"]} if spec.get("schema") else {"json_object": True}
-        return [("response_format", guided)] + super().guided_fields()
+
+
+RESPONSE_FORMAT_KEYS = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"},
+                        "structural_tag": {"type", "structures", "triggers", "format"}}
+
+
+def response_format_constraint(rf: Optional[dict]) -> Optional[dict]:
+    """GuidedDecoding arguments of a `response_format` (None for none or type text; 400s naming
+    response_format): json_object, json_schema (no schema: any JSON object, as vLLM does) or
+    vLLM's structural_tag (`{"structures": [...], "triggers": [...]}` or xgrammar's
+    `{"format": {...}}`, checked by GuidedDecoding)."""
+    if rf is None:
+        return None
+    kind = rf.get("type")
+    if kind not in RESPONSE_FORMAT_KEYS:
+        raise ApiError(400, f"response_format.type must be one of {sorted(RESPONSE_FORMAT_KEYS)}, got {kind!r}",
+                       "response_format", "invalid_value")
+    extra = sorted(set(rf) - RESPONSE_FORMAT_KEYS[kind])
+    if extra:
+        raise ApiError(400, f"response_format of type {kind!r} takes no {extra}", "response_format", "invalid_value")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "structural_tag":
+        return {"structural_tag": dict(rf)}
+    spec = rf.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise ApiError(400, "response_format.json_schema must be an object with a 'schema' object (and 'name', "
+                       "'description', 'strict')", "response_format", "invalid_value")
+    unknown = sorted(set(spec) - {"name", "description", "schema", "strict"})
+    if unknown:
+        raise ApiError(400, f"response_format.json_schema has unknown keys {unknown}", "response_format",
+                       "invalid_value")
+    return {"json": spec["schema"]} if spec.get("schema") else {"json_object": True}
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict]:
