@@ -181,6 +181,13 @@ MUTANTS = (
         "response_format of type structural_tag is accepted but constrains nothing",
     ),
     Mutant(
+        "structured-outputs-ignored", "rlt_runtime/entrypoints/server/protocol.py",
+        "return given or None",
+        "return None",
+        ("tests/server/test_structured_output.py::test_vllm_structured_outputs",),
+        "vLLM's structured_outputs is accepted but constrains nothing",
+    ),
+    Mutant(
         "guided-matcher-not-advanced", "rlt_runtime/engine/llm_engine.py",
         "if not req.matcher.accept_token(token):",
         "if False:",

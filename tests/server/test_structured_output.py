@@ -1,7 +1,8 @@
 """Structured output over HTTP with the official `openai` client: response_format json_schema and
 json_object on chat and text completions, vLLM's response_format structural_tag (its
 structures-and-triggers form and xgrammar's format), vLLM's guided_regex / guided_choice /
-guided_grammar / guided_json / structural_tag in extra_body, the engine receiving the offline
+guided_grammar / guided_json / structural_tag and its newer structured_outputs in extra_body, the
+engine receiving the offline
 GuidedDecoding, and 400s naming the field for bad schemas, regexes, grammars, structural tags and
 conflicting constraints."""
 
@@ -132,6 +133,31 @@ def test_structural_tag_in_xgrammars_format_on_completions(client, submitted_par
 COMPLETION = dict(model=MODEL, prompt="P", max_tokens=8)
 
 
+def test_vllm_structured_outputs(client, submitted_params, tag_bias):
+    """vLLM's structured_outputs (the guided_* fields' successor): each constraint, its options
+    accepted whatever their value, no constraint when it sets none."""
+    regex = "[0-9]{3}-[a-z]{2}"
+    resp = client.completions.create(model=MODEL, prompt="Code:", max_tokens=20, temperature=1.0, seed=5,
+                                     extra_body={"structured_outputs": {"regex": regex, "disable_fallback": True}})
+    assert re.fullmatch(regex, resp.choices[0].text) and resp.choices[0].finish_reason == "stop"
+    options = {"disable_any_whitespace": False, "disable_additional_properties": True, "whitespace_pattern": None}
+    resp = client.chat.completions.create(temperature=1.0, seed=3, **CHAT,
+                                          extra_body={"structured_outputs": {"json": SCHEMA, **options}})
+    _check(json.loads(resp.choices[0].message.content))
+    resp = client.chat.completions.create(temperature=1.0, seed=6, n=3, **CHAT,
+                                          extra_body={"structured_outputs": {"choice": ["red", "blue"]}})
+    assert {c.message.content for c in resp.choices} <= {"red", "blue"}
+    resp = client.completions.create(model=MODEL, prompt="Tag:", max_tokens=40, temperature=1.0, seed=10,
+                                     logit_bias=tag_bias,
+                                     extra_body={"structured_outputs": {"structural_tag": json.dumps(XGRAMMAR_TAG)}})
+    _check(json.loads(re.fullmatch("<f>(.*)</f>", resp.choices[0].text, re.S).group(1)))
+    resp = client.completions.create(model=MODEL, prompt="P", max_tokens=3, temperature=0,
+                                     extra_body={"structured_outputs": {"json_object": False}})
+    assert [p.guided for p in submitted_params] == [
+        GuidedDecoding(regex=regex), GuidedDecoding(json=SCHEMA), GuidedDecoding(choice=["red", "blue"]),
+        GuidedDecoding(structural_tag=json.dumps(XGRAMMAR_TAG)), None]
+
+
 @pytest.mark.parametrize("body,param", [
     (dict(CHAT, response_format={"type": "structural_tag", "structures": [STRUCTURE]}), "response_format"),
     (dict(CHAT, response_format={"type": "structural_tag", "structures": [STRUCTURE], "triggers": ["<"],
@@ -144,8 +170,15 @@ COMPLETION = dict(model=MODEL, prompt="P", max_tokens=8)
     (dict(COMPLETION, response_format={"type": "json_object"}, guided_json=SCHEMA), "guided_json"),
     (dict(COMPLETION, structural_tag={"format": {"type": "frobnicate"}}), "structural_tag"),
     (dict(COMPLETION, structural_tag="[1]"), "structural_tag"),
+    (dict(COMPLETION, structured_outputs={"regex": "a", "choice": ["a"]}), "structured_outputs"),
+    (dict(COMPLETION, structured_outputs={"regx": "a"}), "structured_outputs"),
+    (dict(COMPLETION, structured_outputs={"regex": "(ab"}), "structured_outputs"),
+    (dict(COMPLETION, structured_outputs={"regex": "a", "whitespace_pattern": " "}), "structured_outputs"),
+    (dict(COMPLETION, structured_outputs={"regex": "a", "disable_fallback": "yes"}), "structured_outputs"),
+    (dict(COMPLETION, structured_outputs={"regex": "a"}, guided_regex="b"), "guided_regex"),
+    (dict(CHAT, structured_outputs={"json": "{not json"}), "structured_outputs"),
 ])
-def test_bad_structural_tags_are_400s_naming_the_field(server, body, param):
+def test_bad_structural_tags_and_structured_outputs_are_400s_naming_the_field(server, body, param):
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     resp = httpx.post(server.url + path, json=body, timeout=60)
     assert resp.status_code == 400, resp.text

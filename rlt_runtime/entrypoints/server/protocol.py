@@ -9,8 +9,9 @@ Sampling fields beyond OpenAI's `presence_penalty`, `frequency_penalty`, `logit_
 string: bias in [-100, 100]}) and `best_of`: vLLM's `top_k`, `min_p`, `stop_token_ids`, `ignore_eos`,
 `repetition_penalty`, `min_tokens`, `bad_words`, and rlt's `min_loops`, `max_loops`, `exit_threshold`,
 `speculative`, `priority`, `trace_id`. Other vLLM extensions: `prompt_logprobs`, `skip_special_tokens`,
-`include_stop_str_in_output`, `add_special_tokens`, `stream_options.continuous_usage_stats` and, on chat,
-`add_generation_prompt`, `continue_final_message`, `chat_template_kwargs`. Chat answers carry
+`include_stop_str_in_output`, `add_special_tokens`, `stream_options.continuous_usage_stats`, structured
+output (`guided_*`, `structural_tag`, `structured_outputs`, `response_format` on completions too) and, on
+chat, `add_generation_prompt`, `continue_final_message`, `chat_template_kwargs`. Chat answers carry
 `reasoning_content` when a reasoning parser runs (reasoning.py).
 Every response choice (and streamed chunk choice) carries rlt's `exit_depths`: the loops each
 token it adds ran, as `CompletionOutput.exit_depths` offline.
@@ -23,7 +24,7 @@ from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-from ...guided_decoding import GuidedDecoding
+from ...guided_decoding import KINDS as GUIDED_KINDS, GuidedDecoding
 from ...sampling_params import MAX_INT32, MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_SAMPLES, SamplingParams
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
@@ -111,6 +112,10 @@ class _SamplingFields(_Strict):
     response_format: Optional[dict[str, Any]] = Field(
         None, description="OpenAI: {'type': 'text' | 'json_object' | 'json_schema'}; vLLM: also 'structural_tag' "
                           "(with 'structures' and 'triggers', or xgrammar's 'format'), on completions too")
+    structured_outputs: Optional[dict[str, Any]] = Field(
+        None, description="vLLM: one of json, regex, choice, grammar, json_object, structural_tag (as the guided_* "
+                          "fields take them), with the options disable_any_whitespace, disable_additional_properties "
+                          "and disable_fallback (held whatever their value) and whitespace_pattern (null only)")
 
     _GUIDED: ClassVar[dict] = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
                                "guided_grammar": "grammar", "structural_tag": "structural_tag"}
@@ -176,8 +181,9 @@ class _SamplingFields(_Strict):
         `response_format` first, then vLLM's fields."""
         fields = [(name, {kind: getattr(self, name)}) for name, kind in self._GUIDED.items()
                   if getattr(self, name) is not None]
-        guided = response_format_constraint(self.response_format)
-        return fields if guided is None else [("response_format", guided)] + fields
+        given = [("response_format", response_format_constraint(self.response_format)),
+                 ("structured_outputs", structured_outputs_constraint(self.structured_outputs))]
+        return [(name, guided) for name, guided in given if guided is not None] + fields
 
     def guided(self) -> Optional[GuidedDecoding]:
         """The request's structured-output constraint, if any (400 naming the field: at most one may be given)."""
@@ -375,6 +381,35 @@ def response_format_constraint(rf: Optional[dict]) -> Optional[dict]:
         raise ApiError(400, f"response_format.json_schema has unknown keys {unknown}", "response_format",
                        "invalid_value")
     return {"json": spec["schema"]} if spec.get("schema") else {"json_object": True}
+
+
+# vLLM's StructuredOutputsParams options that change nothing here: JSON is always written on one
+# line with fixed separators, objects take only the schema's properties (xgrammar's strict mode),
+# and xgrammar is the only backend (nothing to fall back from).
+STRUCTURED_OUTPUT_OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "disable_fallback")
+
+
+def structured_outputs_constraint(so: Optional[dict]) -> Optional[dict]:
+    """GuidedDecoding arguments of vLLM's `structured_outputs` (None when it sets no constraint; a
+    400 naming structured_outputs for unknown keys or options of the wrong type; GuidedDecoding
+    checks that one constraint is given, and its value)."""
+    if so is None:
+        return None
+    allowed = set(GUIDED_KINDS) | set(STRUCTURED_OUTPUT_OPTIONS) | {"whitespace_pattern"}
+    unknown = sorted(set(so) - allowed)
+    if unknown:
+        raise ApiError(400, f"structured_outputs has unknown keys {unknown} (allowed: {sorted(allowed)})",
+                       "structured_outputs", "invalid_value")
+    for name in STRUCTURED_OUTPUT_OPTIONS:
+        if so.get(name) is not None and not isinstance(so[name], bool):
+            raise ApiError(400, f"structured_outputs.{name} must be a boolean, got {so[name]!r}", "structured_outputs",
+                           "invalid_value")
+    if so.get("whitespace_pattern") is not None:
+        raise ApiError(400, "structured_outputs.whitespace_pattern is not supported by this server (only null is "
+                       "accepted: JSON is written on one line with fixed separators)", "structured_outputs",
+                       "unsupported")
+    given = {k: so[k] for k in GUIDED_KINDS if so.get(k) is not None and so.get(k) is not False}
+    return given or None
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict]:
