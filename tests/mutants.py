@@ -188,6 +188,20 @@ MUTANTS = (
         "vLLM's structured_outputs is accepted but constrains nothing",
     ),
     Mutant(
+        "streamed-chat-token-ids-cumulative", "rlt_runtime/entrypoints/server/app.py",
+        "token_ids=self.token_ids(c.token_ids[first:end]))])",
+        "token_ids=self.token_ids(c.token_ids[:end]))])",
+        ("tests/server/test_return_token_ids.py::test_chat_carries_prompt_ids_on_the_response_and_generated_ids_per_choice",),
+        "a streamed chat chunk carries every token id so far instead of its new ones",
+    ),
+    Mutant(
+        "include-reasoning-ignored", "rlt_runtime/entrypoints/server/app.py",
+        "reasoning = None",
+        "pass",
+        ("tests/server/test_chat_templates.py::test_include_reasoning_false_leaves_the_reasoning_out",),
+        "include_reasoning: false still returns the reasoning in the message",
+    ),
+    Mutant(
         "guided-matcher-not-advanced", "rlt_runtime/engine/llm_engine.py",
         "if not req.matcher.accept_token(token):",
         "if False:",

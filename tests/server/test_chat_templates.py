@@ -249,3 +249,45 @@ def test_template_field_errors_name_the_field(thinking, body, param, text):
     assert resp.status_code == 400
     err = resp.json()["error"]
     assert err["param"] == param and text in err["message"]
+
+
+def test_include_reasoning_false_leaves_the_reasoning_out(thinking):
+    message = _chat(thinking, include_reasoning=False).choices[0].message
+    assert (message.reasoning_content, message.content) == (None, "OK")
+    assert _streamed(_chat(thinking, stream=True, include_reasoning=False)) == ("", "OK")
+
+
+def test_reasoning_also_under_vllms_newer_name(thinking):
+    """Current vLLM names the field `reasoning`: the same text goes out under both names."""
+    body = {"model": MODEL, "messages": USER, "temperature": 0, "max_completion_tokens": 32}
+    message = httpx.post(thinking.url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["message"]
+    assert message["reasoning"] == message["reasoning_content"] == "ab"
+    chunks = list(_chat(thinking, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices and getattr(c.choices[0].delta, "reasoning_content", None)]
+    assert deltas and all(d.reasoning == d.reasoning_content for d in deltas)
+
+
+def test_echo_puts_the_continued_assistant_message_first(thinking):
+    """vLLM's chat echo: the answer starts with the last message when it is the assistant's; after a
+    user message there is nothing to put first."""
+    messages = USER + [{"role": "assistant", "content": "<think>\na"}]
+    kw = dict(messages=messages, add_generation_prompt=False, continue_final_message=True)
+    message = _chat(thinking, echo=True, **kw).choices[0].message
+    assert (message.reasoning_content, message.content) == ("b", "<think>\naOK")
+    assert _streamed(_chat(thinking, stream=True, echo=True, **kw)) == ("b", "<think>\naOK")
+    message = _chat(thinking, echo=True).choices[0].message
+    assert (message.reasoning_content, message.content) == ("ab", "OK")
+
+
+def test_message_reasoning_under_either_name_reaches_the_template():
+    from rlt_runtime.entrypoints.server.protocol import ApiError, ChatCompletionRequest
+
+    def rendered(**fields):
+        message = {"role": "assistant", "content": "x", **fields}
+        return ChatCompletionRequest(model=MODEL, messages=[*USER, message]).template_messages()[-1]
+
+    assert rendered(reasoning="r") == rendered(reasoning_content="r") == {"role": "assistant", "content": "x",
+                                                                         "reasoning_content": "r"}
+    assert rendered(reasoning="r", reasoning_content="r")["reasoning_content"] == "r"
+    with pytest.raises(ApiError, match="reasoning and reasoning_content disagree"):
+        rendered(reasoning="r", reasoning_content="s")

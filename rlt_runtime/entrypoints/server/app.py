@@ -627,6 +627,10 @@ class _Format:
     def opening(self) -> list:
         return []
 
+    def token_ids(self, ids: list[int]) -> Optional[list[int]]:
+        """`ids` where the request asked for token ids (return_token_ids), else None."""
+        return list(ids) if self.body.return_token_ids else None
+
     def start(self, prompt_index: int) -> _Progress:
         """The stream state of a new choice of prompt `prompt_index`."""
         return _Progress()
@@ -727,7 +731,9 @@ class _CompletionFormat(_Format):
         echoed = out if opening and self.body.echo else None
         choice = CompletionChoice(index=index, text=head + text, logprobs=self.logprobs(c, first, end, st, echoed),
                                   prompt_logprobs=self.prompt_logprobs(out) if opening else None,
-                                  finish_reason=finish, exit_depths=c.exit_depths[first:end])
+                                  finish_reason=finish, exit_depths=c.exit_depths[first:end],
+                                  prompt_token_ids=self.token_ids(out.prompt_token_ids) if opening else None,
+                                  token_ids=self.token_ids(c.token_ids[first:end]))
         return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=[choice])
 
     def prompt_logprobs(self, out: RequestOutput) -> Optional[PromptLogprobs]:
@@ -746,7 +752,8 @@ class _CompletionFormat(_Format):
                     index=index, text=self.echo_text(pi) + c.text,
                     logprobs=self.logprobs(c, 0, len(c.token_ids), st, out if self.body.echo else None),
                     prompt_logprobs=self.prompt_logprobs(out), finish_reason=_finish(c.finish_reason),
-                    exit_depths=c.exit_depths))
+                    exit_depths=c.exit_depths, prompt_token_ids=self.token_ids(out.prompt_token_ids),
+                    token_ids=self.token_ids(c.token_ids)))
         choices.sort(key=lambda ch: ch.index)
         return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices,
                                   usage=self.usage(outputs))
@@ -784,8 +791,11 @@ class _ChatFormat(_Format):
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
 
     def opening(self) -> list:
-        return [self.chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=""))])
-                for i in range(len(self.prompts) * self.body.n)]
+        chunks = [self.chunk([ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content=self.body.echoed))])
+                  for i in range(len(self.prompts) * self.body.n)]
+        for chunk in chunks:
+            chunk.prompt_token_ids = self.token_ids(self.prompts[0]["prompt_token_ids"])
+        return chunks
 
     def delta(self, index: int, st: _Progress, c: CompletionOutput, out: RequestOutput,
               read: Callable[[int, int], tuple[str, int]]) -> Optional[ChatCompletionChunk]:
@@ -799,29 +809,33 @@ class _ChatFormat(_Format):
             if finish is not None:
                 rest = st.splitter.finish()
                 reasoning, text = reasoning + rest[0], text + rest[1]
+        if not self.body.include_reasoning:
+            reasoning = ""
         delta = ChatDelta(content=text if text or not reasoning else None, reasoning_content=reasoning or None)
         return self.chunk([ChatChunkChoice(index=index, delta=delta, logprobs=self.logprobs(c, first, end),
-                                           finish_reason=finish, exit_depths=c.exit_depths[first:end])])
+                                           finish_reason=finish, exit_depths=c.exit_depths[first:end],
+                                           token_ids=self.token_ids(c.token_ids[first:end]))])
 
     def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
         return self.chunk([], usage)
 
     def message(self, text: str) -> ChatMessageOut:
         splitter = self.splitter()
-        if splitter is None:
-            return ChatMessageOut(content=text)
-        reasoning, content = splitter.split(text)
-        return ChatMessageOut(content=content, reasoning_content=reasoning)
+        reasoning, content = (None, text) if splitter is None else splitter.split(text)
+        if not self.body.include_reasoning:
+            reasoning = None
+        return ChatMessageOut(content=self.body.echoed + content, reasoning_content=reasoning, reasoning=reasoning)
 
     def response(self, outputs: list[RequestOutput]) -> ChatCompletionResponse:
         choices = [ChatChoice(index=c.index, message=self.message(c.text),
                               logprobs=self.logprobs(c, 0, len(c.token_ids)), finish_reason=_finish(c.finish_reason),
-                              exit_depths=c.exit_depths)
+                              exit_depths=c.exit_depths, token_ids=self.token_ids(c.token_ids))
                    for c in outputs[0].outputs]
         choices.sort(key=lambda ch: ch.index)
         prompt_lps = prompt_logprobs_out(self.serving, outputs[0]) if self.body.prompt_logprobs is not None else None
         return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices,
-                                      usage=self.usage(outputs), prompt_logprobs=prompt_lps)
+                                      usage=self.usage(outputs), prompt_logprobs=prompt_lps,
+                                      prompt_token_ids=self.token_ids(outputs[0].prompt_token_ids))
 
 
 # ---- ASGI guard: API key and body size --------------------------------------------------------------

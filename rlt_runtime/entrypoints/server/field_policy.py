@@ -30,6 +30,9 @@ IGNORED_VLLM = frozenset({
     "spaces_between_special_tokens",  # byte-level tokenizers put no spaces between tokens
     "cache_salt",  # cached K/V depends on the tokens alone, so sharing it never changes an output
     "request_id", "kv_transfer_params", "vllm_xargs", "mm_processor_kwargs",
+    "ec_transfer_params",  # encoder caches of multimodal models: nothing to transfer here
+    "truncation_side",  # applies with truncate_prompt_tokens only, which is null here
+    "return_token_offsets",  # only vLLM's render endpoints answer it
 })
 IGNORED = IGNORED_OPENAI | IGNORED_VLLM
 
@@ -44,6 +47,12 @@ NEUTRAL_ONLY: dict[str, tuple] = {
     "logits_processors": (None, []),
     "return_tokens_as_token_ids": (None, False),
     "guided_decoding_backend": (None, "xgrammar"), "guided_whitespace_pattern": (None,),
+    "logprob_token_ids": (None, []),
+    "prompt_embeds": (None,),
+    "thinking_token_budget": (None, -1),
+    "repetition_detection": (None,),
+    "max_repetition_pattern_size": (None, 0), "min_repetition_pattern_size": (None, 0),
+    "repetition_min_count": (None, 0),
 }
 
 _warned: set[str] = set()

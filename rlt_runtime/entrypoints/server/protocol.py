@@ -112,6 +112,10 @@ class _SamplingFields(_Strict):
     response_format: Optional[dict[str, Any]] = Field(
         None, description="OpenAI: {'type': 'text' | 'json_object' | 'json_schema'}; vLLM: also 'structural_tag' "
                           "(with 'structures' and 'triggers', or xgrammar's 'format'), on completions too")
+    return_token_ids: Optional[bool] = Field(
+        None, description="vLLM: the choices carry their generated token ids (`token_ids`; streamed: each chunk's "
+                          "new ones) and the prompt's (`prompt_token_ids`: per choice on completions, on the "
+                          "response on chat; streamed: in each choice's first chunk)")
     structured_outputs: Optional[dict[str, Any]] = Field(
         None, description="vLLM: one of json, regex, choice, grammar, json_object, structural_tag (as the guided_* "
                           "fields take them), with the options disable_any_whitespace, disable_additional_properties "
@@ -289,6 +293,7 @@ class ChatMessage(_Strict):
     tool_calls: Optional[list[dict[str, Any]]] = None
     tool_call_id: Optional[str] = None
     reasoning_content: Optional[str] = None  # an earlier answer's reasoning, passed to the template as is
+    reasoning: Optional[str] = None  # vLLM's newer name for reasoning_content (the template sees reasoning_content)
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -312,10 +317,15 @@ class ChatCompletionRequest(_SamplingFields):
         None, description="vLLM: extra variables for the chat template (e.g. enable_thinking)")
     add_special_tokens: Optional[bool] = Field(False, description="vLLM: add the tokenizer's special tokens (e.g. BOS) "
                                                "to the rendered chat prompt")
+    include_reasoning: Optional[bool] = Field(
+        True, description="vLLM: false leaves the reasoning out of the answer (no reasoning_content)")
+    echo: Optional[bool] = Field(
+        False, description="vLLM: the answer starts with the last message's content when that message is the "
+                           "assistant's (continue_final_message)")
 
     _NULL_DEFAULTS: ClassVar[dict] = {**_SamplingFields._NULL_DEFAULTS, "logprobs": False,
                                       "add_generation_prompt": True, "continue_final_message": False,
-                                      "add_special_tokens": False}
+                                      "add_special_tokens": False, "include_reasoning": True, "echo": False}
 
     def check_neutral(self) -> None:
         super().check_neutral()
@@ -338,6 +348,15 @@ class ChatCompletionRequest(_SamplingFields):
     @property
     def output_limit(self) -> Optional[int]:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def echoed(self) -> str:
+        """What `echo` puts before every answer: the last message's text when it is the assistant's
+        (the answer continues it), else nothing."""
+        last = self.messages[-1]
+        if not self.echo or last.role != "assistant":
+            return ""
+        return template_messages([last])[0]["content"]
 
     @property
     def logprobs_count(self) -> Optional[int]:
@@ -434,8 +453,11 @@ def template_messages(messages: list[ChatMessage]) -> list[dict]:
                 texts.append(part.text)
             content = "".join(texts)
         message = {"role": "system" if m.role == "developer" else m.role, "content": content}
-        if m.reasoning_content is not None:
-            message["reasoning_content"] = m.reasoning_content
+        if m.reasoning_content is not None and m.reasoning is not None and m.reasoning_content != m.reasoning:
+            raise ApiError(400, f"{where}: reasoning and reasoning_content disagree; give one", f"{where}.reasoning")
+        reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+        if reasoning is not None:
+            message["reasoning_content"] = reasoning
         out.append(message)
     return out
 
@@ -515,6 +537,8 @@ class CompletionChoice(BaseModel):
         None, description="vLLM: per prompt token (null first) its token id -> log-probability and the top N")
     finish_reason: Optional[Literal["stop", "length"]] = None
     exit_depths: list[int] = Field(default_factory=list, description="rlt: loops each token of this choice ran")
+    prompt_token_ids: Optional[list[int]] = Field(None, description="vLLM (return_token_ids): the prompt's token ids")
+    token_ids: Optional[list[int]] = Field(None, description="vLLM (return_token_ids): the choice's generated ids")
 
 
 class CompletionResponse(BaseModel):
@@ -545,6 +569,7 @@ class ChatMessageOut(BaseModel):
     content: str
     reasoning_content: Optional[str] = Field(
         None, description="the answer's reasoning (between <think> and </think>) when a reasoning parser runs")
+    reasoning: Optional[str] = Field(None, description="the same text under vLLM's newer name")
 
 
 class ChatChoice(BaseModel):
@@ -553,6 +578,7 @@ class ChatChoice(BaseModel):
     logprobs: Optional[ChatLogprobs] = None
     finish_reason: Literal["stop", "length"]
     exit_depths: list[int] = Field(default_factory=list, description="rlt: loops each token of this choice ran")
+    token_ids: Optional[list[int]] = Field(None, description="vLLM (return_token_ids): the choice's generated ids")
 
 
 class ChatCompletionResponse(BaseModel):
@@ -563,6 +589,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     prompt_logprobs: Optional[PromptLogprobs] = Field(None, description="vLLM: as in completions choices")
+    prompt_token_ids: Optional[list[int]] = Field(None, description="vLLM (return_token_ids): the prompt's token ids")
 
 
 class ChatDelta(BaseModel):
@@ -574,7 +601,8 @@ class ChatDelta(BaseModel):
 
     @model_serializer
     def _without_nulls(self) -> dict:
-        fields = (("role", self.role), ("content", self.content), ("reasoning_content", self.reasoning_content))
+        fields = (("role", self.role), ("content", self.content), ("reasoning_content", self.reasoning_content),
+                  ("reasoning", self.reasoning_content))  # vLLM's newer name for the same text
         return {k: v for k, v in fields if v is not None}
 
 
@@ -584,6 +612,7 @@ class ChatChunkChoice(BaseModel):
     logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[Literal["stop", "length"]] = None
     exit_depths: list[int] = Field(default_factory=list, description="rlt: loops each token of this choice ran")
+    token_ids: Optional[list[int]] = Field(None, description="vLLM (return_token_ids): the chunk's new token ids")
 
 
 class ChatCompletionChunk(BaseModel):
@@ -593,6 +622,8 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Optional[Usage] = None
+    prompt_token_ids: Optional[list[int]] = Field(
+        None, description="vLLM (return_token_ids): the prompt's token ids, in each choice's first chunk")
 
 
 class ModelCard(BaseModel):
