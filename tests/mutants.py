@@ -202,6 +202,13 @@ MUTANTS = (
         "include_reasoning: false still returns the reasoning in the message",
     ),
     Mutant(
+        "offline-chat-without-end-of-turn-stops", "rlt_runtime/entrypoints/llm.py",
+        "stops = tok.chat_stop_token_ids",
+        "stops = ()",
+        ("tests/runtime/test_llm_chat.py::test_the_end_of_turn_token_stops_chat_unless_eos_is_ignored",),
+        "offline chat runs past the template's end-of-turn token",
+    ),
+    Mutant(
         "guided-matcher-not-advanced", "rlt_runtime/engine/llm_engine.py",
         "if not req.matcher.accept_token(token):",
         "if False:",

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Mapping
 from typing import Optional, Sequence, Union
 
+from ..chat_messages import template_messages
 from ..engine.data_parallel import build_engine
 from ..errors import RequestError
 from ..outputs import RequestOutput
@@ -50,15 +52,7 @@ class LLM:
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(prompts)
-        else:
-            if not isinstance(sampling_params, (list, tuple)) or not all(isinstance(p, SamplingParams) for p in sampling_params):
-                raise RequestError("sampling_params must be None, a SamplingParams or a list of them (one per prompt); "
-                                   f"got {type(sampling_params).__name__}")
-            params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise RequestError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
+        params = _per_prompt(sampling_params, len(prompts))
         if trace_ids is not None:
             if isinstance(trace_ids, str) or len(trace_ids) != len(prompts):
                 raise RequestError(f"trace_ids must be a list of one trace id per prompt ({len(prompts)}), got {trace_ids!r}")
@@ -89,5 +83,52 @@ class LLM:
             bar.close()
         return [results[rid] for rid in ids]
 
+    def chat(self, messages: Union[Sequence[Mapping], Sequence[Sequence[Mapping]]], sampling_params: Optional[
+            Union[SamplingParams, Sequence[SamplingParams]]] = None, *, use_tqdm: bool = True,
+             chat_template: Optional[str] = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, chat_template_kwargs: Optional[Mapping] = None
+             ) -> list[RequestOutput]:
+        """Generate an answer for one conversation or a list (vLLM's `LLM.chat`); one RequestOutput
+        per conversation, in order, its `prompt` the rendered chat prompt.
+
+        A conversation is a list of OpenAI-style messages (`chat_messages`), rendered by the
+        checkpoint's chat template (or `chat_template`) through transformers, with
+        add_generation_prompt, continue_final_message and chat_template_kwargs as the server's
+        fields of those names. Generation also stops on the template's end-of-turn tokens
+        (`<|im_end|>`, `<|end_turn|>`) unless ignore_eos is set. The text is the model's as written
+        (a thinking model's `<think>` block included). Bad messages are a RequestError naming the
+        field (`messages[0].content`, or `messages[2][0].role` in a list of conversations).
+        """
+        tok = self.tokenizer
+        if tok is None:
+            raise RequestError("this checkpoint has no tokenizer: chat needs one (give token ids to generate instead)")
+        single = isinstance(messages, (list, tuple)) and (not messages or isinstance(messages[0], Mapping))
+        conversations = [messages] if single else list(messages)
+        prompts = []
+        for k, conversation in enumerate(conversations):
+            text = tok.apply_chat_template(template_messages(conversation, "messages" if single else f"messages[{k}]"),
+                                           add_generation_prompt=add_generation_prompt,
+                                           continue_final_message=continue_final_message, chat_template=chat_template,
+                                           template_kwargs=chat_template_kwargs)
+            prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
+        stops = tok.chat_stop_token_ids
+        params = [p if p.ignore_eos else dataclasses.replace(
+            p, stop_token_ids=list(p.stop_token_ids or ()) + [t for t in stops if t not in (p.stop_token_ids or ())])
+                  for p in _per_prompt(sampling_params, len(prompts))]
+        return self.generate(prompts, params, use_tqdm=use_tqdm)
+
     def stats(self) -> dict:
         return self.engine.stats()
+
+
+def _per_prompt(sampling_params, count: int) -> list[SamplingParams]:
+    """One SamplingParams per prompt from None, one for all, or a list of `count` (RequestError
+    naming sampling_params otherwise)."""
+    if sampling_params is None or isinstance(sampling_params, SamplingParams):
+        return [sampling_params or SamplingParams()] * count
+    if not isinstance(sampling_params, (list, tuple)) or not all(isinstance(p, SamplingParams) for p in sampling_params):
+        raise RequestError("sampling_params must be None, a SamplingParams or a list of them (one per prompt); "
+                           f"got {type(sampling_params).__name__}")
+    if len(sampling_params) != count:
+        raise RequestError(f"got {len(sampling_params)} sampling_params for {count} prompts")
+    return list(sampling_params)

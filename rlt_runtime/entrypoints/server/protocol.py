@@ -24,6 +24,7 @@ from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
+from ...chat_messages import MessageError, template_messages as chat_template_messages
 from ...guided_decoding import KINDS as GUIDED_KINDS, GuidedDecoding
 from ...sampling_params import MAX_INT32, MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_SAMPLES, SamplingParams
 
@@ -432,34 +433,12 @@ def structured_outputs_constraint(so: Optional[dict]) -> Optional[dict]:
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict]:
-    """Messages as {"role", "content"} strings for the chat template (text content only)."""
-    out = []
-    for i, m in enumerate(messages):
-        where = f"messages[{i}]"
-        if m.role == "tool" or m.tool_calls or m.tool_call_id is not None:
-            raise ApiError(400, f"{where}: tool messages and tool calls are not supported", where, "unsupported")
-        content = m.content
-        if content is None:
-            if m.role != "assistant":
-                raise ApiError(400, f"{where}.content must be a string or a list of text parts", f"{where}.content")
-            content = ""
-        elif not isinstance(content, str):
-            texts = []
-            for j, part in enumerate(content):
-                if part.type != "text" or part.text is None:
-                    raise ApiError(400, f"{where}.content[{j}]: content type {part.type!r} is not supported; only "
-                                   "text parts ({'type': 'text', 'text': ...}) are accepted",
-                                   f"{where}.content[{j}].type", "unsupported")
-                texts.append(part.text)
-            content = "".join(texts)
-        message = {"role": "system" if m.role == "developer" else m.role, "content": content}
-        if m.reasoning_content is not None and m.reasoning is not None and m.reasoning_content != m.reasoning:
-            raise ApiError(400, f"{where}: reasoning and reasoning_content disagree; give one", f"{where}.reasoning")
-        reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
-        if reasoning is not None:
-            message["reasoning_content"] = reasoning
-        out.append(message)
-    return out
+    """The messages as the chat template takes them (`chat_messages.template_messages`; a 400 naming
+    the message field)."""
+    try:
+        return chat_template_messages([m.model_dump(exclude_none=True) for m in messages])
+    except MessageError as exc:
+        raise ApiError(400, str(exc), exc.field, exc.code) from None
 
 
 class TokenizeRequest(_Strict):
