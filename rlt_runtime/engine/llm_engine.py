@@ -80,10 +80,15 @@ def _on_device(method):
 
 def tokenize_prompt(prompt, tokenizer) -> tuple[Optional[str], list[int]]:
     """(text or None, token ids) of an engine prompt: a string (encoded by `tokenizer`), a token-id
-    list, or {"prompt_token_ids": [...], "prompt": optional text}. RequestError for anything else."""
+    list, {"prompt_token_ids": [...], "prompt": optional text} (vLLM's TokensPrompt) or {"prompt":
+    text} (vLLM's TextPrompt, encoded). RequestError for anything else."""
     if isinstance(prompt, dict):
+        unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
+        if unknown or not prompt:
+            raise RequestError(f"a dict prompt has 'prompt_token_ids' (and optionally its 'prompt' text) or "
+                               f"'prompt' alone; got the keys {sorted(prompt)}")
         if "prompt_token_ids" not in prompt:
-            raise RequestError("a dict prompt must have 'prompt_token_ids'")
+            return tokenize_prompt(prompt["prompt"], tokenizer)
         ids = prompt["prompt_token_ids"]
         if not isinstance(ids, (list, tuple)):
             raise RequestError("prompt_token_ids must be a list of integers")

@@ -41,14 +41,15 @@ class LLM:
                  trace_ids: Optional[Sequence[str]] = None) -> list[RequestOutput]:
         """Generate for one prompt or a list; returns one RequestOutput per prompt, in order.
 
-        A prompt is a string, a list (or tuple) of token ids, or {"prompt_token_ids": [...]}.
+        A prompt is a string, a list (or tuple) of token ids, {"prompt_token_ids": [...]} or
+        {"prompt": text} (vLLM's TokensPrompt and TextPrompt).
         sampling_params is one SamplingParams for all prompts or one per prompt. Other types are a
         RequestError naming `prompts` or `sampling_params`. trace_ids (one per prompt) set each
         prompt's SamplingParams.trace_id: the exit-trace entry it replays or is recorded under.
         """
         if not isinstance(prompts, (str, dict, list, tuple)):
-            raise RequestError("prompts must be a string, a list of token ids, a {'prompt_token_ids': [...]} dict, "
-                               f"or a list of these; got {type(prompts).__name__}")
+            raise RequestError("prompts must be a string, a list of token ids, a {'prompt_token_ids': [...]} or "
+                               f"{{'prompt': text}} dict, or a list of these; got {type(prompts).__name__}")
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)

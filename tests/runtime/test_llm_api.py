@@ -35,6 +35,21 @@ def test_mixed_prompts_token_ids_and_text():
         assert c.text == m.tokenizer.decode(c.token_ids)
 
 
+def test_vllm_text_prompt_dicts_are_encoded_and_other_dicts_named():
+    """{"prompt": text} (vLLM's TextPrompt) is the text prompt; {"prompt_token_ids", "prompt"} keeps
+    its ids; other keys are a RequestError naming the accepted forms."""
+    m = llm()
+    p = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    text, as_dict, given = m.generate(["Hello", {"prompt": "Hello"}, {"prompt": "Hi", "prompt_token_ids": [5, 6]}], p,
+                                      use_tqdm=False)
+    assert as_dict.prompt == "Hello" and as_dict.prompt_token_ids == text.prompt_token_ids
+    assert as_dict.outputs[0].token_ids == text.outputs[0].token_ids
+    assert given.prompt == "Hi" and given.prompt_token_ids == [5, 6]
+    for bad in ({"text": "Hello"}, {}, {"prompt": "x", "multi_modal_data": {}}):
+        with pytest.raises(RequestError, match="a dict prompt has 'prompt_token_ids'"):
+            m.generate([bad], p, use_tqdm=False)
+
+
 def test_batch_composition_does_not_change_greedy_outputs():
     m = llm()
     p = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
