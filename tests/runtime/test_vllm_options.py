@@ -126,3 +126,13 @@ def test_cli_errors_name_the_options(capsys):
 
 
 TINY_FLAGS = ["--dtype", "float32", "--device", "cpu", "--num-blocks", "64", "--max-model-len", "64"]
+
+
+def test_serve_takes_the_model_positionally_as_vllm_serve_does(capsys):
+    for argv in (["ouro-tiny"], ["--model", "ouro-tiny"], ["ouro-tiny", "--model", "ouro-tiny"]):
+        assert serve_cli.parse_args(argv).model == "ouro-tiny"
+    for argv, message in (([], "give the model: rlt-serve MODEL or --model MODEL"),
+                          (["a", "--model", "b"], "the model is given twice and differently: 'a' and --model 'b'")):
+        with pytest.raises(SystemExit):
+            serve_cli.parse_args(argv)
+        assert message in capsys.readouterr().err

@@ -33,7 +33,9 @@ logger = logging.getLogger("rlt.server")
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlt-serve",
                                 description="Serve a looped language model over an OpenAI-compatible API.")
-    p.add_argument("--model", required=True, help="checkpoint directory, Hugging Face Hub name (e.g. ByteDance/Ouro-1.4B) or preset name (e.g. ouro-1.4b)")
+    p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                   help="the model, as `vllm serve MODEL` takes it (or give --model)")
+    p.add_argument("--model", default=None, help="checkpoint directory, Hugging Face Hub name (e.g. ByteDance/Ouro-1.4B) or preset name (e.g. ouro-1.4b)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: local only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="model id clients send (default: --model)")
@@ -115,8 +117,20 @@ def warn_if_exposed(host: str, api_key: Optional[str]) -> None:
                        "server; set --api-key-file or $%s", host, API_KEY_ENV)
 
 
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, the model given as --model or positionally (as `vllm serve MODEL`)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.model is None and args.model_tag is None:
+        parser.error("give the model: rlt-serve MODEL or --model MODEL")
+    if args.model is not None and args.model_tag is not None and args.model != args.model_tag:
+        parser.error(f"the model is given twice and differently: {args.model_tag!r} and --model {args.model!r}")
+    args.model = args.model or args.model_tag
+    return args
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from ...engine.data_parallel import build_engine, replica_devices
     from ...engine.heap import freeze_heap
