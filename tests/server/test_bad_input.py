@@ -179,6 +179,7 @@ def test_api_key(guarded):
     assert httpx.get(guarded.url + "/v1/models").status_code == 401
     assert httpx.get(guarded.url + "/health").status_code == 200
     assert httpx.get(guarded.url + "/metrics").status_code == 200
+    assert httpx.get(guarded.url + "/ping").status_code == httpx.get(guarded.url + "/version").status_code == 200
 
 
 def test_oversized_body_is_413(http):

@@ -243,6 +243,9 @@ def test_metrics_and_tokenizer_endpoints(client, server):
     chat = httpx.post(server.url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
     assert chat["count"] == len(chat["tokens"]) > 2
     assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.get(server.url + "/ping").json() == httpx.post(server.url + "/ping").json() == {"status": "ok"}
+    from importlib.metadata import version
+    assert httpx.get(server.url + "/version").json() == {"version": version("rlt")}
 
 
 def _free_port() -> int:

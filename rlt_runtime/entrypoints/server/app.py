@@ -174,6 +174,15 @@ def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLM
             return JSONResponse({"status": "ok"})
         return JSONResponse(ApiError(503, worker.status, None, "not_ready").body(), status_code=503)
 
+    @app.api_route("/ping", methods=["GET", "POST"], responses={503: {"model": ErrorResponse}})
+    async def ping() -> Response:
+        """vLLM's (and SageMaker's) health check: /health."""
+        return await health()
+
+    @app.get("/version")
+    async def version() -> JSONResponse:
+        return JSONResponse({"version": _package_version()})
+
     @app.get("/metrics", response_class=Response)
     async def metrics() -> Response:
         return Response(worker.metrics.render(), media_type=CONTENT_TYPE)
@@ -185,6 +194,16 @@ def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLM
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["*"])
     return app
+
+
+def _package_version() -> str:
+    """The installed rlt's version ("unknown" when run from a source tree that is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rlt")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def _json_body(model: type[BaseModel]) -> dict:
