@@ -209,6 +209,20 @@ MUTANTS = (
         "offline chat runs past the template's end-of-turn token",
     ),
     Mutant(
+        "responses-reasoning-tokens-short-by-one", "rlt_runtime/entrypoints/server/app.py",
+        "return lo",
+        "return lo - 1",
+        ("tests/server/test_chat_templates.py::test_responses_api_splits_the_reasoning_into_its_own_item",),
+        "the Responses API counts one reasoning token fewer than the answer spent before its end marker",
+    ),
+    Mutant(
+        "responses-reasoning-item-left-open", "rlt_runtime/entrypoints/server/app.py",
+        'events += self._finish("completed")',
+        "pass",
+        ("tests/server/test_chat_templates.py::test_responses_api_splits_the_reasoning_into_its_own_item",),
+        "a streamed response opens its message item while the reasoning item is still open",
+    ),
+    Mutant(
         "guided-matcher-not-advanced", "rlt_runtime/engine/llm_engine.py",
         "if not req.matcher.accept_token(token):",
         "if False:",

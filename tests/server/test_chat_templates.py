@@ -291,3 +291,26 @@ def test_message_reasoning_under_either_name_reaches_the_template():
     assert rendered(reasoning="r", reasoning_content="r")["reasoning_content"] == "r"
     with pytest.raises(ApiError, match="reasoning and reasoning_content disagree"):
         rendered(reasoning="r", reasoning_content="s")
+
+
+def test_responses_api_splits_the_reasoning_into_its_own_item(thinking):
+    """/v1/responses: a reasoning item ("ab"), then the message ("OK"); the reasoning tokens are
+    those through "</think>" (one byte token each), and streamed the reasoning item closes before
+    the message opens."""
+    client = _client(thinking)
+    resp = client.responses.create(model=MODEL, input="Why?", temperature=0, max_output_tokens=32)
+    reasoning, message = resp.output
+    assert (reasoning.type, [c.text for c in reasoning.content]) == ("reasoning", ["ab"])
+    assert (message.type, resp.output_text, resp.status) == ("message", "OK", "completed")
+    assert resp.usage.output_tokens_details.reasoning_tokens == len("ab</think>")
+    assert resp.usage.output_tokens == len(SCRIPT) + 1  # and <|im_end|>
+    events = list(client.responses.create(model=MODEL, input="Why?", temperature=0, max_output_tokens=32, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds.index("response.output_item.done") < [i for i, k in enumerate(kinds)
+                                                       if k == "response.output_item.added"][1]
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == "ab"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "OK"
+    assert [i.type for i in events[-1].response.output] == ["reasoning", "message"]
+    cut = client.responses.create(model=MODEL, input="Why?", temperature=0, max_output_tokens=3)
+    assert [i.type for i in cut.output] == ["reasoning", "message"] and cut.output_text == ""
+    assert cut.status == "incomplete" and cut.usage.output_tokens_details.reasoning_tokens == 3

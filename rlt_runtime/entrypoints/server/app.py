@@ -44,11 +44,12 @@ from .field_policy import apply_field_policy
 from .json_body import parse_json_body
 from .preparation import Preparer
 from .reasoning import REASONING_PARSERS, THINK_END, THINK_START, ReasoningSplitter, template_mentions_thinking
+from .responses import ResponseObject, Responses, ResponsesRequest
 from .worker import EngineWorker, GenerationStream, WorkerUnavailable
 
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 503, 504)}
-REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest)
+REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest)
 logger = logging.getLogger("rlt.server")
 
 
@@ -147,6 +148,11 @@ def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLM
     async def chat_completions(request: Request) -> Response:
         return await serving.chat(request)
 
+    @app.post("/v1/responses", response_model=None, responses=ERROR_RESPONSES,
+              openapi_extra=_json_body(ResponsesRequest))
+    async def responses(request: Request) -> Response:
+        return await serving.responses(request)
+
     @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
     async def models() -> ModelList:
         return ModelList(data=[serving.model_card()])
@@ -174,10 +180,9 @@ def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLM
             return JSONResponse({"status": "ok"})
         return JSONResponse(ApiError(503, worker.status, None, "not_ready").body(), status_code=503)
 
-    @app.api_route("/ping", methods=["GET", "POST"], responses={503: {"model": ErrorResponse}})
-    async def ping() -> Response:
-        """vLLM's (and SageMaker's) health check: /health."""
-        return await health()
+    for method in ("GET", "POST"):  # vLLM's (and SageMaker's) health check: /health
+        app.add_api_route("/ping", health, methods=[method], operation_id=f"ping_{method.lower()}",
+                          responses={503: {"model": ErrorResponse}})
 
     @app.get("/version")
     async def version() -> JSONResponse:
@@ -366,7 +371,7 @@ class _Serving:
 
     def _validate(self, raw: bytes, model: type[BaseModel]):
         data = parse_json_body(raw, self.config.max_json_depth)
-        if model in (CompletionRequest, ChatCompletionRequest):
+        if model in (CompletionRequest, ChatCompletionRequest, ResponsesRequest):
             data = apply_field_policy(data, model.model_fields)
         try:
             return model.model_validate(data)
@@ -430,25 +435,45 @@ class _Serving:
                                                                    prompt_logprobs=body.engine_prompt_logprobs))
         return prompts, self.with_trace_ids(params, body.trace_ids(len(prompts)))
 
-    async def chat(self, request: Request) -> Response:
+    async def _conversation(self, request: Request, model: type[BaseModel], what: str, prepare: Callable,
+                            fmt: Callable) -> Response:
+        """A request whose one prompt is a rendered conversation (chat completions, responses)."""
         arrival = time.monotonic()
-        body = await self.parse(request, ChatCompletionRequest)
+        body = await self.parse(request, model)
         self.check_model(body.model)
         body.check_neutral()
-        self.tokenizer("chat")
-        return await self.admit(request, body, 1, self._prepare_chat, _ChatFormat, arrival)
+        self.tokenizer(what)
+        return await self.admit(request, body, 1, prepare, fmt, arrival)
+
+    def _rendered_prompt(self, tok, text: str, field: str, add_special_tokens: bool = False) -> list[dict]:
+        """The engine prompt of a rendered conversation `text`, the text kept."""
+        prompts = [self.prompt(self._encode(tok, text, field, add_special_tokens=add_special_tokens))]
+        prompts[0]["prompt"] = text
+        return prompts
+
+    async def chat(self, request: Request) -> Response:
+        return await self._conversation(request, ChatCompletionRequest, "chat", self._prepare_chat, _ChatFormat)
 
     def _prepare_chat(self, body: ChatCompletionRequest) -> tuple[list[dict], object]:
         tok = self.tokenizer("chat")
         text = self._render(tok, body.template_messages(), body.add_generation_prompt, body.continue_final_message,
                             body.chat_template_kwargs)
-        prompts = [self.prompt(self._encode(tok, text, "messages", add_special_tokens=body.add_special_tokens))]
-        prompts[0]["prompt"] = text
+        prompts = self._rendered_prompt(tok, text, "messages", body.add_special_tokens)
         limit_field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
         self.check_room(prompts, body.output_limit, limit_field)
         extra_stops = () if body.ignore_eos else tuple(tok.chat_stop_token_ids)
         params = self.sampling_params(lambda: body.sampling_params(body.output_limit, body.logprobs_count, extra_stops))
         return prompts, self.with_trace_ids(params, body.trace_ids(len(prompts)))
+
+    async def responses(self, request: Request) -> Response:
+        return await self._conversation(request, ResponsesRequest, "responses", self._prepare_responses,
+                                        _ResponsesFormat)
+
+    def _prepare_responses(self, body: ResponsesRequest) -> tuple[list[dict], object]:
+        tok = self.tokenizer("responses")
+        prompts = self._rendered_prompt(tok, self._render(tok, body.messages(), True, False, None), "input")
+        self.check_room(prompts, body.max_output_tokens, "max_output_tokens")
+        return prompts, self.sampling_params(lambda: body.sampling_params(tuple(tok.chat_stop_token_ids)))
 
     def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
         if body.model is not None:
@@ -778,6 +803,17 @@ class _CompletionFormat(_Format):
                                   usage=self.usage(outputs))
 
 
+def _split_step(splitter: Optional[ReasoningSplitter], text: str, finished: bool) -> tuple[str, str]:
+    """(reasoning, content) a step's new text settles (at the end, with the held-back rest)."""
+    if splitter is None:
+        return "", text
+    reasoning, content = splitter.feed(text)
+    if finished:
+        rest = splitter.finish()
+        reasoning, content = reasoning + rest[0], content + rest[1]
+    return reasoning, content
+
+
 class _ChatFormat(_Format):
     prefix = "chatcmpl"
 
@@ -822,12 +858,7 @@ class _ChatFormat(_Format):
         if step is None:
             return None
         text, first, end, finish = step
-        reasoning = ""
-        if st.splitter is not None:
-            reasoning, text = st.splitter.feed(text)
-            if finish is not None:
-                rest = st.splitter.finish()
-                reasoning, text = reasoning + rest[0], text + rest[1]
+        reasoning, text = _split_step(st.splitter, text, finish is not None)
         if not self.body.include_reasoning:
             reasoning = ""
         delta = ChatDelta(content=text if text or not reasoning else None, reasoning_content=reasoning or None)
@@ -855,6 +886,135 @@ class _ChatFormat(_Format):
         return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices,
                                       usage=self.usage(outputs), prompt_logprobs=prompt_lps,
                                       prompt_token_ids=self.token_ids(outputs[0].prompt_token_ids))
+
+
+class _ResponsesFormat(_ChatFormat):
+    """The Responses API's response object and its streamed events (responses.py); the answer is
+    split into reasoning and content as a chat answer is."""
+
+    prefix = "resp"
+
+    def __init__(self, serving: _Serving, body, prompts: list[dict]):
+        super().__init__(serving, body, prompts)
+        self.build = Responses(body, self.model)
+
+    def reasoning_tokens(self, c: CompletionOutput, reasoning: Optional[str]) -> int:
+        """Output tokens up to the end of the reasoning: through the token that completes its end
+        marker, or all of them when the answer ended inside it (none without reasoning)."""
+        if reasoning is None:
+            return 0
+        decode = self.serving.engine().tokenizer.decode
+        ids = c.token_ids
+        if THINK_END not in decode(ids):
+            return len(ids)
+        lo, hi = 1, len(ids)
+        while lo < hi:  # the shortest prefix whose text holds the marker
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if THINK_END in decode(ids[:mid]) else (mid + 1, hi)
+        return lo
+
+    def output(self, out: RequestOutput) -> tuple[list[dict], str, dict]:
+        """(output items, status, usage) of the finished answer."""
+        c = out.outputs[0]
+        splitter = self.splitter()
+        reasoning, content = (None, c.text) if splitter is None else splitter.split(c.text)
+        status = "incomplete" if c.finish_reason == "length" else "completed"
+        items = [self.build.reasoning_item(reasoning)] if reasoning else []  # (as streamed: no empty item)
+        items.append(self.build.message_item(content, status))
+        usage = self.usage([out])
+        return items, status, {
+            "input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens,
+            "input_tokens_details": {"cached_tokens": usage.prompt_tokens_details.cached_tokens},
+            "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens(c, reasoning)}}
+
+    def response(self, outputs: list[RequestOutput]) -> ResponseObject:
+        items, status, usage = self.output(outputs[0])
+        return ResponseObject(**self.build.response(items, status, usage))
+
+    async def events(self, stream: GenerationStream) -> AsyncIterator[bytes]:
+        b = self.build
+        streaming = _StreamedItems(b)
+        try:
+            for kind in ("response.created", "response.in_progress"):
+                yield sse(b.event(kind, response=b.response([], "in_progress", None)))
+            st, read = self.start(0), self.reader(stream, 0)
+            while True:
+                await stream.changes()
+                step = self.advance(st, stream.outputs[0].outputs[0], read)
+                if step is not None:
+                    reasoning, text = _split_step(st.splitter, step[0], step[3] is not None)
+                    for event in streaming.feed("reasoning", reasoning) + streaming.feed("message", text):
+                        yield sse(event)
+                if stream.finished:
+                    break
+            items, status, usage = self.output(stream.outputs[0])
+            for event in streaming.close(status):
+                yield sse(event)
+            kind = "response.completed" if status == "completed" else "response.incomplete"
+            yield sse(b.event(kind, response=b.response(items, status, usage)))
+        except ApiError as err:
+            yield sse(b.event("error", code=err.code, message=err.message, param=err.param))
+
+
+class _StreamedItems:
+    """The output items of a streamed response as they open, grow and close (events of `Responses`):
+    a reasoning item while the answer is in its reasoning, then the message item."""
+
+    def __init__(self, build: Responses):
+        self.build = build
+        self.open: Optional[str] = None  # "reasoning" or "message": the item whose text streams now
+        self.index = -1  # its output_index
+        self.text = ""
+
+    def _ids(self) -> dict:
+        item_id = self.build.reasoning_id if self.open == "reasoning" else self.build.message_id
+        return {"item_id": item_id, "output_index": self.index, "content_index": 0}
+
+    def _part(self) -> dict:
+        if self.open == "reasoning":
+            return {"type": "reasoning_text", "text": self.text}
+        return {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
+
+    def _start(self, kind: str) -> list:
+        self.open, self.index, self.text = kind, self.index + 1, ""
+        item = self.build.reasoning_item("", "in_progress") if kind == "reasoning" else \
+            self.build.message_item(None, "in_progress")
+        return [self.build.event("response.output_item.added", output_index=self.index, item=item),
+                self.build.event("response.content_part.added", part=self._part(), **self._ids())]
+
+    def _finish(self, status: str) -> list:
+        reasoning = self.open == "reasoning"
+        done = "response.reasoning_text.done" if reasoning else "response.output_text.done"
+        extra = {} if reasoning else {"logprobs": []}
+        item = self.build.reasoning_item(self.text) if reasoning else self.build.message_item(self.text, status)
+        events = [self.build.event(done, text=self.text, **self._ids(), **extra),
+                  self.build.event("response.content_part.done", part=self._part(), **self._ids()),
+                  self.build.event("response.output_item.done", output_index=self.index, item=item)]
+        self.open = None
+        return events
+
+    def feed(self, kind: str, piece: str) -> list:
+        """Events that add `piece` to the item of `kind`, opening it (after closing the reasoning) first."""
+        if not piece:
+            return []
+        events = []
+        if self.open != kind:
+            if self.open is not None:
+                events += self._finish("completed")
+            events += self._start(kind)
+        self.text += piece
+        delta = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
+        extra = {} if kind == "reasoning" else {"logprobs": []}
+        return events + [self.build.event(delta, delta=piece, **self._ids(), **extra)]
+
+    def close(self, status: str) -> list:
+        """Events that finish the answer's items: the open one, and the message item (empty when no
+        content streamed) with the response's status."""
+        events = self._finish("completed") if self.open == "reasoning" else []
+        if self.open is None:
+            events += self._start("message")
+        return events + self._finish(status)
 
 
 # ---- ASGI guard: API key and body size --------------------------------------------------------------

@@ -1,0 +1,194 @@
+"""OpenAI's Responses API (POST /v1/responses), text in and text out.
+
+`input` is a string (one user message) or a list of message items (`{"role", "content"}`, content a
+string or `input_text` / `output_text` parts; `"type": "message"` optional); `instructions` comes
+first as a system message. The conversation is rendered by the chat template as a chat request's
+is, and generation stops on the template's end-of-turn tokens. Sampling: `max_output_tokens`,
+`temperature`, `top_p`, and vLLM's `top_k`, `min_p`, `repetition_penalty`, `seed`; `text.format`
+(`text`, `json_object`, `json_schema`) constrains the output as `response_format` does on chat.
+
+The response's `output` holds a `reasoning` item (when a reasoning parser split one off: its text
+as `reasoning_text` content) and then the `message` item (one `output_text` part). `status` is
+`completed`, or `incomplete` with `incomplete_details.reason` "max_output_tokens".
+`usage.output_tokens_details.reasoning_tokens` counts the tokens up to the end of the reasoning.
+Streamed, the events are OpenAI's: `response.created`, `response.in_progress`, for each item
+`response.output_item.added`, `response.content_part.added`, text deltas
+(`response.reasoning_text.delta` / `response.output_text.delta`), their `.done` events and
+`response.output_item.done`, then `response.completed` (or `response.incomplete`) carrying the
+whole response, every event numbered by `sequence_number`.
+
+Not supported (a 400 naming the field unless neutral): tools and tool choices other than "none" /
+"auto", `previous_response_id` and `conversation` (this server stores no responses: `store` is
+accepted and ignored), stored `prompt`s, `background`, `truncation: "auto"`, `top_logprobs` and
+`include` of output logprobs, and input items other than messages or parts other than text.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, ClassVar, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ...chat_messages import MessageError, template_messages
+from ...guided_decoding import GuidedDecoding
+from ...sampling_params import MAX_INT32, SamplingParams
+from .protocol import ApiError, _Strict, response_format_constraint, unsupported
+
+TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+class ResponsesRequest(_Strict):
+    """POST /v1/responses."""
+
+    model: str
+    input: Union[str, list[dict[str, Any]]]
+    instructions: Optional[str] = None
+    max_output_tokens: Optional[int] = Field(None, ge=1, description="null: up to the end of the context")
+    temperature: Optional[float] = Field(None, ge=0.0, le=100.0, description="default 1.0; 0 is greedy")
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
+    top_k: Optional[int] = Field(None, ge=-1, le=MAX_INT32, description="vLLM: -1 or 0: off")
+    min_p: Optional[float] = Field(None, ge=0.0, le=1.0, description="vLLM")
+    repetition_penalty: Optional[float] = Field(None, gt=0.0, le=100.0, description="vLLM: default 1")
+    seed: Optional[int] = Field(None, ge=0, lt=2**63, description="vLLM")
+    stream: Optional[bool] = False
+    stream_options: Optional[dict[str, Any]] = Field(None, description="include_obfuscation: accepted, no effect")
+    text: Optional[dict[str, Any]] = Field(None, description="{'format': {'type': 'text' | 'json_object' | "
+                                                            "'json_schema', ...}, 'verbosity': ...}")
+    reasoning: Optional[dict[str, Any]] = Field(None, description="effort and summary: accepted, no effect")
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    include: Optional[list[str]] = None
+    truncation: Optional[str] = None
+    background: Optional[bool] = None
+    previous_response_id: Optional[str] = None
+    conversation: Optional[Union[str, dict[str, Any]]] = None
+    prompt: Optional[dict[str, Any]] = None
+    top_logprobs: Optional[int] = None
+    max_tool_calls: Optional[int] = None
+
+    num_samples: ClassVar[int] = 1  # one output per response (`admit` counts sequences by it)
+
+    def check_neutral(self) -> None:
+        """400s naming what this server does not do (see the module docstring)."""
+        if self.tools:
+            raise unsupported("tools", "null or []")
+        if self.tool_choice not in (None, "none", "auto"):
+            raise unsupported("tool_choice", "null, 'none' or 'auto' without tools")
+        for name in ("previous_response_id", "conversation", "prompt"):
+            if getattr(self, name) is not None:
+                raise ApiError(400, f"{name} is not supported by this server: it stores no responses or prompts "
+                               "(only null is accepted)", name, "unsupported")
+        if self.background:
+            raise unsupported("background", "null or false")
+        if self.truncation not in (None, "disabled"):
+            raise unsupported("truncation", "null or 'disabled'")
+        if self.top_logprobs not in (None, 0):
+            raise unsupported("top_logprobs", "null or 0")
+        if self.include and "message.output_text.logprobs" in self.include:
+            raise ApiError(400, "include: 'message.output_text.logprobs' is not supported by this server", "include",
+                           "unsupported")
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "stream_options is only allowed when stream is true", "stream_options")
+
+    def messages(self) -> list[dict]:
+        """The conversation as the chat template takes it (`chat_messages`), instructions first."""
+        items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
+        if not items:
+            raise ApiError(400, "input must be a string or a non-empty list of message items", "input")
+        messages = []
+        for i, item in enumerate(items):
+            where = f"input[{i}]"
+            kind = item.get("type", "message")
+            if kind != "message":
+                raise ApiError(400, f"{where}: input items of type {kind!r} are not supported; only messages are",
+                               f"{where}.type", "unsupported")
+            message = {k: v for k, v in item.items() if k not in ("type", "id", "status")}
+            content = message.get("content")
+            if isinstance(content, list):
+                message["content"] = [_text_part(part, f"{where}.content[{j}]") for j, part in enumerate(content)]
+            messages.append(message)
+        try:
+            rendered = template_messages(messages, "input")
+        except MessageError as exc:
+            raise ApiError(400, str(exc), exc.field, exc.code) from None
+        instructions = [{"role": "system", "content": self.instructions}] if self.instructions is not None else []
+        return instructions + rendered
+
+    def guided(self) -> Optional[GuidedDecoding]:
+        """`text.format` as a constraint (json_schema's fields sit beside its type here)."""
+        fmt = (self.text or {}).get("format")
+        if fmt is None:
+            return None
+        if not isinstance(fmt, dict):
+            raise ApiError(400, "text.format must be an object with a 'type'", "text")
+        if fmt.get("type") == "json_schema":
+            spec = {k: v for k, v in fmt.items() if k != "type"}
+            fmt = {"type": "json_schema", "json_schema": spec}
+        try:
+            given = response_format_constraint(fmt)
+        except ApiError as exc:
+            raise ApiError(400, exc.message.replace("response_format", "text.format"), "text", exc.code) from None
+        return None if given is None else GuidedDecoding(**given, origin="text")
+
+    def sampling_params(self, stop_token_ids: tuple) -> SamplingParams:
+        """The engine's SamplingParams (ConfigError naming the field)."""
+        return SamplingParams(
+            max_tokens=self.max_output_tokens, temperature=1.0 if self.temperature is None else float(self.temperature),
+            top_p=1.0 if self.top_p is None else float(self.top_p),
+            top_k=self.top_k if self.top_k not in (None, 0) else -1, min_p=float(self.min_p or 0.0),
+            repetition_penalty=1.0 if self.repetition_penalty is None else float(self.repetition_penalty),
+            seed=self.seed, stop_token_ids=list(stop_token_ids) or None, guided=self.guided())
+
+
+def _text_part(part, where: str) -> dict:
+    """An input or output text part as a chat text part (400 naming other parts)."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
+        raise ApiError(400, f"{where}: content type {kind!r} is not supported; only text parts ('input_text', "
+                       "'output_text') are accepted", f"{where}.type", "unsupported")
+    return {"type": "text", "text": part["text"]}
+
+
+class ResponseObject(BaseModel):
+    """A response (or one of its streamed events) as built by `Responses`: the JSON as given."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Responses:
+    """Builds one request's response object, its output items and its streamed events."""
+
+    def __init__(self, body: ResponsesRequest, model: str):
+        self.body, self.model = body, model
+        self.id = f"resp_{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.reasoning_id, self.message_id = f"rs_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
+        self.sequence = 0
+
+    def reasoning_item(self, text: str, status: str = "completed") -> dict:
+        return {"id": self.reasoning_id, "type": "reasoning", "summary": [], "status": status,
+                "content": [{"type": "reasoning_text", "text": text}] if text or status == "completed" else []}
+
+    def message_item(self, text: Optional[str], status: str = "completed") -> dict:
+        content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+        return {"id": self.message_id, "type": "message", "role": "assistant", "status": status, "content": content}
+
+    def response(self, output: list[dict], status: str, usage: Optional[dict]) -> dict:
+        body = self.body
+        return {
+            "id": self.id, "object": "response", "created_at": self.created, "status": status, "model": self.model,
+            "output": output, "usage": usage, "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
+            "temperature": body.temperature, "top_p": body.top_p, "parallel_tool_calls": False,
+            "tool_choice": body.tool_choice or "none", "tools": [], "text": body.text or {"format": {"type": "text"}},
+            "reasoning": body.reasoning, "truncation": "disabled", "store": False, "background": False,
+            "metadata": None, "previous_response_id": None,
+        }
+
+    def event(self, kind: str, **fields) -> ResponseObject:
+        """One streamed event of type `kind`, numbered."""
+        self.sequence += 1
+        return ResponseObject(type=kind, sequence_number=self.sequence - 1, **fields)
