@@ -106,6 +106,21 @@ def test_langchain_chat_stream(langchain_openai, server, chat_want):
                                                                                              len(want.token_ids))
 
 
+def test_langchain_over_the_responses_api(langchain_openai, server, chat_want):
+    """ChatOpenAI(use_responses_api=True) sends /v1/responses: the same answer as chat, whole and
+    streamed, with the usage it reports."""
+    ids, want = chat_want
+    llm = chat_model(langchain_openai, server, use_responses_api=True)
+    msg = llm.invoke(QUESTION)
+    assert msg.text == want.text
+    assert (msg.usage_metadata["input_tokens"], msg.usage_metadata["output_tokens"]) == (len(ids), len(want.token_ids))
+    chunks = list(llm.stream(QUESTION))
+    whole = chunks[0]
+    for chunk in chunks[1:]:
+        whole = whole + chunk
+    assert whole.text == want.text
+
+
 def test_langchain_structured_output_json_schema(langchain_openai, server):
     jsonschema = pytest.importorskip("jsonschema")
     llm = chat_model(langchain_openai, server, max_tokens=48)
