@@ -29,10 +29,11 @@ def template_messages(messages: Sequence[Mapping], where: str = "messages") -> l
     """{"role", "content"[, "reasoning_content"]} dicts of `messages` for the chat template."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise MessageError(f"{where} must be a non-empty list of {{'role': ..., 'content': ...}} objects", where)
-    return [_template_message(m, f"{where}[{i}]") for i, m in enumerate(messages)]
+    return [template_message(m, f"{where}[{i}]") for i, m in enumerate(messages)]
 
 
-def _template_message(m, where: str) -> dict:
+def template_message(m, where: str) -> dict:
+    """One message as the chat template takes it; `where` names it in errors ("messages[2]")."""
     if not isinstance(m, Mapping):
         raise MessageError(f"{where} must be an object with 'role' and 'content', got {type(m).__name__}", where)
     unknown = sorted(set(m) - set(MESSAGE_KEYS))

@@ -47,6 +47,27 @@ def test_input_items_with_text_parts_and_an_earlier_answer(client, offline):
     assert resp.output_text == want.outputs[0].text and resp.usage.input_tokens == len(want.prompt_token_ids)
 
 
+def test_an_earlier_responses_output_items_come_back_as_input(client, offline):
+    """Stateless multi-turn use sends the previous output back: its reasoning item becomes the
+    following assistant message's reasoning_content (which this template does not render)."""
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [],
+                 "content": [{"type": "reasoning_text", "text": "thinking"}]}
+    answer = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+              "content": [{"type": "output_text", "text": "Red.", "annotations": []}]}
+    items = [{"role": "user", "content": "Name one."}, reasoning, answer, {"role": "user", "content": "Another?"}]
+    resp = client.responses.create(input=items, **GREEDY)
+    want = _offline_chat(offline, [{"role": "user", "content": "Name one."}, {"role": "assistant", "content": "Red."},
+                                   {"role": "user", "content": "Another?"}])
+    assert resp.output_text == want.outputs[0].text and resp.usage.input_tokens == len(want.prompt_token_ids)
+    from rlt_runtime.entrypoints.server.responses import ResponsesRequest
+
+    messages = ResponsesRequest(model=MODEL, input=items, instructions="Be brief.").messages()
+    assert messages[0] == {"role": "system", "content": "Be brief."}
+    assert messages[2] == {"role": "assistant", "content": "Red.", "reasoning_content": "thinking"}
+    dropped = ResponsesRequest(model=MODEL, input=[reasoning, {"role": "user", "content": "x"}]).messages()
+    assert dropped == [{"role": "user", "content": "x"}]
+
+
 def test_streamed_events_build_the_same_response_in_order(client):
     whole = client.responses.create(input="Say more.", **dict(GREEDY, max_output_tokens=12))
     events = list(client.responses.create(input="Say more.", stream=True, **dict(GREEDY, max_output_tokens=12)))
@@ -85,6 +106,9 @@ BASE = {"model": MODEL, "input": "hi", "max_output_tokens": 2}
     (dict(BASE, input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
      "input[0].content[0].type", "unsupported"),
     (dict(BASE, input=[{"content": "no role"}]), "input[0].role", "invalid_value"),
+    (dict(BASE, input=[{"role": "user", "content": "a"}, {"content": "no role"}]), "input[1].role", "invalid_value"),
+    (dict(BASE, input=[{"type": "reasoning", "content": [{"type": "summary_text", "text": "s"}]},
+                       {"role": "user", "content": "a"}]), "input[0].content", None),
     (dict(BASE, top_logprobs=3), "top_logprobs", "unsupported"),
     (dict(BASE, truncation="auto"), "truncation", "unsupported"),
     (dict(BASE, text={"format": {"type": "yaml"}}), "text", "invalid_value"),

@@ -1,8 +1,9 @@
 """OpenAI's Responses API (POST /v1/responses), text in and text out.
 
 `input` is a string (one user message) or a list of message items (`{"role", "content"}`, content a
-string or `input_text` / `output_text` parts; `"type": "message"` optional); `instructions` comes
-first as a system message. The conversation is rendered by the chat template as a chat request's
+string or `input_text` / `output_text` parts; `"type": "message"` optional) and reasoning items of
+earlier responses (their text becomes the following assistant message's `reasoning_content`);
+`instructions` comes first as a system message. The conversation is rendered by the chat template as a chat request's
 is, and generation stops on the template's end-of-turn tokens. Sampling: `max_output_tokens`,
 `temperature`, `top_p`, and vLLM's `top_k`, `min_p`, `repetition_penalty`, `seed`; `text.format`
 (`text`, `json_object`, `json_schema`) constrains the output as `response_format` does on chat.
@@ -20,7 +21,8 @@ whole response, every event numbered by `sequence_number`.
 Not supported (a 400 naming the field unless neutral): tools and tool choices other than "none" /
 "auto", `previous_response_id` and `conversation` (this server stores no responses: `store` is
 accepted and ignored), stored `prompt`s, `background`, `truncation: "auto"`, `top_logprobs` and
-`include` of output logprobs, and input items other than messages or parts other than text.
+`include` of output logprobs, and input items other than messages and reasoning or parts other
+than text.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any, ClassVar, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ...chat_messages import MessageError, template_messages
+from ...chat_messages import MessageError, template_message
 from ...guided_decoding import GuidedDecoding
 from ...sampling_params import MAX_INT32, SamplingParams
 from .protocol import ApiError, _Strict, response_format_constraint, unsupported
@@ -97,24 +99,29 @@ class ResponsesRequest(_Strict):
         items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
         if not items:
             raise ApiError(400, "input must be a string or a non-empty list of message items", "input")
-        messages = []
+        messages = [{"role": "system", "content": self.instructions}] if self.instructions is not None else []
+        reasoning = None  # a reasoning item's text, for the assistant message that follows it
         for i, item in enumerate(items):
             where = f"input[{i}]"
             kind = item.get("type", "message")
+            if kind == "reasoning":
+                reasoning = (reasoning or "") + _reasoning_text(item, where)
+                continue
             if kind != "message":
-                raise ApiError(400, f"{where}: input items of type {kind!r} are not supported; only messages are",
-                               f"{where}.type", "unsupported")
+                raise ApiError(400, f"{where}: input items of type {kind!r} are not supported; only messages and "
+                               "reasoning are", f"{where}.type", "unsupported")
             message = {k: v for k, v in item.items() if k not in ("type", "id", "status")}
             content = message.get("content")
             if isinstance(content, list):
                 message["content"] = [_text_part(part, f"{where}.content[{j}]") for j, part in enumerate(content)]
-            messages.append(message)
-        try:
-            rendered = template_messages(messages, "input")
-        except MessageError as exc:
-            raise ApiError(400, str(exc), exc.field, exc.code) from None
-        instructions = [{"role": "system", "content": self.instructions}] if self.instructions is not None else []
-        return instructions + rendered
+            if reasoning is not None and message.get("role") == "assistant" and "reasoning_content" not in message:
+                message["reasoning_content"] = reasoning
+            reasoning = None  # reasoning not followed by its answer is dropped (templates drop old reasoning)
+            try:
+                messages.append(template_message(message, where))
+            except MessageError as exc:
+                raise ApiError(400, str(exc), exc.field, exc.code) from None
+        return messages
 
     def guided(self) -> Optional[GuidedDecoding]:
         """`text.format` as a constraint (json_schema's fields sit beside its type here)."""
@@ -140,6 +147,16 @@ class ResponsesRequest(_Strict):
             top_k=self.top_k if self.top_k not in (None, 0) else -1, min_p=float(self.min_p or 0.0),
             repetition_penalty=1.0 if self.repetition_penalty is None else float(self.repetition_penalty),
             seed=self.seed, stop_token_ids=list(stop_token_ids) or None, guided=self.guided())
+
+
+def _reasoning_text(item: dict, where: str) -> str:
+    """The text of a reasoning input item (an earlier response's): its reasoning_text parts."""
+    parts = item.get("content") or []
+    if not isinstance(parts, list) or not all(isinstance(p, dict) and p.get("type") == "reasoning_text"
+                                              and isinstance(p.get("text"), str) for p in parts):
+        raise ApiError(400, f"{where}.content must be a list of {{'type': 'reasoning_text', 'text': ...}} parts",
+                       f"{where}.content")
+    return "".join(p["text"] for p in parts)
 
 
 def _text_part(part, where: str) -> dict:
