@@ -122,6 +122,16 @@ def test_what_the_server_does_not_do_is_a_400_naming_the_field(server, body, par
     assert err["param"] == param and err["code"] == code, err
 
 
+def test_loop_controls_reach_the_engine(client, submitted_params):
+    client.responses.create(input="hi", **GREEDY, extra_body={"min_loops": 1, "max_loops": 2, "exit_threshold": 0.5,
+                                                             "speculative": False, "priority": 3, "seed": 7})
+    p = submitted_params[-1]
+    assert (p.min_loops, p.max_loops, p.exit_threshold, p.speculative, p.priority, p.seed) == (1, 2, 0.5, False, 3, 7)
+    client.responses.create(input="hi", **GREEDY)
+    p = submitted_params[-1]
+    assert (p.min_loops, p.max_loops, p.exit_threshold, p.speculative, p.priority) == (None, None, 1.0, True, 0)
+
+
 def test_fields_without_effect_are_accepted(server):
     body = dict(BASE, store=True, metadata={"k": "v"}, user="u", reasoning={"effort": "low"}, include=[],
                 tool_choice="none", parallel_tool_calls=True, truncation="disabled")

@@ -66,7 +66,25 @@ class StreamOptions(_Strict):
         None, description="vLLM: with include_usage, every chunk carries the usage so far")
 
 
-class _SamplingFields(_Strict):
+class _LoopFields(_Strict):
+    """rlt's per-request loop and scheduling controls (completions, chat completions, responses)."""
+
+    min_loops: Optional[int] = Field(None, ge=1, description="rlt: fewest loops a generated token runs")
+    max_loops: Optional[int] = Field(None, ge=1, description="rlt: most loops a generated token runs")
+    exit_threshold: Optional[float] = Field(None, ge=0.0, le=1.0,
+                                            description="rlt: exit-gate threshold (1 = fixed depth)")
+    speculative: Optional[bool] = Field(True, description="rlt: false opts this request out of speculative decoding")
+    priority: Optional[int] = Field(0, description="rlt/vLLM: lower runs first under the priority scheduling policy")
+
+    def loop_controls(self) -> dict:
+        """The SamplingParams arguments of these fields (null: the default)."""
+        return dict(min_loops=self.min_loops, max_loops=self.max_loops,
+                    exit_threshold=1.0 if self.exit_threshold is None else float(self.exit_threshold),
+                    priority=0 if self.priority is None else self.priority,
+                    speculative=True if self.speculative is None else self.speculative)
+
+
+class _SamplingFields(_LoopFields):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str
@@ -95,12 +113,6 @@ class _SamplingFields(_Strict):
     bad_words: Optional[list[NonEmptyStr]] = Field(None, description="vLLM: words that are never generated")
     best_of: Optional[int] = Field(None, ge=1, le=MAX_SAMPLES,
                                    description="samples generated; the n with the highest cumulative logprob return")
-    min_loops: Optional[int] = Field(None, ge=1, description="rlt: fewest loops a generated token runs")
-    max_loops: Optional[int] = Field(None, ge=1, description="rlt: most loops a generated token runs")
-    exit_threshold: Optional[float] = Field(None, ge=0.0, le=1.0,
-                                            description="rlt: exit-gate threshold (1 = fixed depth)")
-    speculative: Optional[bool] = Field(True, description="rlt: false opts this request out of speculative decoding")
-    priority: Optional[int] = Field(0, description="rlt/vLLM: lower runs first under the priority scheduling policy")
     trace_id: Optional[Union[NonEmptyStr, list[NonEmptyStr]]] = Field(
         None, description="rlt: the exit-trace entry each prompt replays or is recorded under (one id per prompt)")
     guided_json: Optional[Union[dict[str, Any], str]] = Field(None, description="vLLM: a JSON schema the output follows")
@@ -176,9 +188,7 @@ class _SamplingFields(_Strict):
             stop_token_ids=stop_ids or None, ignore_eos=self.ignore_eos, logprobs=logprobs,
             prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens, include_stop_str_in_output=self.include_stop_str_in_output,
-            min_loops=self.min_loops,
-            max_loops=self.max_loops, exit_threshold=1.0 if self.exit_threshold is None else float(self.exit_threshold),
-            priority=self.priority, speculative=self.speculative, best_of=self.best_of, guided=self.guided(),
+            best_of=self.best_of, guided=self.guided(), **self.loop_controls(),
         )
 
     def guided_fields(self) -> list[tuple[str, dict]]:

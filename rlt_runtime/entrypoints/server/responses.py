@@ -36,13 +36,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from ...chat_messages import MessageError, template_message
 from ...guided_decoding import GuidedDecoding
 from ...sampling_params import MAX_INT32, SamplingParams
-from .protocol import ApiError, _Strict, response_format_constraint, unsupported
+from .protocol import ApiError, _LoopFields, response_format_constraint, unsupported
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-class ResponsesRequest(_Strict):
-    """POST /v1/responses."""
+class ResponsesRequest(_LoopFields):
+    """POST /v1/responses (with rlt's loop controls: min_loops, max_loops, exit_threshold, speculative,
+    priority)."""
 
     model: str
     input: Union[str, list[dict[str, Any]]]
@@ -146,7 +147,7 @@ class ResponsesRequest(_Strict):
             top_p=1.0 if self.top_p is None else float(self.top_p),
             top_k=self.top_k if self.top_k not in (None, 0) else -1, min_p=float(self.min_p or 0.0),
             repetition_penalty=1.0 if self.repetition_penalty is None else float(self.repetition_penalty),
-            seed=self.seed, stop_token_ids=list(stop_token_ids) or None, guided=self.guided())
+            seed=self.seed, stop_token_ids=list(stop_token_ids) or None, guided=self.guided(), **self.loop_controls())
 
 
 def _reasoning_text(item: dict, where: str) -> str:
