@@ -874,7 +874,7 @@ class _ChatFormat(_Format):
         reasoning, content = (None, text) if splitter is None else splitter.split(text)
         if not self.body.include_reasoning:
             reasoning = None
-        return ChatMessageOut(content=self.body.echoed + content, reasoning_content=reasoning, reasoning=reasoning)
+        return ChatMessageOut(content=self.body.echoed + content, reasoning_content=reasoning)
 
     def response(self, outputs: list[RequestOutput]) -> ChatCompletionResponse:
         choices = [ChatChoice(index=c.index, message=self.message(c.text),

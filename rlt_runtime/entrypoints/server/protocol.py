@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_serializer, model_validator
 
 from ...chat_messages import MessageError, template_messages as chat_template_messages
 from ...guided_decoding import KINDS as GUIDED_KINDS, GuidedDecoding
@@ -558,7 +558,12 @@ class ChatMessageOut(BaseModel):
     content: str
     reasoning_content: Optional[str] = Field(
         None, description="the answer's reasoning (between <think> and </think>) when a reasoning parser runs")
-    reasoning: Optional[str] = Field(None, description="the same text under vLLM's newer name")
+
+    @computed_field
+    @property
+    def reasoning(self) -> Optional[str]:
+        """The same text under vLLM's newer name."""
+        return self.reasoning_content
 
 
 class ChatChoice(BaseModel):
