@@ -730,6 +730,48 @@ MUTANTS = (
         ("tests/runtime/test_fp8_engine.py::test_w8a8_norms_write_the_rows_the_layers_read",),
         "a W8A8 layer given 16-bit rows multiplies them unquantized (o and down run as W8A16)",
     ),
+    Mutant(
+        "named-tool-arguments-unconstrained", "rlt_runtime/entrypoints/server/tools.py",
+        'return {"json": fn.get("parameters") or ANY_OBJECT}',
+        "return None",
+        ("tests/server/test_tools.py::test_named_tool_choice_answers_with_that_call",),
+        "a named tool_choice lets the model write anything as the function's arguments",
+    ),
+    Mutant(
+        "parallel-tool-calls-false-ignored", "rlt_runtime/entrypoints/server/tools.py",
+        'return {"json": array if parallel else dict(array, maxItems=1)}',
+        'return {"json": array}',
+        ("tests/server/test_tools.py::test_parallel_tool_calls_false_makes_one_required_call",),
+        "parallel_tool_calls false still lets a required answer make several calls",
+    ),
+    Mutant(
+        "hermes-content-keeps-the-calls", "rlt_runtime/entrypoints/server/tools.py",
+        'return text[:text.index(HERMES_START)], [_call(c["name"], _arguments(c.get("arguments", {}))) for c in calls]',
+        'return text, [_call(c["name"], _arguments(c.get("arguments", {}))) for c in calls]',
+        ("tests/server/test_tools.py::test_hermes_parser",),
+        "an auto answer's content still holds the tool-call markup it was parsed from",
+    ),
+    Mutant(
+        "streamed-auto-content-leaks-a-marker", "rlt_runtime/entrypoints/server/app.py",
+        "ready = marker if marker >= 0 else len(st.tool_text) - held_back(st.tool_text)",
+        "ready = len(st.tool_text)",
+        ("tests/server/test_tools.py::test_auto_tool_choice_reads_the_calls_the_model_writes",),
+        "streamed auto content sends the start of a tool call as text before the call is parsed",
+    ),
+    Mutant(
+        "required-calls-finish-with-stop", "rlt_runtime/entrypoints/server/app.py",
+        'finish = "tool_calls"  # vLLM\'s reason ("stop" after a named function\'s call)',
+        "pass",
+        ("tests/server/test_tools.py::test_required_tool_choice_answers_with_calls_of_the_given_functions",),
+        "an answer of required calls reports finish_reason stop instead of tool_calls",
+    ),
+    Mutant(
+        "tool-results-lose-their-call-id", "rlt_runtime/chat_messages.py",
+        'message["tool_call_id"] = tool_call_id',
+        "pass",
+        ("tests/server/test_tools.py::test_tools_earlier_calls_and_results_reach_the_template",),
+        "a tool message reaches the chat template without the id of the call it answers",
+    ),
 )
 
 

@@ -87,15 +87,17 @@ class LLM:
     def chat(self, messages: Union[Sequence[Mapping], Sequence[Sequence[Mapping]]], sampling_params: Optional[
             Union[SamplingParams, Sequence[SamplingParams]]] = None, *, use_tqdm: bool = True,
              chat_template: Optional[str] = None, add_generation_prompt: bool = True,
-             continue_final_message: bool = False, chat_template_kwargs: Optional[Mapping] = None
-             ) -> list[RequestOutput]:
+             continue_final_message: bool = False, chat_template_kwargs: Optional[Mapping] = None,
+             tools: Optional[Sequence[Mapping]] = None) -> list[RequestOutput]:
         """Generate an answer for one conversation or a list (vLLM's `LLM.chat`); one RequestOutput
         per conversation, in order, its `prompt` the rendered chat prompt.
 
         A conversation is a list of OpenAI-style messages (`chat_messages`), rendered by the
         checkpoint's chat template (or `chat_template`) through transformers, with
         add_generation_prompt, continue_final_message and chat_template_kwargs as the server's
-        fields of those names. Generation also stops on the template's end-of-turn tokens
+        fields of those names; `tools` (OpenAI's function tools) go to the template as the server's
+        do (the text is not parsed into tool calls: constrain it with `SamplingParams(guided=...)`
+        for that, as the server's tool_choice does). Generation also stops on the template's end-of-turn tokens
         (`<|im_end|>`, `<|end_turn|>`) unless ignore_eos is set. The text is the model's as written
         (a thinking model's `<think>` block included). Bad messages are a RequestError naming the
         field (`messages[0].content`, or `messages[2][0].role` in a list of conversations).
@@ -110,7 +112,8 @@ class LLM:
             text = tok.apply_chat_template(template_messages(conversation, "messages" if single else f"messages[{k}]"),
                                            add_generation_prompt=add_generation_prompt,
                                            continue_final_message=continue_final_message, chat_template=chat_template,
-                                           template_kwargs=chat_template_kwargs)
+                                           template_kwargs=chat_template_kwargs,
+                                           tools=[dict(t) for t in tools] if tools else None)
             prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
         stops = tok.chat_stop_token_ids
         params = [p if p.ignore_eos else dataclasses.replace(

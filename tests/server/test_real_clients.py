@@ -79,8 +79,8 @@ def langchain_openai():
 
 
 def chat_model(langchain_openai, server, **kw):
-    return langchain_openai.ChatOpenAI(base_url=server.url + "/v1", api_key="x", model=MODEL, temperature=0,
-                                       max_retries=0, timeout=120, **{"max_tokens": MAX_TOKENS, **kw})
+    return langchain_openai.ChatOpenAI(base_url=server.url + "/v1", api_key="x", model=MODEL, max_retries=0,
+                                       timeout=120, **{"max_tokens": MAX_TOKENS, "temperature": 0, **kw})
 
 
 def test_langchain_chat_invoke(langchain_openai, server, chat_want):
@@ -141,6 +141,33 @@ def test_langchain_structured_output_json_mode(langchain_openai, server):
     assert out["raw"].response_metadata["finish_reason"] == "stop"
     data = json.loads(out["raw"].content)
     assert isinstance(data, dict) and out["parsed"].model_dump() == data
+
+
+def test_langchain_structured_output_function_calling(langchain_openai, server):
+    """LangChain's function-calling structured output sends a named tool_choice and reads the call."""
+    llm = chat_model(langchain_openai, server, max_tokens=48)
+    out = llm.with_structured_output(Verdict, method="function_calling", include_raw=True).invoke("A verdict")
+    assert out["parsing_error"] is None and isinstance(out["parsed"], Verdict)
+    (call,) = out["raw"].tool_calls
+    assert call["name"] == "Verdict" and Verdict(**call["args"]) == out["parsed"]
+
+
+def test_langchain_bind_tools_with_a_required_call(langchain_openai, server):
+    """bind_tools(tool_choice="any") (OpenAI's "required"): the answer is calls of the bound tools."""
+
+    def lookup(ok: bool) -> str:
+        """Look something up."""
+        return ""
+
+    llm = chat_model(langchain_openai, server, max_tokens=88, temperature=1.0, seed=3).bind_tools(
+        [lookup, Verdict], tool_choice="any")
+    msg = llm.invoke("Look up or verdict")
+    assert msg.tool_calls and msg.response_metadata["finish_reason"] == "tool_calls"
+    for call in msg.tool_calls:
+        if call["name"] == "lookup":
+            assert isinstance(call["args"]["ok"], bool)
+        else:
+            assert call["name"] == "Verdict" and isinstance(Verdict(**call["args"]), Verdict)
 
 
 def test_langchain_completions_llm(langchain_openai, server, completion_want):

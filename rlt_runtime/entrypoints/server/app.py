@@ -45,6 +45,7 @@ from .json_body import parse_json_body
 from .preparation import Preparer
 from .reasoning import REASONING_PARSERS, THINK_END, THINK_START, ReasoningSplitter, template_mentions_thinking
 from .responses import ResponseObject, Responses, ResponsesRequest
+from .tools import HERMES_START, TOOL_CALL_PARSERS, call_id, held_back, split_calls
 from .worker import EngineWorker, GenerationStream, WorkerUnavailable
 
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
@@ -76,6 +77,7 @@ class ServerConfig:
     max_connections: Optional[int] = None  # open connections; more get 503 (default: from the descriptor limit)
     chat_template: Optional[str] = None  # a Jinja chat template used instead of the checkpoint's own
     reasoning_parser: Optional[str] = None  # think, deepseek_r1 or none; None: think if the template writes <think>
+    tool_call_parser: Optional[str] = None  # hermes: tool_choice "auto" reads the calls the model writes; None: 400
 
     def connection_limit(self) -> int:
         """max_connections, or when unset what the descriptor limit allows (connections.descriptor_budget)."""
@@ -105,6 +107,9 @@ class ServerConfig:
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ConfigError(f"reasoning_parser must be None (decided from the chat template) or one of "
                               f"{', '.join(repr(p) for p in REASONING_PARSERS)}, got {self.reasoning_parser!r}")
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ConfigError(f"tool_call_parser must be None or one of {', '.join(map(repr, TOOL_CALL_PARSERS))}, "
+                              f"got {self.tool_call_parser!r}")
 
 
 def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLMEngine]],
@@ -456,13 +461,17 @@ class _Serving:
 
     def _prepare_chat(self, body: ChatCompletionRequest) -> tuple[list[dict], object]:
         tok = self.tokenizer("chat")
+        body.use_tool_parser(self.config.tool_call_parser)
+        tools = [{"type": "function", "function": fn} for fn in body.functions_given]
         text = self._render(tok, body.template_messages(), body.add_generation_prompt, body.continue_final_message,
-                            body.chat_template_kwargs)
+                            body.chat_template_kwargs, tools)
         prompts = self._rendered_prompt(tok, text, "messages", body.add_special_tokens)
         limit_field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
         self.check_room(prompts, body.output_limit, limit_field)
         extra_stops = () if body.ignore_eos else tuple(tok.chat_stop_token_ids)
         params = self.sampling_params(lambda: body.sampling_params(body.output_limit, body.logprobs_count, extra_stops))
+        if body.tool_call == "auto":  # call markers may be special tokens: the parser must see them
+            params = dataclasses.replace(params, skip_special_tokens=False)
         return prompts, self.with_trace_ids(params, body.trace_ids(len(prompts)))
 
     async def responses(self, request: Request) -> Response:
@@ -507,12 +516,13 @@ class _Serving:
             raise ApiError(400, str(exc), field) from None
 
     def _render(self, tok, messages: list[dict], add_generation_prompt: bool, continue_final_message: bool,
-                template_kwargs: Optional[dict]) -> str:
+                template_kwargs: Optional[dict], tools: Optional[list] = None) -> str:
         """The chat prompt, through the checkpoint's template or --chat-template (transformers renders it)."""
         try:
             return tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                            continue_final_message=continue_final_message,
-                                           chat_template=self.config.chat_template, template_kwargs=template_kwargs)
+                                           chat_template=self.config.chat_template, template_kwargs=template_kwargs,
+                                           tools=tools)
         except RequestError as exc:
             raise ApiError(400, str(exc), param_from_message(str(exc)) or "messages") from None
 
@@ -601,11 +611,13 @@ def _finish(reason: Optional[str]) -> Optional[str]:
 class _Progress:
     """What one choice has already streamed (`cursor`: into the stream's text, see text_since)."""
 
-    __slots__ = ("cursor", "tokens", "offset", "finished", "splitter")
+    __slots__ = ("cursor", "tokens", "offset", "finished", "splitter", "tool_text", "tool_sent")
 
     def __init__(self, splitter: Optional[ReasoningSplitter] = None):
         self.cursor, self.tokens, self.offset, self.finished = 0, 0, 0, False
         self.splitter = splitter  # chat answers through a reasoning parser
+        self.tool_text: Optional[str] = None  # a tool-choice answer's text so far (None: none streamed yet)
+        self.tool_sent = 0  # characters of it streamed as content
 
 
 class _Format:
@@ -820,6 +832,7 @@ class _ChatFormat(_Format):
     def __init__(self, serving: _Serving, body, prompts: list[dict]):
         super().__init__(serving, body, prompts)
         self.parser = serving.reasoning_parser()
+        self.tool = getattr(body, "tool_call", None)  # None, "required", "auto" or the function a tool_choice names
 
     def splitter(self) -> Optional[ReasoningSplitter]:
         return None if self.parser == "none" else ReasoningSplitter(self.parser, self.prompts[0]["prompt"])
@@ -862,9 +875,38 @@ class _ChatFormat(_Format):
         if not self.body.include_reasoning:
             reasoning = ""
         delta = ChatDelta(content=text if text or not reasoning else None, reasoning_content=reasoning or None)
+        if self.tool is not None:
+            finish = self.tool_delta(st, delta, text, finish)
         return self.chunk([ChatChunkChoice(index=index, delta=delta, logprobs=self.logprobs(c, first, end),
                                            finish_reason=finish, exit_depths=c.exit_depths[first:end],
                                            token_ids=self.token_ids(c.token_ids[first:end]))])
+
+    def tool_delta(self, st: _Progress, delta: ChatDelta, text: str, finish: Optional[str]) -> Optional[str]:
+        """Turn a tool-choice answer's new `text` in `delta` into content and tool-call deltas;
+        returns the finish reason. A named function's arguments stream as they come (its id and
+        name with the first); "auto" content streams up to a call marker; the calls of "required"
+        and "auto" are sent whole when the answer ends (as content when they do not parse)."""
+        opening = st.tool_text is None
+        st.tool_text = (st.tool_text or "") + text
+        delta.content = None
+        if self.tool not in ("required", "auto"):
+            if text or opening:
+                head = {"id": call_id(), "type": "function", "function": {"name": self.tool, "arguments": text}}
+                delta.tool_calls = [{"index": 0, **head}] if opening else [{"index": 0, "function": {"arguments": text}}]
+            return finish
+        if finish is None:
+            if self.tool == "auto":
+                marker = st.tool_text.find(HERMES_START)
+                ready = marker if marker >= 0 else len(st.tool_text) - held_back(st.tool_text)
+                if ready > st.tool_sent:
+                    delta.content, st.tool_sent = st.tool_text[st.tool_sent:ready], ready
+            return None
+        content, calls = split_calls(self.tool, st.tool_text)
+        delta.content = content[st.tool_sent:] or None
+        if calls is None:
+            return finish
+        delta.tool_calls = [{"index": i, **call} for i, call in enumerate(calls)]
+        return "tool_calls" if finish == "stop" else finish
 
     def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
         return self.chunk([], usage)
@@ -874,13 +916,21 @@ class _ChatFormat(_Format):
         reasoning, content = (None, text) if splitter is None else splitter.split(text)
         if not self.body.include_reasoning:
             reasoning = None
-        return ChatMessageOut(content=self.body.echoed + content, reasoning_content=reasoning)
+        calls = None
+        if self.tool is not None:
+            content, calls = split_calls(self.tool, content)
+        return ChatMessageOut(content=self.body.echoed + content, reasoning_content=reasoning, tool_calls=calls or [])
+
+    def choice(self, c: CompletionOutput) -> ChatChoice:
+        message = self.message(c.text)
+        finish = _finish(c.finish_reason)
+        if self.tool in ("required", "auto") and message.tool_calls and finish == "stop":
+            finish = "tool_calls"  # vLLM's reason ("stop" after a named function's call)
+        return ChatChoice(index=c.index, message=message, logprobs=self.logprobs(c, 0, len(c.token_ids)),
+                          finish_reason=finish, exit_depths=c.exit_depths, token_ids=self.token_ids(c.token_ids))
 
     def response(self, outputs: list[RequestOutput]) -> ChatCompletionResponse:
-        choices = [ChatChoice(index=c.index, message=self.message(c.text),
-                              logprobs=self.logprobs(c, 0, len(c.token_ids)), finish_reason=_finish(c.finish_reason),
-                              exit_depths=c.exit_depths, token_ids=self.token_ids(c.token_ids))
-                   for c in outputs[0].outputs]
+        choices = [self.choice(c) for c in outputs[0].outputs]
         choices.sort(key=lambda ch: ch.index)
         prompt_lps = prompt_logprobs_out(self.serving, outputs[0]) if self.body.prompt_logprobs is not None else None
         return ChatCompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices,

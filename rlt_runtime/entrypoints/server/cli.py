@@ -25,6 +25,7 @@ from ...errors import ConfigError
 from ..engine_args import add_engine_args, engine_kwargs
 from .chat_template import load_chat_template
 from .reasoning import REASONING_PARSERS
+from .tools import TOOL_CALL_PARSERS
 
 API_KEY_ENV = "RLT_API_KEY"
 logger = logging.getLogger("rlt.server")
@@ -77,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="split <think>...</think> off chat answers into reasoning_content: think (the answer starts "
                    "in the reasoning when the prompt ends in an open <think>), deepseek_r1 (always starts in it) or "
                    "none (default: think when the chat template writes <think>, else none)")
+    p.add_argument("--tool-call-parser", default=None, choices=TOOL_CALL_PARSERS,
+                   help="read the tool calls a chat answer writes when tool_choice is 'auto' (the default with "
+                   "tools): hermes (<tool_call>{...}</tool_call>). Without it, 'auto' with tools is a 400; 'required' "
+                   "and a named function work either way")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="vLLM's switch for tool_choice 'auto': accepted with --tool-call-parser, which enables it")
     p.add_argument("--cors-origins", nargs="*", default=[], help="allowed CORS origins (default: no CORS)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=False,
@@ -166,8 +173,11 @@ def main(argv=None) -> int:
             keep_alive_timeout=args.keep_alive_timeout, header_timeout=args.header_timeout,
             body_timeout=args.body_timeout, max_connections=args.max_connections,
             chat_template=None if args.chat_template is None else load_chat_template(args.chat_template),
-            reasoning_parser=args.reasoning_parser,
+            reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser,
         )
+        if args.enable_auto_tool_choice and args.tool_call_parser is None:
+            raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser (one of "
+                              f"{', '.join(TOOL_CALL_PARSERS)})")
         config.validate()
     except ConfigError as exc:
         print(f"rlt-serve: error: {exc}", file=sys.stderr)

@@ -24,7 +24,7 @@ logger = logging.getLogger("rlt.server")
 
 IGNORED_OPENAI = frozenset({
     "store", "metadata", "service_tier", "reasoning_effort", "modalities", "prompt_cache_key", "safety_identifier",
-    "verbosity", "parallel_tool_calls", "user",
+    "verbosity", "user",
 })
 IGNORED_VLLM = frozenset({
     "spaces_between_special_tokens",  # byte-level tokenizers put no spaces between tokens

@@ -4,7 +4,7 @@ Requests are strict: JSON types must match exactly (no "5" for 5, no 1.0 for an 
 fields this server does not know are rejected with 400 naming the field (the OpenAI API does
 the same); the OpenAI and vLLM fields it knows without implementing are listed in
 field_policy.py. OpenAI features the engine lacks are accepted only at their neutral value
-(`suffix: ""`, `tools: []`, ...); anything else is a 400 that says the feature is not supported.
+(`suffix: ""`, `functions: []`, ...); anything else is a 400 that says the feature is not supported.
 Sampling fields beyond OpenAI's `presence_penalty`, `frequency_penalty`, `logit_bias` ({token id
 string: bias in [-100, 100]}) and `best_of`: vLLM's `top_k`, `min_p`, `stop_token_ids`, `ignore_eos`,
 `repetition_penalty`, `min_tokens`, `bad_words`, and rlt's `min_loops`, `max_loops`, `exit_threshold`,
@@ -12,7 +12,8 @@ string: bias in [-100, 100]}) and `best_of`: vLLM's `top_k`, `min_p`, `stop_toke
 `include_stop_str_in_output`, `add_special_tokens`, `stream_options.continuous_usage_stats`, structured
 output (`guided_*`, `structural_tag`, `structured_outputs`, `response_format` on completions too) and, on
 chat, `add_generation_prompt`, `continue_final_message`, `chat_template_kwargs`. Chat answers carry
-`reasoning_content` when a reasoning parser runs (reasoning.py).
+`reasoning_content` when a reasoning parser runs (reasoning.py), and `tool_calls` when `tools` and a
+`tool_choice` ask for them (tools.py).
 Every response choice (and streamed chunk choice) carries rlt's `exit_depths`: the loops each
 token it adds ran, as `CompletionOutput.exit_depths` offline.
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, computed_field, model_serializer, model_validator
 
 from ...chat_messages import MessageError, template_messages as chat_template_messages
 from ...guided_decoding import KINDS as GUIDED_KINDS, GuidedDecoding
@@ -317,6 +318,7 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = Field(None, description="false: tool_choice 'required' makes one call")
     functions: Optional[list[dict[str, Any]]] = None
     function_call: Optional[Union[str, dict[str, Any]]] = None
     add_generation_prompt: Optional[bool] = Field(
@@ -334,17 +336,16 @@ class ChatCompletionRequest(_SamplingFields):
         False, description="vLLM: the answer starts with the last message's content when that message is the "
                            "assistant's (continue_final_message)")
 
+    _tool_parser: Optional[str] = PrivateAttr(None)  # the server's --tool-call-parser (`use_tool_parser`)
+
     _NULL_DEFAULTS: ClassVar[dict] = {**_SamplingFields._NULL_DEFAULTS, "logprobs": False,
                                       "add_generation_prompt": True, "continue_final_message": False,
                                       "add_special_tokens": False, "include_reasoning": True, "echo": False}
 
     def check_neutral(self) -> None:
         super().check_neutral()
-        for name in ("tools", "functions"):
-            if getattr(self, name):
-                raise unsupported(name, "null or []")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise unsupported("tool_choice", "null, 'none' or 'auto' without tools")
+        if self.functions:
+            raise unsupported("functions", "null or [] (send tools)")
         if self.function_call not in (None, "none", "auto"):
             raise unsupported("function_call", "null, 'none' or 'auto' without functions")
         if self.prompt_logprobs is not None and self.stream:
@@ -376,6 +377,30 @@ class ChatCompletionRequest(_SamplingFields):
     def template_messages(self) -> list[dict]:
         return template_messages(self.messages)
 
+    @property
+    def functions_given(self) -> list[dict]:
+        """The function definitions of `tools` (tools.py; 400s name the field)."""
+        from .tools import check_tools
+
+        return check_tools(self.tools)
+
+    @property
+    def tool_call(self) -> Optional[str]:
+        """The resolved tool_choice: None (a text answer), "required", "auto" (read by the server's
+        tool-call parser) or the function's name."""
+        from .tools import resolve_choice
+
+        return resolve_choice(self.tool_choice, self.functions_given, self._tool_parser)
+
+    def use_tool_parser(self, parser: Optional[str]) -> None:
+        """The server's parser of free-form tool calls (tool_choice "auto"), None for none."""
+        self._tool_parser = parser
+
+    def guided_fields(self) -> list[tuple[str, dict]]:
+        from .tools import constraint
+
+        tool = constraint(self.tool_call, self.functions_given, self.parallel_tool_calls is not False)
+        return super().guided_fields() + ([("tool_choice", tool)] if tool is not None else [])
 
 
 RESPONSE_FORMAT_KEYS = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"},
@@ -553,9 +578,21 @@ class ChatLogprobs(BaseModel):
     content: list[TokenLogprobOut]
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str = Field(description="the call's arguments as a JSON string")
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
+    tool_calls: list[ToolCallOut] = Field(default_factory=list, description="the calls a tool_choice asked for")
     reasoning_content: Optional[str] = Field(
         None, description="the answer's reasoning (between <think> and </think>) when a reasoning parser runs")
 
@@ -570,7 +607,7 @@ class ChatChoice(BaseModel):
     index: int
     message: ChatMessageOut
     logprobs: Optional[ChatLogprobs] = None
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
     exit_depths: list[int] = Field(default_factory=list, description="rlt: loops each token of this choice ran")
     token_ids: Optional[list[int]] = Field(None, description="vLLM (return_token_ids): the choice's generated ids")
 
@@ -592,11 +629,13 @@ class ChatDelta(BaseModel):
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
     reasoning_content: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None  # OpenAI's tool call deltas ({"index", "id", "function"})
 
     @model_serializer
     def _without_nulls(self) -> dict:
         fields = (("role", self.role), ("content", self.content), ("reasoning_content", self.reasoning_content),
-                  ("reasoning", self.reasoning_content))  # vLLM's newer name for the same text
+                  ("reasoning", self.reasoning_content),  # vLLM's newer name for the same text
+                  ("tool_calls", self.tool_calls))
         return {k: v for k, v in fields if v is not None}
 
 
@@ -604,7 +643,7 @@ class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
     logprobs: Optional[ChatLogprobs] = None
-    finish_reason: Optional[Literal["stop", "length"]] = None
+    finish_reason: Optional[Literal["stop", "length", "tool_calls"]] = None
     exit_depths: list[int] = Field(default_factory=list, description="rlt: loops each token of this choice ran")
     token_ids: Optional[list[int]] = Field(None, description="vLLM (return_token_ids): the chunk's new token ids")
 

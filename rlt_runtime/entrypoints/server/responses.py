@@ -62,6 +62,7 @@ class ResponsesRequest(_LoopFields):
     reasoning: Optional[dict[str, Any]] = Field(None, description="effort and summary: accepted, no effect")
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = Field(None, description="accepted, no effect (no tools here)")
     include: Optional[list[str]] = None
     truncation: Optional[str] = None
     background: Optional[bool] = None
