@@ -753,7 +753,7 @@ MUTANTS = (
     ),
     Mutant(
         "streamed-auto-content-leaks-a-marker", "rlt_runtime/entrypoints/server/app.py",
-        "ready = marker if marker >= 0 else len(st.tool_text) - held_back(st.tool_text)",
+        "ready = max(marker if marker >= 0 else len(st.tool_text) - held_back(st.tool_text), st.tool_sent)",
         "ready = len(st.tool_text)",
         ("tests/server/test_tools.py::test_auto_tool_choice_reads_the_calls_the_model_writes",),
         "streamed auto content sends the start of a tool call as text before the call is parsed",
@@ -771,6 +771,20 @@ MUTANTS = (
         "pass",
         ("tests/server/test_tools.py::test_tools_earlier_calls_and_results_reach_the_template",),
         "a tool message reaches the chat template without the id of the call it answers",
+    ),
+    Mutant(
+        "responses-function-calls-dropped", "rlt_runtime/entrypoints/server/app.py",
+        "items += [self.build.function_call_item(call) for call in calls or []]",
+        "items += []",
+        ("tests/server/test_tools.py::test_responses_named_function_call",),
+        "a response answered with function calls has no function_call items",
+    ),
+    Mutant(
+        "responses-input-function-calls-dropped", "rlt_runtime/entrypoints/server/responses.py",
+        'raw[-1][0].setdefault("tool_calls", []).append(call)',
+        'raw[-1][0].setdefault("tool_calls", [])',
+        ("tests/server/test_tools.py::test_responses_function_calls_and_outputs_come_back_as_input",),
+        "an earlier response's function_call items never reach the chat template",
     ),
 )
 

@@ -152,6 +152,14 @@ def test_langchain_structured_output_function_calling(langchain_openai, server):
     assert call["name"] == "Verdict" and Verdict(**call["args"]) == out["parsed"]
 
 
+def test_langchain_function_calling_over_the_responses_api(langchain_openai, server):
+    llm = chat_model(langchain_openai, server, max_tokens=48, use_responses_api=True)
+    out = llm.with_structured_output(Verdict, method="function_calling", include_raw=True).invoke("A verdict")
+    assert out["parsing_error"] is None and isinstance(out["parsed"], Verdict)
+    (call,) = out["raw"].tool_calls
+    assert call["name"] == "Verdict" and Verdict(**call["args"]) == out["parsed"]
+
+
 def test_langchain_bind_tools_with_a_required_call(langchain_openai, server):
     """bind_tools(tool_choice="any") (OpenAI's "required"): the answer is calls of the bound tools."""
 

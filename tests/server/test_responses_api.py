@@ -99,10 +99,18 @@ BASE = {"model": MODEL, "input": "hi", "max_output_tokens": 2}
 
 
 @pytest.mark.parametrize("body,param,code", [
-    (dict(BASE, tools=[{"type": "function", "name": "f", "parameters": {}}]), "tools", "unsupported"),
+    (dict(BASE, tools=[{"type": "function", "name": "f", "parameters": {}}]), "tool_choice", "unsupported"),
+    (dict(BASE, tools=[{"type": "web_search"}], tool_choice="none"), "tools[0].type", "unsupported"),
+    (dict(BASE, tools=[{"type": "function", "name": "a b"}], tool_choice="none"), "tools[0].name", "invalid_value"),
+    (dict(BASE, tools=[{"type": "function", "name": "f"}], tool_choice={"type": "function", "name": "g"}),
+     "tool_choice", "invalid_value"),
+    (dict(BASE, tools=[{"type": "function", "name": "f"}], tool_choice="required",
+          text={"format": {"type": "json_object"}}), "tool_choice", "invalid_value"),
     (dict(BASE, previous_response_id="resp_1"), "previous_response_id", "unsupported"),
-    (dict(BASE, input=[{"type": "function_call_output", "call_id": "c", "output": "1"}]), "input[0].type",
-     "unsupported"),
+    (dict(BASE, input=[{"type": "item_reference", "id": "x"}]), "input[0].type", "unsupported"),
+    (dict(BASE, input=[{"type": "function_call_output", "output": "1"}]), "input[0].call_id", "invalid_value"),
+    (dict(BASE, input=[{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{x"}]),
+     "input[0].arguments", "invalid_value"),
     (dict(BASE, input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
      "input[0].content[0].type", "unsupported"),
     (dict(BASE, input=[{"content": "no role"}]), "input[0].role", "invalid_value"),

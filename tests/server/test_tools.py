@@ -255,3 +255,61 @@ def test_tool_call_parser_option_is_checked(capsys):
     assert "--enable-auto-tool-choice needs --tool-call-parser (one of hermes)" in capsys.readouterr().err
     args = serve_cli.parse_args(["ouro-tiny", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
     assert args.tool_call_parser == "hermes"
+
+
+# ---- the Responses API: the same tools, in its flat form ----------------------------------------
+
+FLAT = [{"type": "function", **t["function"]} for t in TOOLS]
+RESP = dict(model=MODEL, input="Weather in Oslo for 3 days?", temperature=1.0, extra_body={"seed": 5})
+
+
+def test_responses_named_function_call(client, submitted_params):
+    resp = client.responses.create(tools=FLAT, tool_choice={"type": "function", "name": "get_weather"},
+                                   max_output_tokens=60, **RESP)
+    assert resp.status == "completed" and [item.type for item in resp.output] == ["function_call"]
+    call = resp.output[0]
+    assert call.name == "get_weather" and call.call_id.startswith("chatcmpl-tool-") and call.id.startswith("fc_")
+    _check_arguments("get_weather", call.arguments)
+    assert submitted_params[-1].guided == GuidedDecoding(json=WEATHER, origin="tool_choice")
+    assert resp.tool_choice.name == "get_weather" and [t.name for t in resp.tools] == ["get_weather", "get_time"]
+
+
+def test_responses_required_calls_stream_as_openai_streams_them(client):
+    kw = dict(tools=FLAT, tool_choice="required", max_output_tokens=120, **RESP)
+    whole = client.responses.create(**kw)
+    assert whole.output and all(item.type == "function_call" for item in whole.output)
+    for item in whole.output:
+        _check_arguments(item.name, item.arguments)
+    events = list(client.responses.create(stream=True, **kw))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    per_call = ["response.output_item.added", "response.function_call_arguments.delta",
+                "response.function_call_arguments.done", "response.output_item.done"]
+    assert kinds[2:-1] == per_call * len(whole.output)
+    final = events[-1].response.output
+    assert [(i.name, i.arguments) for i in final] == [(i.name, i.arguments) for i in whole.output]
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert [(e.item_id, e.arguments) for e in done] == [(i.id, i.arguments) for i in final]
+
+
+def test_responses_function_calls_and_outputs_come_back_as_input(client, server, monkeypatch):
+    prompts = []
+    submit = server.worker.submit
+    monkeypatch.setattr(server.worker, "submit", lambda p, *a: prompts.append(p[0]["prompt"]) or submit(p, *a))
+    history = [{"role": "user", "content": "Weather in Oslo for 3 days?"},
+               {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "oslo"}'},
+               {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}]
+    resp = client.responses.create(model=MODEL, input=history, tools=FLAT, tool_choice="none", max_output_tokens=2)
+    assert [item.type for item in resp.output] == ["message"]
+    assert prompts[-1] == ("<|im_start|>system\nTools: get_weather get_time <|im_end|>\n"
+                           "<|im_start|>user\nWeather in Oslo for 3 days?<|im_end|>\n"
+                           "<|im_start|>assistant\n<tool_call>get_weather:oslo</tool_call><|im_end|>\n"
+                           "<|im_start|>tool\nsunny#call_1<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_responses_auto_needs_the_parser_and_answers_text_without_calls(client, auto_client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(tools=FLAT, max_output_tokens=4, **RESP)
+    assert err.value.body["param"] == "tool_choice"
+    resp = auto_client.responses.create(tools=FLAT, max_output_tokens=4, **RESP)
+    assert [item.type for item in resp.output] == ["message"] and resp.tool_choice == "auto"

@@ -462,17 +462,14 @@ class _Serving:
     def _prepare_chat(self, body: ChatCompletionRequest) -> tuple[list[dict], object]:
         tok = self.tokenizer("chat")
         body.use_tool_parser(self.config.tool_call_parser)
-        tools = [{"type": "function", "function": fn} for fn in body.functions_given]
         text = self._render(tok, body.template_messages(), body.add_generation_prompt, body.continue_final_message,
-                            body.chat_template_kwargs, tools)
+                            body.chat_template_kwargs, body.rendered_tools())
         prompts = self._rendered_prompt(tok, text, "messages", body.add_special_tokens)
         limit_field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
         self.check_room(prompts, body.output_limit, limit_field)
         extra_stops = () if body.ignore_eos else tuple(tok.chat_stop_token_ids)
         params = self.sampling_params(lambda: body.sampling_params(body.output_limit, body.logprobs_count, extra_stops))
-        if body.tool_call == "auto":  # call markers may be special tokens: the parser must see them
-            params = dataclasses.replace(params, skip_special_tokens=False)
-        return prompts, self.with_trace_ids(params, body.trace_ids(len(prompts)))
+        return prompts, self.with_trace_ids(self.tool_params(body, params), body.trace_ids(len(prompts)))
 
     async def responses(self, request: Request) -> Response:
         return await self._conversation(request, ResponsesRequest, "responses", self._prepare_responses,
@@ -480,9 +477,18 @@ class _Serving:
 
     def _prepare_responses(self, body: ResponsesRequest) -> tuple[list[dict], object]:
         tok = self.tokenizer("responses")
-        prompts = self._rendered_prompt(tok, self._render(tok, body.messages(), True, False, None), "input")
+        body.use_tool_parser(self.config.tool_call_parser)
+        text = self._render(tok, body.messages(), True, False, None, body.rendered_tools())
+        prompts = self._rendered_prompt(tok, text, "input")
         self.check_room(prompts, body.max_output_tokens, "max_output_tokens")
-        return prompts, self.sampling_params(lambda: body.sampling_params(tuple(tok.chat_stop_token_ids)))
+        return prompts, self.tool_params(body, self.sampling_params(
+            lambda: body.sampling_params(tuple(tok.chat_stop_token_ids))))
+
+    @staticmethod
+    def tool_params(body, params: SamplingParams) -> SamplingParams:
+        """`params` of a conversation request; tool_choice "auto" keeps special tokens in the text
+        (a model's call markers may be special tokens, and the parser must see them)."""
+        return dataclasses.replace(params, skip_special_tokens=False) if body.tool_call == "auto" else params
 
     def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
         if body.model is not None:
@@ -887,19 +893,13 @@ class _ChatFormat(_Format):
         name with the first); "auto" content streams up to a call marker; the calls of "required"
         and "auto" are sent whole when the answer ends (as content when they do not parse)."""
         opening = st.tool_text is None
-        st.tool_text = (st.tool_text or "") + text
-        delta.content = None
+        delta.content = self.streamed_content(st, text) or None
         if self.tool not in ("required", "auto"):
             if text or opening:
                 head = {"id": call_id(), "type": "function", "function": {"name": self.tool, "arguments": text}}
                 delta.tool_calls = [{"index": 0, **head}] if opening else [{"index": 0, "function": {"arguments": text}}]
             return finish
         if finish is None:
-            if self.tool == "auto":
-                marker = st.tool_text.find(HERMES_START)
-                ready = marker if marker >= 0 else len(st.tool_text) - held_back(st.tool_text)
-                if ready > st.tool_sent:
-                    delta.content, st.tool_sent = st.tool_text[st.tool_sent:ready], ready
             return None
         content, calls = split_calls(self.tool, st.tool_text)
         delta.content = content[st.tool_sent:] or None
@@ -907,6 +907,17 @@ class _ChatFormat(_Format):
             return finish
         delta.tool_calls = [{"index": i, **call} for i, call in enumerate(calls)]
         return "tool_calls" if finish == "stop" else finish
+
+    def streamed_content(self, st: _Progress, text: str) -> str:
+        """Of a tool-choice answer's new `text`, what streams as content now: for "auto" the text
+        before a call marker (a possible marker's start held back), else nothing."""
+        st.tool_text = (st.tool_text or "") + text
+        if self.tool != "auto":
+            return ""
+        marker = st.tool_text.find(HERMES_START)
+        ready = max(marker if marker >= 0 else len(st.tool_text) - held_back(st.tool_text), st.tool_sent)
+        piece, st.tool_sent = st.tool_text[st.tool_sent:ready], ready
+        return piece
 
     def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
         return self.chunk([], usage)
@@ -969,8 +980,13 @@ class _ResponsesFormat(_ChatFormat):
         splitter = self.splitter()
         reasoning, content = (None, c.text) if splitter is None else splitter.split(c.text)
         status = "incomplete" if c.finish_reason == "length" else "completed"
+        calls = None
+        if self.tool is not None:
+            content, calls = split_calls(self.tool, content)
         items = [self.build.reasoning_item(reasoning)] if reasoning else []  # (as streamed: no empty item)
-        items.append(self.build.message_item(content, status))
+        if content or not calls:  # (as streamed: no empty message item beside function calls)
+            items.append(self.build.message_item(content, status))
+        items += [self.build.function_call_item(call) for call in calls or []]
         usage = self.usage([out])
         return items, status, {
             "input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
@@ -994,12 +1010,20 @@ class _ResponsesFormat(_ChatFormat):
                 step = self.advance(st, stream.outputs[0].outputs[0], read)
                 if step is not None:
                     reasoning, text = _split_step(st.splitter, step[0], step[3] is not None)
+                    if self.tool is not None:
+                        text = self.streamed_content(st, text)
                     for event in streaming.feed("reasoning", reasoning) + streaming.feed("message", text):
                         yield sse(event)
                 if stream.finished:
                     break
             items, status, usage = self.output(stream.outputs[0])
-            for event in streaming.close(status):
+            calls = [item for item in items if item["type"] == "function_call"]
+            if self.tool is not None:  # the rest of an "auto" answer's text before its calls
+                messages = [item for item in items if item["type"] == "message"]
+                for event in streaming.feed("message", messages[0]["content"][0]["text"][st.tool_sent:]
+                                            if messages else ""):
+                    yield sse(event)
+            for event in streaming.close(status, message=not calls) + streaming.function_calls(calls):
                 yield sse(event)
             kind = "response.completed" if status == "completed" else "response.incomplete"
             yield sse(b.event(kind, response=b.response(items, status, usage)))
@@ -1058,13 +1082,28 @@ class _StreamedItems:
         extra = {} if kind == "reasoning" else {"logprobs": []}
         return events + [self.build.event(delta, delta=piece, **self._ids(), **extra)]
 
-    def close(self, status: str) -> list:
+    def close(self, status: str, message: bool = True) -> list:
         """Events that finish the answer's items: the open one, and the message item (empty when no
-        content streamed) with the response's status."""
+        content streamed, unless not `message`) with the response's status."""
         events = self._finish("completed") if self.open == "reasoning" else []
         if self.open is None:
+            if not message:
+                return events
             events += self._start("message")
         return events + self._finish(status)
+
+    def function_calls(self, items: list[dict]) -> list:
+        """Events of finished function_call output items, each whole: added, its arguments, done."""
+        events = []
+        for item in items:
+            self.index += 1
+            ids = {"item_id": item["id"], "output_index": self.index}
+            events += [self.build.event("response.output_item.added", output_index=self.index,
+                                        item=dict(item, arguments="", status="in_progress")),
+                       self.build.event("response.function_call_arguments.delta", delta=item["arguments"], **ids),
+                       self.build.event("response.function_call_arguments.done", arguments=item["arguments"], **ids),
+                       self.build.event("response.output_item.done", output_index=self.index, item=item)]
+        return events
 
 
 # ---- ASGI guard: API key and body size --------------------------------------------------------------

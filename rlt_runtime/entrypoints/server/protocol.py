@@ -308,7 +308,49 @@ class ChatMessage(_Strict):
     reasoning: Optional[str] = None  # vLLM's newer name for reasoning_content (the template sees reasoning_content)
 
 
-class ChatCompletionRequest(_SamplingFields):
+class _ToolFields(BaseModel):
+    """`tools`, `tool_choice` and `parallel_tool_calls` read through tools.py (chat completions and
+    responses): a subclass gives them in chat completions' form (`chat_tools`, `chat_tool_choice`)."""
+
+    _tool_parser: Optional[str] = PrivateAttr(None)  # the server's --tool-call-parser (`use_tool_parser`)
+
+    def chat_tools(self) -> Optional[list]:
+        return self.tools
+
+    def chat_tool_choice(self) -> Any:
+        return self.tool_choice
+
+    def use_tool_parser(self, parser: Optional[str]) -> None:
+        """The server's parser of free-form tool calls (tool_choice "auto"), None for none."""
+        self._tool_parser = parser
+
+    @property
+    def functions_given(self) -> list[dict]:
+        """The function definitions of `tools` (400s name the field)."""
+        from .tools import check_tools
+
+        return check_tools(self.chat_tools())
+
+    @property
+    def tool_call(self) -> Optional[str]:
+        """The resolved tool_choice: None (a text answer), "required", "auto" (read by the server's
+        tool-call parser) or the function's name."""
+        from .tools import resolve_choice
+
+        return resolve_choice(self.chat_tool_choice(), self.functions_given, self._tool_parser)
+
+    def tool_constraint(self) -> Optional[dict]:
+        """GuidedDecoding arguments the tool choice sets, if any."""
+        from .tools import constraint
+
+        return constraint(self.tool_call, self.functions_given, self.parallel_tool_calls is not False)
+
+    def rendered_tools(self) -> list[dict]:
+        """The tools as the chat template takes them."""
+        return [{"type": "function", "function": fn} for fn in self.functions_given]
+
+
+class ChatCompletionRequest(_ToolFields, _SamplingFields):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -335,8 +377,6 @@ class ChatCompletionRequest(_SamplingFields):
     echo: Optional[bool] = Field(
         False, description="vLLM: the answer starts with the last message's content when that message is the "
                            "assistant's (continue_final_message)")
-
-    _tool_parser: Optional[str] = PrivateAttr(None)  # the server's --tool-call-parser (`use_tool_parser`)
 
     _NULL_DEFAULTS: ClassVar[dict] = {**_SamplingFields._NULL_DEFAULTS, "logprobs": False,
                                       "add_generation_prompt": True, "continue_final_message": False,
@@ -377,29 +417,8 @@ class ChatCompletionRequest(_SamplingFields):
     def template_messages(self) -> list[dict]:
         return template_messages(self.messages)
 
-    @property
-    def functions_given(self) -> list[dict]:
-        """The function definitions of `tools` (tools.py; 400s name the field)."""
-        from .tools import check_tools
-
-        return check_tools(self.tools)
-
-    @property
-    def tool_call(self) -> Optional[str]:
-        """The resolved tool_choice: None (a text answer), "required", "auto" (read by the server's
-        tool-call parser) or the function's name."""
-        from .tools import resolve_choice
-
-        return resolve_choice(self.tool_choice, self.functions_given, self._tool_parser)
-
-    def use_tool_parser(self, parser: Optional[str]) -> None:
-        """The server's parser of free-form tool calls (tool_choice "auto"), None for none."""
-        self._tool_parser = parser
-
     def guided_fields(self) -> list[tuple[str, dict]]:
-        from .tools import constraint
-
-        tool = constraint(self.tool_call, self.functions_given, self.parallel_tool_calls is not False)
+        tool = self.tool_constraint()
         return super().guided_fields() + ([("tool_choice", tool)] if tool is not None else [])
 
 

@@ -1,4 +1,4 @@
-"""OpenAI's Responses API (POST /v1/responses), text in and text out.
+"""OpenAI's Responses API (POST /v1/responses): text and function calls.
 
 `input` is a string (one user message) or a list of message items (`{"role", "content"}`, content a
 string or `input_text` / `output_text` parts; `"type": "message"` optional) and reasoning items of
@@ -18,15 +18,21 @@ Streamed, the events are OpenAI's: `response.created`, `response.in_progress`, f
 `response.output_item.done`, then `response.completed` (or `response.incomplete`) carrying the
 whole response, every event numbered by `sequence_number`.
 
-Not supported (a 400 naming the field unless neutral): tools and tool choices other than "none" /
-"auto", `previous_response_id` and `conversation` (this server stores no responses: `store` is
-accepted and ignored), stored `prompt`s, `background`, `truncation: "auto"`, `top_logprobs` and
-`include` of output logprobs, and input items other than messages and reasoning or parts other
-than text.
+Function tools (`{"type": "function", "name", "description", "parameters", "strict"}`) and
+`tool_choice` (`"none"`, `"auto"`, `"required"`, `{"type": "function", "name"}`) work as on chat
+completions (tools.py): the calls come as `function_call` output items (after the message item when
+an "auto" answer wrote text first), streamed whole when the answer ends; earlier `function_call`
+items and `function_call_output` items come back as input.
+
+Not supported (a 400 naming the field unless neutral): tools other than functions,
+`previous_response_id` and `conversation` (this server stores no responses: `store` is accepted and
+ignored), stored `prompt`s, `background`, `truncation: "auto"`, `top_logprobs` and `include` of
+output logprobs, and other input items or parts other than text.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any, ClassVar, Optional, Union
@@ -36,12 +42,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from ...chat_messages import MessageError, template_message
 from ...guided_decoding import GuidedDecoding
 from ...sampling_params import MAX_INT32, SamplingParams
-from .protocol import ApiError, _LoopFields, response_format_constraint, unsupported
+from .protocol import ApiError, _LoopFields, _ToolFields, response_format_constraint, unsupported
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-class ResponsesRequest(_LoopFields):
+class ResponsesRequest(_ToolFields, _LoopFields):
     """POST /v1/responses (with rlt's loop controls: min_loops, max_loops, exit_threshold, speculative,
     priority)."""
 
@@ -62,7 +68,7 @@ class ResponsesRequest(_LoopFields):
     reasoning: Optional[dict[str, Any]] = Field(None, description="effort and summary: accepted, no effect")
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
-    parallel_tool_calls: Optional[bool] = Field(None, description="accepted, no effect (no tools here)")
+    parallel_tool_calls: Optional[bool] = Field(None, description="false: tool_choice 'required' makes one call")
     include: Optional[list[str]] = None
     truncation: Optional[str] = None
     background: Optional[bool] = None
@@ -74,12 +80,33 @@ class ResponsesRequest(_LoopFields):
 
     num_samples: ClassVar[int] = 1  # one output per response (`admit` counts sequences by it)
 
+    def chat_tools(self) -> Optional[list]:
+        """`tools` in chat completions' form: a function's fields sit beside its type here."""
+        tools = []
+        for i, tool in enumerate(self.tools or []):
+            if not isinstance(tool, dict) or tool.get("type") != "function":
+                kind = tool.get("type") if isinstance(tool, dict) else None
+                raise ApiError(400, f"tools[{i}].type must be 'function' (the only tool type this server has), "
+                               f"got {kind!r}", f"tools[{i}].type", "unsupported")
+            tools.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}})
+        return tools
+
+    def chat_tool_choice(self) -> Any:
+        choice = self.tool_choice
+        if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
+            return {"type": "function", "function": {k: v for k, v in choice.items() if k != "type"}}
+        return choice
+
+    @property
+    def functions_given(self) -> list[dict]:
+        try:
+            return super().functions_given
+        except ApiError as exc:  # name the field as this request spells it
+            raise ApiError(exc.status, exc.message.replace(".function", ""), exc.param.replace(".function", ""),
+                           exc.code) from None
+
     def check_neutral(self) -> None:
         """400s naming what this server does not do (see the module docstring)."""
-        if self.tools:
-            raise unsupported("tools", "null or []")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise unsupported("tool_choice", "null, 'none' or 'auto' without tools")
         for name in ("previous_response_id", "conversation", "prompt"):
             if getattr(self, name) is not None:
                 raise ApiError(400, f"{name} is not supported by this server: it stores no responses or prompts "
@@ -97,35 +124,62 @@ class ResponsesRequest(_LoopFields):
             raise ApiError(400, "stream_options is only allowed when stream is true", "stream_options")
 
     def messages(self) -> list[dict]:
-        """The conversation as the chat template takes it (`chat_messages`), instructions first."""
+        """The conversation as the chat template takes it (`chat_messages`), instructions first. An
+        earlier response's function calls join the assistant message before them (or make one), and
+        a function_call_output item is a tool message."""
         items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
         if not items:
             raise ApiError(400, "input must be a string or a non-empty list of message items", "input")
-        messages = [{"role": "system", "content": self.instructions}] if self.instructions is not None else []
+        raw = [({"role": "system", "content": self.instructions}, "instructions")] if self.instructions is not None \
+            else []
         reasoning = None  # a reasoning item's text, for the assistant message that follows it
+        calls_join = False  # whether a function call joins the last message (an assistant's, just before)
         for i, item in enumerate(items):
             where = f"input[{i}]"
             kind = item.get("type", "message")
             if kind == "reasoning":
                 reasoning = (reasoning or "") + _reasoning_text(item, where)
                 continue
-            if kind != "message":
-                raise ApiError(400, f"{where}: input items of type {kind!r} are not supported; only messages and "
-                               "reasoning are", f"{where}.type", "unsupported")
-            message = {k: v for k, v in item.items() if k not in ("type", "id", "status")}
-            content = message.get("content")
-            if isinstance(content, list):
-                message["content"] = [_text_part(part, f"{where}.content[{j}]") for j, part in enumerate(content)]
+            if kind == "function_call":
+                call = _function_call(item, where)
+                if not calls_join:
+                    raw.append(({"role": "assistant", "content": None, "tool_calls": []}, where))
+                raw[-1][0].setdefault("tool_calls", []).append(call)
+                message = raw[-1][0]
+            elif kind == "function_call_output":
+                if not isinstance(item.get("call_id"), str) or not item["call_id"]:
+                    raise ApiError(400, f"{where}.call_id must be the id of the function call it answers",
+                                   f"{where}.call_id", "invalid_value")
+                message = {"role": "tool", "tool_call_id": item["call_id"],
+                           "content": _output_text(item.get("output"), f"{where}.output")}
+                raw.append((message, where))
+            elif kind == "message":
+                message = {k: v for k, v in item.items() if k not in ("type", "id", "status")}
+                content = message.get("content")
+                if isinstance(content, list):
+                    message["content"] = [_text_part(part, f"{where}.content[{j}]") for j, part in enumerate(content)]
+                raw.append((message, where))
+            else:
+                raise ApiError(400, f"{where}: input items of type {kind!r} are not supported; only messages, "
+                               "reasoning, function_call and function_call_output are", f"{where}.type", "unsupported")
             if reasoning is not None and message.get("role") == "assistant" and "reasoning_content" not in message:
                 message["reasoning_content"] = reasoning
             reasoning = None  # reasoning not followed by its answer is dropped (templates drop old reasoning)
-            try:
-                messages.append(template_message(message, where))
-            except MessageError as exc:
-                raise ApiError(400, str(exc), exc.field, exc.code) from None
-        return messages
+            calls_join = message.get("role") == "assistant"
+        try:
+            return [template_message(message, where) for message, where in raw]
+        except MessageError as exc:
+            raise ApiError(400, str(exc), exc.field, exc.code) from None
 
     def guided(self) -> Optional[GuidedDecoding]:
+        """The constraint of `text.format` or of the tool choice (at most one of them)."""
+        text, tool = self.text_constraint(), self.tool_constraint()
+        if text is not None and tool is not None:
+            raise ApiError(400, "tool_choice: a text.format constraint and a tool choice that constrains the answer "
+                           "(required or a named function) cannot both be given", "tool_choice", "invalid_value")
+        return text or (None if tool is None else GuidedDecoding(**tool, origin="tool_choice"))
+
+    def text_constraint(self) -> Optional[GuidedDecoding]:
         """`text.format` as a constraint (json_schema's fields sit beside its type here)."""
         fmt = (self.text or {}).get("format")
         if fmt is None:
@@ -161,6 +215,30 @@ def _reasoning_text(item: dict, where: str) -> str:
     return "".join(p["text"] for p in parts)
 
 
+def _function_call(item: dict, where: str) -> dict:
+    """An earlier response's function_call item as a chat tool call."""
+    call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
+    for field, value in (("call_id", call_id), ("name", name), ("arguments", arguments)):
+        if not isinstance(value, str) or not value:
+            raise ApiError(400, f"{where}.{field} must be a non-empty string", f"{where}.{field}", "invalid_value")
+    try:
+        if not isinstance(json.loads(arguments), dict):
+            raise ValueError("not an object")
+    except ValueError as exc:
+        raise ApiError(400, f"{where}.arguments must be a JSON object: {exc}", f"{where}.arguments",
+                       "invalid_value") from None
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _output_text(output, where: str) -> str:
+    """A function_call_output's output: a string, or text parts joined."""
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):
+        return "".join(_text_part(part, f"{where}[{j}]")["text"] for j, part in enumerate(output))
+    raise ApiError(400, f"{where} must be a string or a list of text parts", where)
+
+
 def _text_part(part, where: str) -> dict:
     """An input or output text part as a chat text part (400 naming other parts)."""
     kind = part.get("type") if isinstance(part, dict) else None
@@ -190,6 +268,13 @@ class Responses:
         return {"id": self.reasoning_id, "type": "reasoning", "summary": [], "status": status,
                 "content": [{"type": "reasoning_text", "text": text}] if text or status == "completed" else []}
 
+    @staticmethod
+    def function_call_item(call: dict, status: str = "completed") -> dict:
+        """A tool call (tools.split_calls) as a function_call output item (its call id as call_id)."""
+        fn = call["function"]
+        return {"id": f"fc_{uuid.uuid4().hex}", "type": "function_call", "call_id": call["id"], "name": fn["name"],
+                "arguments": fn["arguments"], "status": status}
+
     def message_item(self, text: Optional[str], status: str = "completed") -> dict:
         content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
         return {"id": self.message_id, "type": "message", "role": "assistant", "status": status, "content": content}
@@ -201,8 +286,10 @@ class Responses:
             "output": output, "usage": usage, "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
-            "temperature": body.temperature, "top_p": body.top_p, "parallel_tool_calls": False,
-            "tool_choice": body.tool_choice or "none", "tools": [], "text": body.text or {"format": {"type": "text"}},
+            "temperature": body.temperature, "top_p": body.top_p,
+            "parallel_tool_calls": body.parallel_tool_calls is not False,
+            "tool_choice": body.tool_choice or ("auto" if body.tools else "none"), "tools": body.tools or [],
+            "text": body.text or {"format": {"type": "text"}},
             "reasoning": body.reasoning, "truncation": "disabled", "store": False, "background": False,
             "metadata": None, "previous_response_id": None,
         }
