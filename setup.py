@@ -47,7 +47,7 @@ setup(
         "flash": ["flash-attn>=2.6"],
         # The real clients' end-to-end tests (tests/server/test_lm_eval.py, tests/server/test_real_clients.py)
         "clients": ["lm_eval[api]>=0.4.8", "pyyaml>=6", "langchain-openai>=1.7", "litellm>=1.110", "guidellm>=0.8.1",
-                    "aiperf>=0.13", "jsonschema>=4"],
+                    "aiperf>=0.13", "jsonschema>=4", "openai-agents>=0.24"],
         "plot": ["matplotlib>=3.8"],
         "ray": ["ray[data]>=2.40"],  # distributed_executor="ray" (replicas as Ray actors) and rlt-batch (Ray Data)
     },

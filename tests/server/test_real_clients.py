@@ -1,7 +1,9 @@
 """The client tools users point at rlt-serve, run end to end against a live server (ouro-tiny, fp32,
 CPU): LangChain (langchain-openai's ChatOpenAI: invoke, stream, with_structured_output by
-json_schema and by json_mode; its OpenAI completions LLM), LiteLLM (completion, plain and
-streamed; text_completion) and the guidellm and aiperf benchmark CLIs (a short synchronous
+json_schema, json_mode and function calling, bind_tools, over chat completions and the Responses
+API; its OpenAI completions LLM), LiteLLM (completion, plain and streamed; text_completion), the
+OpenAI Agents SDK (an agent calling a function tool over the Responses API and over chat
+completions) and the guidellm and aiperf benchmark CLIs (a short synchronous
 synthetic run each, their JSON reports read back). Greedy answers equal the offline engine's for
 the same prompt tokens; usage equals the tokens the server counts. Install the clients with
 `pip install -e ".[clients]"`; each test skips when its client is missing."""
@@ -192,6 +194,32 @@ def test_langchain_completions_llm(langchain_openai, server, completion_want):
 
 
 # --- LiteLLM ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("api", ["responses", "chat_completions"])
+def test_openai_agents_sdk_calls_a_function_tool(server, api):
+    """An Agents SDK agent whose model must call its tool (tool_choice "required"), stopping at the
+    tool's result: the call reaches the Python function with arguments of its signature."""
+    agents = pytest.importorskip("agents")
+    from openai import AsyncOpenAI
+
+    agents.set_tracing_disabled(True)
+    calls = []
+
+    @agents.function_tool
+    def get_time(zone: Literal["utc", "cet"]) -> str:
+        """The time in a zone."""
+        calls.append(zone)
+        return f"noon {zone}"
+
+    client = AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    model = (agents.OpenAIResponsesModel if api == "responses" else agents.OpenAIChatCompletionsModel)(
+        model=MODEL, openai_client=client)
+    agent = agents.Agent(name="clock", instructions="Tell the time.", tools=[get_time], model=model,
+                         tool_use_behavior="stop_on_first_tool",
+                         model_settings=agents.ModelSettings(tool_choice="required", max_tokens=60, temperature=0))
+    result = agents.Runner.run_sync(agent, "What time is it?", max_turns=2)
+    assert len(calls) >= 1 and calls[0] in ("utc", "cet") and result.final_output == f"noon {calls[0]}"
+
 
 @pytest.fixture(scope="module")
 def litellm():
