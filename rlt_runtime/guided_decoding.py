@@ -13,6 +13,11 @@ Exactly one of:
   ``{"type": "structural_tag", "format": {...}}``. A ``"type": "structural_tag"`` key is allowed in
   both (the server passes `response_format` through as it came).
 
+``after`` (optional, a non-empty string): the constraint starts after the first occurrence of this
+text, and anything may come before it, as a thinking model's reasoning before ``</think>`` (the
+server sets it to ``</think>`` when the answer starts inside the reasoning, as vLLM applies
+structured output only once the reasoning has ended).
+
 ``origin`` names the request field the
 constraint came from in error messages (the server sets "response_format", "guided_json", ...).
 """
@@ -36,6 +41,7 @@ class GuidedDecoding:
     choice: Optional[list[str]] = None
     grammar: Optional[str] = None
     structural_tag: Optional[Union[dict, str]] = None
+    after: Optional[str] = None
     origin: str = field(default="guided", compare=False)
 
     def __post_init__(self):
@@ -62,6 +68,8 @@ class GuidedDecoding:
             value = getattr(self, name)
             if value is not None and not (isinstance(value, str) and value):
                 raise ConfigError(f"{o}: {name} must be a non-empty string, got {value!r}")
+        if self.after is not None and not (isinstance(self.after, str) and self.after):
+            raise ConfigError(f"{o}: after must be a non-empty string or None, got {self.after!r}")
         if self.choice is not None:
             ok = isinstance(self.choice, (list, tuple)) and self.choice and all(isinstance(c, str) and c for c in self.choice)
             if not ok:
@@ -78,7 +86,7 @@ class GuidedDecoding:
         value = getattr(self, self.kind)
         if isinstance(value, (dict, list, bool)):
             value = json.dumps(value, separators=(",", ":"))
-        return self.kind, value
+        return self.kind, value, self.after
 
     @staticmethod
     def from_value(value) -> "GuidedDecoding":
@@ -86,7 +94,7 @@ class GuidedDecoding:
         if isinstance(value, GuidedDecoding):
             return value
         if isinstance(value, dict):
-            unknown = sorted(set(value) - set(KINDS) - {"origin"})
+            unknown = sorted(set(value) - set(KINDS) - {"origin", "after"})
             if unknown:
                 raise ConfigError(f"guided has unknown keys {unknown}; allowed: {', '.join(KINDS)}")
             return GuidedDecoding(**value)

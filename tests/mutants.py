@@ -786,6 +786,20 @@ MUTANTS = (
         ("tests/server/test_tools.py::test_responses_function_calls_and_outputs_come_back_as_input",),
         "an earlier response's function_call items never reach the chat template",
     ),
+    Mutant(
+        "structured-output-forced-inside-the-reasoning", "rlt_runtime/entrypoints/server/app.py",
+        "params = dataclasses.replace(params, guided=dataclasses.replace(params.guided, after=THINK_END))",
+        "pass",
+        ("tests/server/test_chat_templates.py::test_structured_output_starts_after_the_reasoning",),
+        "a thinking model's constrained answer is forced from its first token, inside the reasoning",
+    ),
+    Mutant(
+        "guided-after-ignored", "rlt_runtime/engine/grammar.py",
+        "if after is not None:",
+        "if False:",
+        ("tests/runtime/test_guided_decoding.py::test_after_lets_any_text_come_first",),
+        "a constraint with `after` applies from the first token instead of after the marker",
+    ),
 )
 
 

@@ -9,7 +9,9 @@ is allowed; EOS is allowed exactly when the grammar can end), and after the step
 accepts each committed token. Under speculation the matcher also checks a round's drafts between
 drafting and verification (`LLMEngine._check_drafts`: accept them, fill one mask per verify
 position, roll back), so it again holds the committed tokens only. JSON (``json``, ``json_object``) is generated compact: xgrammar's
-separators, no free whitespace between tokens (a model cannot pad its answer with blanks).
+separators, no free whitespace between tokens (a model cannot pad its answer with blanks). A
+constraint with ``after`` compiles as an xgrammar structural tag: any text through the first
+``after``, then the constraint as a grammar element.
 """
 
 from __future__ import annotations
@@ -61,25 +63,51 @@ class GrammarBackend:
         if hit is not None:
             self._cache.move_to_end(key)
             return hit
-        kind, text = key
+        kind, text, after = key
         c = self.compiler
         try:
-            if kind in ("json", "json_object"):  # compact JSON: no whitespace between tokens
+            if after is not None:
+                compiled = c.compile_structural_tag(json.dumps({"type": "structural_tag", "format": {
+                    "type": "sequence", "elements": [
+                        {"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": after},
+                        self._element(kind, text, guided)]}}))
+            elif kind in ("json", "json_object"):  # compact JSON: no whitespace between tokens
                 compiled = c.compile_json_schema(text if kind == "json" else '{"type": "object"}', any_whitespace=False)
             elif kind == "regex":
                 compiled = c.compile_regex(text)
-            elif kind == "choice":
-                compiled = c.compile_grammar("root ::= " + " | ".join(json.dumps(x, ensure_ascii=False) for x in guided.choice))
-            elif kind == "grammar":
-                compiled = c.compile_grammar(text)
-            else:
+            elif kind == "structural_tag":
                 compiled = self._structural_tag(json.loads(text))
+            else:
+                compiled = c.compile_grammar(self._grammar(kind, text, guided))
         except Exception as exc:  # xgrammar raises RuntimeError / its own errors for bad input
             raise RequestError(f"{guided.origin}: invalid {kind.replace('_', ' ')}: {_message(exc)}") from None
         self._cache[key] = compiled
         if len(self._cache) > CACHE_GRAMMARS:
             self._cache.popitem(last=False)
         return compiled
+
+    def _grammar(self, kind: str, text: str, guided: GuidedDecoding):
+        """The xgrammar Grammar of a constraint other than a structural tag (JSON compact: no
+        whitespace but the fixed separators, as compile_json_schema above writes it)."""
+        Grammar = self.xgr.Grammar
+        if kind in ("json", "json_object"):
+            return Grammar.from_json_schema(text if kind == "json" else '{"type": "object"}', any_whitespace=False)
+        if kind == "regex":
+            return Grammar.from_regex(text)
+        if kind == "choice":
+            return Grammar.from_ebnf("root ::= " + " | ".join(json.dumps(x, ensure_ascii=False) for x in guided.choice))
+        return Grammar.from_ebnf(text)
+
+    def _element(self, kind: str, text: str, guided: GuidedDecoding) -> dict:
+        """The constraint as an element of an xgrammar structural-tag format."""
+        if kind == "structural_tag":
+            tag = json.loads(text)
+            if "format" in tag:
+                return tag["format"]
+            items = [self.xgr.StructuralTagItem(begin=t["begin"], schema=json.dumps(t.get("schema", {})), end=t["end"])
+                     for t in tag["structures"]]
+            return {"type": "grammar", "grammar": str(self.xgr.Grammar.from_structural_tag(items, list(tag["triggers"])))}
+        return {"type": "grammar", "grammar": str(self._grammar(kind, text, guided))}
 
     def _structural_tag(self, tag: dict):
         """xgrammar's structural tag ({"type": "structural_tag", "format": ...}; the type may be left

@@ -162,6 +162,32 @@ def test_structural_tag_in_vllms_form_constrains_every_triggered_segment(llm):
     assert "<f>" not in free.text
 
 
+@pytest.mark.parametrize("kind,value,check", [
+    ("json", SCHEMA, lambda t: _check_schema(json.loads(t)) is None),
+    ("regex", REGEX, lambda t: re.fullmatch(REGEX, t)),
+    ("choice", CHOICES, lambda t: t in CHOICES),
+    ("grammar", GRAMMAR, lambda t: re.fullmatch(r"\([a-z][a-z]?\)", t)),
+    ("structural_tag", {"format": {"type": "tag", "begin": "<f>", "end": "</f>",
+                                   "content": {"type": "json_schema", "json_schema": SCHEMA}}},
+     lambda t: t.startswith("<f>") and t.endswith("</f>") and _check_schema(json.loads(t[3:-4])) is None),
+])
+def test_after_lets_any_text_come_first(llm, kind, value, check):
+    """With `after`, the text is free until the marker ("!", favoured so the random model writes it
+    soon), and from there on follows the constraint; EOS only once it is complete."""
+    bias = {**_bias(llm), llm.engine.tokenizer.encode("!", add_special_tokens=False)[0]: 4.0}
+    for out in _run(llm, {kind: value, "after": "!"}, 1.0, max_tokens=80, n=2, logit_bias=bias):
+        head, marker, tail = out.text.partition("!")
+        assert marker and head and check(tail), out.text  # free text before "!" (some), the constraint after
+        assert out.finish_reason == "stop"
+
+
+def test_after_is_part_of_the_constraint():
+    """`after` changes what compiles (a cache key of its own) and is checked."""
+    assert GuidedDecoding(json=SCHEMA).cache_key() != GuidedDecoding(json=SCHEMA, after="</think>").cache_key()
+    with pytest.raises(ConfigError, match="^guided: after must be a non-empty string"):
+        GuidedDecoding(json=SCHEMA, after="")
+
+
 def test_min_tokens_cannot_hold_a_finished_grammar(llm):
     """min_tokens holds back EOS, but a choice that is complete can only end: the grammar wins and
     the request stops (finish_reason stop) with a valid choice before min_tokens."""

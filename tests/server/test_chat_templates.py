@@ -164,6 +164,19 @@ def test_reasoning_is_split_from_a_prefilled_think(thinking):
     assert not any("<" in (d.content or "") + (getattr(d, "reasoning_content", None) or "") for d in deltas)
 
 
+def test_structured_output_starts_after_the_reasoning(thinking):
+    """The prompt opens <think>: a constraint holds from the reasoning's end on (vLLM's rule), so the
+    model reasons freely ("ab") and the content is the constrained answer, streamed alike; without
+    the reasoning gate the choice would be forced from the first token, inside the reasoning."""
+    for constraint in ({"guided_choice": ["OK", "NO"]}, {"guided_regex": "O[A-Z]"},
+                       {"structured_outputs": {"choice": ["NO", "OK"]}}):
+        message = _chat(thinking, **constraint).choices[0].message
+        assert (message.reasoning_content, message.content) == ("ab", "OK")
+        assert _streamed(_chat(thinking, stream=True, **constraint)) == ("ab", "OK")
+    off = _chat(thinking, guided_choice=["OK", "NO"], chat_template_kwargs={"enable_thinking": False})
+    assert off.choices[0].message.content in ("OK", "NO")  # no open reasoning: constrained from the start
+
+
 def test_answer_cut_inside_a_marker_keeps_its_text(thinking):
     """max_tokens ends the answer at "ab</": the held-back "</" is reasoning text, also when streamed."""
     resp = _chat(thinking, max_tokens=4)

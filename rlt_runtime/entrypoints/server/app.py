@@ -43,7 +43,8 @@ from .chat_template import check_chat_template
 from .field_policy import apply_field_policy
 from .json_body import parse_json_body
 from .preparation import Preparer
-from .reasoning import REASONING_PARSERS, THINK_END, THINK_START, ReasoningSplitter, template_mentions_thinking
+from .reasoning import (REASONING_PARSERS, THINK_END, THINK_START, ReasoningSplitter, prompt_opens_reasoning,
+                        template_mentions_thinking)
 from .responses import ResponseObject, Responses, ResponsesRequest
 from .tools import HERMES_START, TOOL_CALL_PARSERS, call_id, held_back, split_calls
 from .worker import EngineWorker, GenerationStream, WorkerUnavailable
@@ -469,7 +470,8 @@ class _Serving:
         self.check_room(prompts, body.output_limit, limit_field)
         extra_stops = () if body.ignore_eos else tuple(tok.chat_stop_token_ids)
         params = self.sampling_params(lambda: body.sampling_params(body.output_limit, body.logprobs_count, extra_stops))
-        return prompts, self.with_trace_ids(self.tool_params(body, params), body.trace_ids(len(prompts)))
+        params = self.conversation_params(body, params, text)
+        return prompts, self.with_trace_ids(params, body.trace_ids(len(prompts)))
 
     async def responses(self, request: Request) -> Response:
         return await self._conversation(request, ResponsesRequest, "responses", self._prepare_responses,
@@ -481,13 +483,19 @@ class _Serving:
         text = self._render(tok, body.messages(), True, False, None, body.rendered_tools())
         prompts = self._rendered_prompt(tok, text, "input")
         self.check_room(prompts, body.max_output_tokens, "max_output_tokens")
-        return prompts, self.tool_params(body, self.sampling_params(
-            lambda: body.sampling_params(tuple(tok.chat_stop_token_ids))))
+        return prompts, self.conversation_params(body, self.sampling_params(
+            lambda: body.sampling_params(tuple(tok.chat_stop_token_ids))), text)
 
-    @staticmethod
-    def tool_params(body, params: SamplingParams) -> SamplingParams:
-        """`params` of a conversation request; tool_choice "auto" keeps special tokens in the text
-        (a model's call markers may be special tokens, and the parser must see them)."""
+    def conversation_params(self, body, params: SamplingParams, prompt: str) -> SamplingParams:
+        """`params` of a conversation request whose rendered prompt is `prompt`. When the answer
+        starts inside the reasoning, a structured-output constraint (or a tool choice's) starts
+        after its end (`GuidedDecoding.after`), as vLLM applies it once the reasoning has ended.
+        tool_choice "auto" keeps special tokens in the text (a model's call markers may be special
+        tokens, and the parser must see them)."""
+        parser = self.reasoning_parser()
+        if params.guided is not None and parser != "none" and (parser == "deepseek_r1"
+                                                               or prompt_opens_reasoning(prompt)):
+            params = dataclasses.replace(params, guided=dataclasses.replace(params.guided, after=THINK_END))
         return dataclasses.replace(params, skip_special_tokens=False) if body.tool_call == "auto" else params
 
     def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
