@@ -274,6 +274,22 @@ def test_responses_named_function_call(client, submitted_params):
     assert resp.tool_choice.name == "get_weather" and [t.name for t in resp.tools] == ["get_weather", "get_time"]
 
 
+def test_responses_named_call_streams_its_arguments(client):
+    kw = dict(tools=FLAT, tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=60, **RESP)
+    whole = client.responses.create(**kw).output
+    events = list(client.responses.create(stream=True, **kw))
+    kinds = [e.type for e in events]
+    deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+    assert kinds == (["response.created", "response.in_progress", "response.output_item.added"]
+                     + ["response.function_call_arguments.delta"] * len(deltas)
+                     + ["response.function_call_arguments.done", "response.output_item.done", "response.completed"])
+    assert len(deltas) > 3 and "".join(e.delta for e in deltas) == whole[0].arguments
+    added, done, final = events[2].item, events[-2].item, events[-1].response.output
+    assert added.id == done.id == final[0].id == deltas[0].item_id and added.call_id == final[0].call_id
+    assert added.arguments == "" and added.status == "in_progress" and done.arguments == whole[0].arguments
+    assert [(i.type, i.name) for i in final] == [("function_call", "get_weather")]
+
+
 def test_responses_required_calls_stream_as_openai_streams_them(client):
     kw = dict(tools=FLAT, tool_choice="required", max_output_tokens=120, **RESP)
     whole = client.responses.create(**kw)

@@ -966,6 +966,10 @@ class _ResponsesFormat(_ChatFormat):
     def __init__(self, serving: _Serving, body, prompts: list[dict]):
         super().__init__(serving, body, prompts)
         self.build = Responses(body, self.model)
+        named = self.tool not in (None, "required", "auto")
+        # A named function's call streams as its arguments come: its item, with the ids output() keeps.
+        self.named_call = self.build.function_call_item(
+            {"id": call_id(), "function": {"name": self.tool, "arguments": ""}}, "in_progress") if named else None
 
     def reasoning_tokens(self, c: CompletionOutput, reasoning: Optional[str]) -> int:
         """Output tokens up to the end of the reasoning: through the token that completes its end
@@ -995,6 +999,8 @@ class _ResponsesFormat(_ChatFormat):
         if content or not calls:  # (as streamed: no empty message item beside function calls)
             items.append(self.build.message_item(content, status))
         items += [self.build.function_call_item(call) for call in calls or []]
+        if self.named_call is not None and calls:
+            items[-1].update(id=self.named_call["id"], call_id=self.named_call["call_id"])
         usage = self.usage([out])
         return items, status, {
             "input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
@@ -1018,20 +1024,28 @@ class _ResponsesFormat(_ChatFormat):
                 step = self.advance(st, stream.outputs[0].outputs[0], read)
                 if step is not None:
                     reasoning, text = _split_step(st.splitter, step[0], step[3] is not None)
-                    if self.tool is not None:
-                        text = self.streamed_content(st, text)
-                    for event in streaming.feed("reasoning", reasoning) + streaming.feed("message", text):
+                    events = streaming.feed("reasoning", reasoning)
+                    if self.named_call is not None:
+                        events += streaming.feed_call(self.named_call, text) if text else []
+                    else:
+                        events += streaming.feed("message", self.streamed_content(st, text) if self.tool else text)
+                    for event in events:
                         yield sse(event)
                 if stream.finished:
                     break
             items, status, usage = self.output(stream.outputs[0])
             calls = [item for item in items if item["type"] == "function_call"]
+            if self.named_call is not None:  # its arguments streamed already
+                for event in streaming.feed_call(self.named_call, "") + streaming.finish_call(items[-1]):
+                    yield sse(event)
+                calls = []
             if self.tool is not None:  # the rest of an "auto" answer's text before its calls
                 messages = [item for item in items if item["type"] == "message"]
                 for event in streaming.feed("message", messages[0]["content"][0]["text"][st.tool_sent:]
                                             if messages else ""):
                     yield sse(event)
-            for event in streaming.close(status, message=not calls) + streaming.function_calls(calls):
+            message = not calls and self.named_call is None
+            for event in streaming.close(status, message=message) + streaming.function_calls(calls):
                 yield sse(event)
             kind = "response.completed" if status == "completed" else "response.incomplete"
             yield sse(b.event(kind, response=b.response(items, status, usage)))
@@ -1041,7 +1055,8 @@ class _ResponsesFormat(_ChatFormat):
 
 class _StreamedItems:
     """The output items of a streamed response as they open, grow and close (events of `Responses`):
-    a reasoning item while the answer is in its reasoning, then the message item."""
+    a reasoning item while the answer is in its reasoning, then the message item or a named
+    function's call (its arguments growing); finished function calls come whole."""
 
     def __init__(self, build: Responses):
         self.build = build
@@ -1099,6 +1114,28 @@ class _StreamedItems:
                 return events
             events += self._start("message")
         return events + self._finish(status)
+
+    def feed_call(self, item: dict, piece: str) -> list:
+        """Events that add `piece` to the arguments of the streamed function_call `item`, opening
+        it (after closing the reasoning) first."""
+        events = []
+        if self.open != "call":
+            if self.open is not None:
+                events += self._finish("completed")
+            self.open, self.index, self.text = "call", self.index + 1, ""
+            events.append(self.build.event("response.output_item.added", output_index=self.index, item=item))
+        if piece:
+            self.text += piece
+            events.append(self.build.event("response.function_call_arguments.delta", delta=piece,
+                                           item_id=item["id"], output_index=self.index))
+        return events
+
+    def finish_call(self, item: dict) -> list:
+        """Events that end the streamed function_call, `item` as it finished."""
+        self.open = None
+        ids = {"item_id": item["id"], "output_index": self.index}
+        return [self.build.event("response.function_call_arguments.done", arguments=item["arguments"], **ids),
+                self.build.event("response.output_item.done", output_index=self.index, item=item)]
 
     def function_calls(self, items: list[dict]) -> list:
         """Events of finished function_call output items, each whole: added, its arguments, done."""
