@@ -145,6 +145,10 @@ def test_tools_earlier_calls_and_results_reach_the_template(client, server):
                       "<|im_start|>assistant\n<tool_call>get_weather:oslo</tool_call><|im_end|>\n"
                       "<|im_start|>tool\nsunny#call_1<|im_end|>\n<|im_start|>assistant\n")
     assert resp.choices[0].message.tool_calls == []  # "none": a text answer
+    tokens = httpx.post(server.url + "/tokenize", json={"messages": history, "tools": TOOLS}).json()["tokens"]
+    assert tokens == resp.prompt_token_ids  # /tokenize renders tools as chat completions do
+    bad = httpx.post(server.url + "/tokenize", json={"messages": history, "tools": [{"type": "x"}]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tools[0].type"
 
 
 @pytest.mark.parametrize("body,param", [

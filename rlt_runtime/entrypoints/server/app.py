@@ -508,7 +508,7 @@ class _Serving:
             ids = self._encode(tok, body.prompt, "prompt", add_special_tokens=body.add_special_tokens)
         else:
             text = self._render(tok, template_messages(body.messages), body.add_generation_prompt,
-                                body.continue_final_message, body.chat_template_kwargs)
+                                body.continue_final_message, body.chat_template_kwargs, body.rendered_tools())
             ids = self._encode(tok, text, "messages", add_special_tokens=False)
         return TokenizeResponse(count=len(ids), max_model_len=self.engine().max_model_len, tokens=ids)
 

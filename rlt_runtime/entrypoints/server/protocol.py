@@ -495,8 +495,9 @@ def template_messages(messages: list[ChatMessage]) -> list[dict]:
         raise ApiError(400, str(exc), exc.field, exc.code) from None
 
 
-class TokenizeRequest(_Strict):
-    """POST /tokenize: either `prompt` or chat `messages` (rendered with the chat template)."""
+class TokenizeRequest(_ToolFields, _Strict):
+    """POST /tokenize: either `prompt` or chat `messages` (rendered with the chat template, with
+    `tools` as chat completions render them)."""
 
     model: Optional[str] = None
     prompt: Optional[str] = None
@@ -505,6 +506,7 @@ class TokenizeRequest(_Strict):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    tools: Optional[list[dict[str, Any]]] = None
 
 
 class DetokenizeRequest(_Strict):
