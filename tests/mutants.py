@@ -217,8 +217,8 @@ MUTANTS = (
     ),
     Mutant(
         "responses-reasoning-item-left-open", "rlt_runtime/entrypoints/server/app.py",
-        'events += self._finish("completed")',
-        "pass",
+        'return self._finish("completed") if self.open is not None else []',
+        "return []",
         ("tests/server/test_chat_templates.py::test_responses_api_splits_the_reasoning_into_its_own_item",),
         "a streamed response opens its message item while the reasoning item is still open",
     ),

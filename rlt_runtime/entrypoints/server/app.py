@@ -1091,15 +1091,17 @@ class _StreamedItems:
         self.open = None
         return events
 
+    def _close_open(self) -> list:
+        """Events that finish the item open now (the reasoning, before the next item opens), if any."""
+        return self._finish("completed") if self.open is not None else []
+
     def feed(self, kind: str, piece: str) -> list:
         """Events that add `piece` to the item of `kind`, opening it (after closing the reasoning) first."""
         if not piece:
             return []
         events = []
         if self.open != kind:
-            if self.open is not None:
-                events += self._finish("completed")
-            events += self._start(kind)
+            events = self._close_open() + self._start(kind)
         self.text += piece
         delta = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
         extra = {} if kind == "reasoning" else {"logprobs": []}
@@ -1120,8 +1122,7 @@ class _StreamedItems:
         it (after closing the reasoning) first."""
         events = []
         if self.open != "call":
-            if self.open is not None:
-                events += self._finish("completed")
+            events = self._close_open()
             self.open, self.index, self.text = "call", self.index + 1, ""
             events.append(self.build.event("response.output_item.added", output_index=self.index, item=item))
         if piece:
