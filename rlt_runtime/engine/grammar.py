@@ -71,10 +71,6 @@ class GrammarBackend:
                     "type": "sequence", "elements": [
                         {"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": after},
                         self._element(kind, text, guided)]}}))
-            elif kind in ("json", "json_object"):  # compact JSON: no whitespace between tokens
-                compiled = c.compile_json_schema(text if kind == "json" else '{"type": "object"}', any_whitespace=False)
-            elif kind == "regex":
-                compiled = c.compile_regex(text)
             elif kind == "structural_tag":
                 compiled = self._structural_tag(json.loads(text))
             else:
@@ -88,7 +84,7 @@ class GrammarBackend:
 
     def _grammar(self, kind: str, text: str, guided: GuidedDecoding):
         """The xgrammar Grammar of a constraint other than a structural tag (JSON compact: no
-        whitespace but the fixed separators, as compile_json_schema above writes it)."""
+        whitespace between tokens but the fixed separators)."""
         Grammar = self.xgr.Grammar
         if kind in ("json", "json_object"):
             return Grammar.from_json_schema(text if kind == "json" else '{"type": "object"}', any_whitespace=False)

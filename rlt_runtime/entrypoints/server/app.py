@@ -1142,13 +1142,8 @@ class _StreamedItems:
         """Events of finished function_call output items, each whole: added, its arguments, done."""
         events = []
         for item in items:
-            self.index += 1
-            ids = {"item_id": item["id"], "output_index": self.index}
-            events += [self.build.event("response.output_item.added", output_index=self.index,
-                                        item=dict(item, arguments="", status="in_progress")),
-                       self.build.event("response.function_call_arguments.delta", delta=item["arguments"], **ids),
-                       self.build.event("response.function_call_arguments.done", arguments=item["arguments"], **ids),
-                       self.build.event("response.output_item.done", output_index=self.index, item=item)]
+            events += self.feed_call(dict(item, arguments="", status="in_progress"), item["arguments"])
+            events += self.finish_call(item)
         return events
 
 
