@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 # with probability 1/2, so rows with and without it share batches); perf/conformance_case.py
 # builds and checks them.
 FEATURES = ("penalties", "bias-min-bad", "prompt-logprobs", "best-of", "guided")
+LATE_FEATURES = ("allowed-ids",)  # drawn after every other dimension (so the draws before them stay as they were)
 COMPILE_EVERY = 20  # on CUDA, cases 5, 25, 45, ... run in compile mode (minutes of Inductor time each)
 FAILING = ("fail", "crash", "timeout")
 STATUSES = ("pass", "not-applicable", *FAILING, "not-run")
@@ -175,6 +176,7 @@ def draw_case(index: int, seed: int, device: str) -> dict:
     f["split_keys"] = 64 if rng.random() < 0.3 else None
     if f["quantization"] is None and rng.random() < 0.15:
         f["quantization"] = "w8a8_fp8"  # FP8 input rows too
+    f["features"] += [name for name in LATE_FEATURES if rng.random() < 0.25]
     return complete(index, f)
 
 
@@ -186,7 +188,7 @@ def crowd_case(index: int, seed: int) -> dict:
         exit_mode="ouro", exit_thresholds=[1.0, 0.6], sampling="mixed", logprobs=2, n=1, prefix_caching=True,
         max_num_seqs=64, max_num_batched_tokens=512, execution_mode="graphs", async_scheduling=True,
         cuda_graph_sizes=[8, 16, 32, 64], requests=60, max_tokens=8, gpu_memory_utilization=0.12,
-        workload_seed=rng.randrange(2**31), features=["bias-min-bad", "penalties"],
+        workload_seed=rng.randrange(2**31), features=["bias-min-bad", "penalties", "allowed-ids"],
     ))
 
 

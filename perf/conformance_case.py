@@ -18,8 +18,9 @@ Equalities checked (the ones docs/design.md and README.md promise):
 * a sampled request under speculation equals itself alone in an eager, synchronous engine with the
   same speculative config (sampled rounds commit different bits than plain sampling, and its draft
   counts must be the same, which the matrix guarantees: see `perf.conformance`);
-* requests that draw the case's per-request features (`perf.conformance.FEATURES`: penalties,
-  logit_bias + min_tokens + bad_words, prompt_logprobs, best_of > n, guided decoding) take part in
+* requests that draw the case's per-request features (`perf.conformance.FEATURES` and
+  `LATE_FEATURES`: penalties, logit_bias + min_tokens + bad_words, prompt_logprobs, best_of > n,
+  guided decoding, allowed_token_ids) take part in
   the comparison with all their outputs (prompt log-probabilities included: the crowd's chunking
   and the alone engine's differ), FP8 weights and K/V (quantization / kv_cache_dtype) too;
 * fp32 greedy requests produce the fp64 dense reference's tokens and exit depths (its argmax taken
@@ -108,8 +109,8 @@ def build_workload(case: dict, vocab: int) -> list[Work]:
 def with_features(params, case: dict, rng: random.Random, hi: int):
     """`params` with each of the case's features taken with probability 1/2 (drawn from `rng`, a
     stream of its own so a case's base workload does not depend on its features). Guided rows stop
-    at the grammar's end (EOS allowed, no stop ids) and take no logit_bias/min_tokens/bad_words
-    (a banned token the grammar needs would leave nothing to sample)."""
+    at the grammar's end (EOS allowed, no stop ids) and take no logit_bias/min_tokens/bad_words or
+    allowed_token_ids (a banned token the grammar needs would leave nothing to sample)."""
     from dataclasses import asdict
 
     from rlt_runtime import SamplingParams
@@ -136,6 +137,8 @@ def with_features(params, case: dict, rng: random.Random, hi: int):
         fields["prompt_logprobs"] = rng.choice([0, 2])
     if "best-of" in feats:
         fields["best_of"] = params.n + rng.choice([1, 2])
+    if "allowed-ids" in feats and not guided:
+        fields["allowed_token_ids"] = sorted(rng.sample(range(3, hi), 16))
     return SamplingParams(**fields)
 
 
@@ -317,7 +320,8 @@ def feature_counts(work: list[Work]) -> dict:
     """How many requests took each feature (what the log shows a case exercised)."""
     has = {"penalties": lambda p: p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty,
            "bias-min-bad": lambda p: p.logit_bias is not None, "prompt-logprobs": lambda p: p.prompt_logprobs is not None,
-           "best-of": lambda p: p.num_samples > p.n, "guided": lambda p: p.guided is not None}
+           "best-of": lambda p: p.num_samples > p.n, "guided": lambda p: p.guided is not None,
+           "allowed-ids": lambda p: p.allowed_token_ids is not None}
     counts = {name: sum(bool(test(w.params)) for w in work) for name, test in has.items()}
     return {name: n for name, n in counts.items() if n}
 

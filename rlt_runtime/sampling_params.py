@@ -69,6 +69,11 @@ class SamplingParams:
     sampling, EOS is allowed exactly when the grammar can end, and generation stops when it has
     ended. Under speculation guided requests draft; their drafts are checked against the grammar
     on the host and every verified position is masked by it.
+    ``allowed_token_ids`` (vLLM's) restricts sampling to those token ids: every other token is
+    masked on the device with the guided-decoding masks (a grammar's mask and this one both hold).
+    ``truncate_prompt_tokens`` = k keeps the last k prompt tokens (the first k with
+    ``truncation_side`` "right"); -1 keeps as many as the context takes with room for one output
+    token (max_model_len - 1). ``RequestOutput.prompt`` is then the kept tokens' text.
     ``trace_id`` keys this request in exit traces: the entry replayed with exit_mode="trace" and
     the key `record_exit_trace` writes (default: the request id).
     """
@@ -101,6 +106,9 @@ class SamplingParams:
     bad_words: Optional[list[Union[str, list[int]]]] = None
     best_of: Optional[int] = None
     guided: Optional[Union[GuidedDecoding, dict]] = None
+    allowed_token_ids: Optional[list[int]] = None
+    truncate_prompt_tokens: Optional[int] = None
+    truncation_side: str = "left"
     stop_list: list[str] = field(init=False, repr=False, default_factory=list)
     _stop_automaton: Optional[StopAutomaton] = field(init=False, repr=False, compare=False, default=None)
 
@@ -147,6 +155,12 @@ class SamplingParams:
         self._check_processing()
         if self.guided is not None:
             self.guided = GuidedDecoding.from_value(self.guided)
+        _check(self.truncate_prompt_tokens is None or (_is_int(self.truncate_prompt_tokens) and (
+            self.truncate_prompt_tokens == -1 or 1 <= self.truncate_prompt_tokens <= MAX_INT32)),
+            "truncate_prompt_tokens", f"None, -1 (as many as the context takes) or an integer in 1..{MAX_INT32}",
+            self.truncate_prompt_tokens)
+        _check(self.truncation_side in ("left", "right"), "truncation_side", "'left' (keep the last tokens) or 'right'",
+               self.truncation_side)
         _check(self.trace_id is None or (isinstance(self.trace_id, str) and self.trace_id != ""), "trace_id",
                "None or a non-empty string", self.trace_id)
 
@@ -175,6 +189,11 @@ class SamplingParams:
                 for w in self.bad_words)
             _check(ok, "bad_words", "a list of non-blank strings or non-empty token-id lists", self.bad_words)
             self.bad_words = [w if isinstance(w, str) else list(w) for w in self.bad_words]
+        if self.allowed_token_ids is not None:
+            _check(isinstance(self.allowed_token_ids, (list, tuple)) and self.allowed_token_ids
+                   and all(_is_int(t) and 0 <= t <= MAX_INT32 for t in self.allowed_token_ids),
+                   "allowed_token_ids", "None or a non-empty list of token ids", self.allowed_token_ids)
+            self.allowed_token_ids = list(self.allowed_token_ids)
 
     @property
     def num_samples(self) -> int:
@@ -183,9 +202,18 @@ class SamplingParams:
 
     @property
     def processes_logits(self) -> bool:
-        """Whether any logit processing applies (bias, min_tokens, bad words, penalties)."""
+        """Whether any logit processing applies (bias, min_tokens, bad words, penalties, allowed tokens)."""
         return bool(self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty or self.logit_bias
-                    or self.min_tokens or self.bad_words)
+                    or self.min_tokens or self.bad_words or self.allowed_token_ids)
+
+    def truncated(self, ids: list[int], max_model_len: int) -> list[int]:
+        """The prompt token ids the request keeps (``truncate_prompt_tokens``, ``truncation_side``)."""
+        keep = self.truncate_prompt_tokens
+        if keep == -1:
+            keep = max_model_len - 1
+        if keep is None or len(ids) <= keep:
+            return ids
+        return ids[-keep:] if self.truncation_side == "left" else ids[:keep]
 
     def stop_automaton(self) -> StopAutomaton:
         """The matcher automaton of `stop_list`, built on first use and kept: every prompt and

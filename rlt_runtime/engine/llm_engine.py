@@ -27,6 +27,7 @@ from ..config import HUGINN_CRITERION_DEFAULTS, EngineConfig
 from ..errors import ConfigError, RequestError
 from ..executor.executor import build_executor
 from ..executor.model_runner import StepHandle
+from ..executor.token_mask import allowed_words, restrict
 from ..executor.ops import check_flash_setup
 from ..executor.worker import WorkerSpec
 from ..models import load_model
@@ -269,6 +270,9 @@ class LLMEngine:
         bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
         if bad:
             raise RequestError(f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}")
+        kept = params.truncated(ids, self.max_model_len)
+        if len(kept) < len(ids):
+            ids, text = kept, self.tokenizer.decode(kept) if text is not None and self.tokenizer is not None else None
         if not ids:
             raise RequestError("prompt must not be empty")
         if len(ids) >= self.max_model_len:
@@ -308,6 +312,9 @@ class LLMEngine:
         grammar_stops = list(dict.fromkeys([*self._eos, *(params.stop_token_ids or ())]))  # the grammar ends on these
         group = []
         min_token_stops, bad_word_ids = self._processing_ids(params)
+        allowed = None  # a guided request's allowed_token_ids as a mask row, for the host's grammar masks
+        if grammar is not None and params.allowed_token_ids is not None:
+            allowed = allowed_words(params.allowed_token_ids, self.model_config.vocab_size)
         # Synthetic acceptance commits drafts the grammar never checked: guided rows do not draft there.
         drafts = self.policy is not None and params.speculative and (grammar is None or not self._synthetic)
         for i in range(params.num_samples):
@@ -320,6 +327,7 @@ class LLMEngine:
                 group_id=request_id, sample_index=i, prompt=text, trace_depths=trace,
                 draft=self.policy.new_state(max_tokens) if drafts else None,
                 matcher=self._grammars.matcher(grammar, grammar_stops) if grammar is not None else None,
+                allowed_words=allowed,
             )
             req.metrics = RequestMetrics(arrival_time=now, num_prompt_tokens=len(ids))
             self._trackers[id(req)] = TextTracker(self.tokenizer, stops, list(ids), params.skip_special_tokens,
@@ -363,6 +371,7 @@ class LLMEngine:
                 masks[i] = -1
             else:
                 self._grammars.fill(r.matcher, masks, i)
+                restrict(masks[i:i + 1], r.allowed_words)
         return masks
 
     def _late_masks(self, rows: list[Request], touched: dict) -> tuple:
@@ -395,6 +404,7 @@ class LLMEngine:
                     break
                 self._grammars.fill(matcher, masks, taken)
             matcher.rollback(taken)
+            restrict(masks, live[key].allowed_words)
             out[key] = masks
         return out
 
@@ -410,9 +420,10 @@ class LLMEngine:
                     raise RequestError(f"{name} needs the engine option enable_penalties=True (this engine runs without "
                                        f"the per-slot penalty state); leave {name} at {neutral:g}")
         vocab = self.model_config.vocab_size
-        bad = [t for t in (params.logit_bias or {}) if t >= vocab]
-        if bad:
-            raise RequestError(f"logit_bias token ids must be in [0, {vocab}) for this model, got {bad[:5]}")
+        for name, ids in (("logit_bias", params.logit_bias or {}), ("allowed_token_ids", params.allowed_token_ids or ())):
+            bad = [t for t in ids if t >= vocab]
+            if bad:
+                raise RequestError(f"{name} token ids must be in [0, {vocab}) for this model, got {bad[:5]}")
         stops = []
         if params.min_tokens:
             eos = () if params.ignore_eos else self._eos

@@ -61,6 +61,7 @@ class Request:
     bad_word_ids: list[list[int]] = field(default_factory=list)  # the request's bad words as token ids
     cumulative_logprob: float = 0.0  # sum of the committed tokens' raw log-probabilities (best_of ranking)
     matcher: object = None  # xgrammar GrammarMatcher of a guided request (advanced by committed tokens only)
+    allowed_words: object = None  # a guided request's allowed_token_ids: int32 [ceil(vocab / 32)] mask row
     num_sent: int = 0  # output entries already handed out in delta outputs
     num_prompt_logprobs_sent: int = 0  # prompt log-probability entries (the first None included) handed out
 

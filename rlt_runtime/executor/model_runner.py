@@ -257,7 +257,7 @@ class ModelRunner:
 
     # ---- persistent state updates ------------------------------------------------------------
     def _apply_updates(self, sched: StepInput) -> None:
-        self.token_mask.write([r.slot for r in sched.admitted], sched.guided_slots, sched.guided_masks)
+        self.token_mask.write(sched.admitted, sched.guided_slots, sched.guided_masks)
         arrays = {}
         if sched.block_updates:
             arrays["bt"] = np.asarray(sched.block_updates, dtype=np.int64).reshape(-1)

@@ -2,9 +2,11 @@
 
     mask  int32 [S, W]   W = ceil(V / 32); bit b of word w allows token 32 * w + b
 
-A slot's row is all ones (every token allowed) from the admission of a request without a grammar,
-so its logits pass bit for bit unchanged; before each step the host writes the rows of the step's
-guided slots (`write`, with the step's other host→device updates, outside the step program). The
+A slot's row is written when its request is admitted: all ones (every token allowed) without
+`allowed_token_ids`, so its logits pass bit for bit unchanged, else the bits of those ids (the row
+then stays as it is for the request's life); before each step the host writes the rows of the step's
+guided slots (`write`, with the step's other host→device updates, outside the step program; the
+host gives a guided request with allowed_token_ids the two masks' intersection). The
 step programs apply the rows of their slots to the processed logits (`apply_token_bitmask`:
 disallowed tokens get -inf) in the same program variant as logit processing, so CUDA graphs
 capture it with the buffer at a fixed address. A speculative round's verify rows of guided
@@ -21,6 +23,23 @@ import numpy as np
 import torch
 
 from .staging import upload_arrays
+
+
+def allowed_words(token_ids, vocab_size: int) -> torch.Tensor:
+    """int32 [ceil(vocab_size / 32)] CPU bitmask row allowing exactly `token_ids` (ids < vocab_size)."""
+    bits = np.zeros(-(-vocab_size // 32) * 32, dtype=bool)
+    bits[np.asarray(token_ids, dtype=np.int64)] = True
+    return torch.from_numpy(np.packbits(bits, bitorder="little").view(np.int32).copy())
+
+
+def restrict(masks: torch.Tensor, allowed) -> None:
+    """AND the bitmask rows `masks` (int32 [B, W], CPU) with `allowed` (int32 [W] or None) in place;
+    a row the two leave empty keeps its own bits (the grammar wins over a request's own bans)."""
+    if allowed is None:
+        return
+    both = masks & allowed
+    empty = ~both.any(dim=1)
+    masks.copy_(torch.where(empty[:, None], masks, both))
 
 
 def unpack_bitmask(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -51,19 +70,26 @@ class TokenMask:
         """Device bytes of the per-slot bitmasks (what the KV planner sets aside)."""
         return self.mask.numel() * self.mask.element_size()
 
-    def write(self, admitted_slots: list[int], guided_slots: list[int], rows) -> None:
-        """Reset the admitted slots' rows to all ones, then set the guided slots' rows to `rows`
-        (int32 [len(guided_slots), W], a CPU tensor or array): one upload for both."""
-        if not admitted_slots and not guided_slots:
+    def write(self, admitted, guided_slots: list[int], rows) -> None:
+        """Set the rows of the admitted sequences (`SeqInput`s: `slot`, `params`) to all ones, or to
+        their params' allowed_token_ids, then the guided slots' rows to `rows` (int32
+        [len(guided_slots), W], a CPU tensor or array): one upload for all."""
+        guided = set(guided_slots)  # (their rows come with `rows`: each slot is written once)
+        restricted = [a for a in admitted if a.params.allowed_token_ids is not None and a.slot not in guided]
+        reset = [a.slot for a in admitted if a.params.allowed_token_ids is None]
+        slots = [a.slot for a in restricted] + list(guided_slots)
+        if not reset and not slots:
             return
-        arrays = {"reset": np.asarray(admitted_slots, np.int64), "slot": np.asarray(guided_slots, np.int64)}
-        if guided_slots:
-            arrays["rows"] = np.asarray(rows, np.int32).reshape(len(guided_slots), self.words)
+        arrays = {"reset": np.asarray(reset, np.int64), "slot": np.asarray(slots, np.int64)}
+        if slots:
+            own = [allowed_words(a.params.allowed_token_ids, self.vocab_size).numpy()[None] for a in restricted]
+            given = [np.asarray(rows, np.int32).reshape(len(guided_slots), self.words)] if guided_slots else []
+            arrays["rows"] = np.concatenate(own + given)
         dev = upload_arrays(arrays, self.device)
-        if admitted_slots:
+        if reset:
             self.mask[dev["reset"]] = -1
-        if guided_slots:
-            self.mask[dev["slot"]] = dev["rows"].view(len(guided_slots), self.words)
+        if slots:
+            self.mask[dev["slot"]] = dev["rows"].view(len(slots), self.words)
 
     def apply(self, logits: torch.Tensor, idx: torch.Tensor, raw: torch.Tensor | None = None) -> torch.Tensor:
         """`apply_rows` with the rows of slots idx (int64 [B])."""

@@ -319,8 +319,14 @@ def reference_logit_processing(logits: torch.Tensor, prompt: Sequence[int], outp
     than params.min_tokens outputs exist the min_token_stops banned; a bad word's last token banned
     when the output ends with its other tokens; repetition_penalty over prompt and output tokens
     (positive logits divided, negative multiplied); frequency_penalty * count + presence_penalty
-    subtracted over output tokens. `params` carries SamplingParams' field names."""
+    subtracted over output tokens; tokens outside params.allowed_token_ids (when given) set to -inf.
+    `params` carries SamplingParams' field names."""
     x = logits.clone()
+    allowed = getattr(params, "allowed_token_ids", None)
+    if allowed is not None:
+        outside = torch.ones_like(x, dtype=torch.bool)
+        outside[list(allowed)] = False
+        x[outside] = -math.inf
     for t, b in (params.logit_bias or {}).items():
         x[t] += b
     if len(output) < params.min_tokens:

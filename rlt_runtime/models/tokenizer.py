@@ -107,14 +107,16 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: Sequence[Mapping], add_generation_prompt: bool = True, *,
                             continue_final_message: bool = False, chat_template: Optional[str] = None,
-                            template_kwargs: Optional[Mapping] = None, tools: Optional[list] = None) -> str:
+                            template_kwargs: Optional[Mapping] = None, tools: Optional[list] = None,
+                            documents: Optional[list] = None) -> str:
         """Render chat messages ({"role": str, "content": str, ...}) with transformers' template rendering.
 
         chat_template: a Jinja template used instead of the tokenizer's own. continue_final_message
         leaves the last message open (the answer continues it; not with add_generation_prompt).
         template_kwargs: extra variables for the template (e.g. enable_thinking); they may not
         shadow the rendering's own arguments. tools: function tools ([{"type": "function", "function":
-        {...}}]) for templates that write tool definitions. The result already holds the template's special
+        {...}}]) for templates that write tool definitions; documents ([{"title": ..., "text": ...}]) for
+        retrieval-augmented templates. The result already holds the template's special
         tokens: encode it with add_special_tokens=False.
         """
         if not self.has_chat_template and chat_template is None:
@@ -144,7 +146,8 @@ class Tokenizer:
             return self._hf.apply_chat_template([dict(m) for m in messages], tokenize=False,
                                                 add_generation_prompt=add_generation_prompt,
                                                 continue_final_message=continue_final_message,
-                                                chat_template=chat_template, tools=tools or None, **kwargs)
+                                                chat_template=chat_template, tools=tools or None,
+                                                documents=documents or None, **kwargs)
         except Exception as exc:  # jinja2 TemplateError and friends: report, keep the engine alive
             raise RequestError(f"chat template failed: {exc}") from exc
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from perf.conformance import FEATURES, classify, complete, matrix, run_matrix
+from perf.conformance import FEATURES, LATE_FEATURES, classify, complete, matrix, run_matrix
 import perf.conformance as conformance
 import perf.conformance_case as conformance_case
 from perf.conformance_case import (alone_options, build_workload, engine_options, guided_problem, reference_difference,
@@ -17,11 +17,11 @@ from rlt_runtime import LLM, ConfigError, GuidedDecoding, SamplingParams
 from rlt_runtime.models.presets import preset_config
 
 OURO = dict(model="ouro-tiny", sampling="mixed", logprobs=2, n=2, requests=4, max_tokens=4, tiny_pool=2,
-            prefill_chunk_size=3, async_scheduling=True, exit_thresholds=[1.0, 0.6], workload_seed=3,
-            features=list(FEATURES), kv_cache_dtype="fp8", split_keys=64)
+            prefill_chunk_size=3, async_scheduling=True, exit_thresholds=[1.0, 0.6], workload_seed=1,
+            features=[*FEATURES, *LATE_FEATURES], kv_cache_dtype="fp8", split_keys=64)
 HUGINN = dict(model="huginn-tiny", kv_layout="last_exited", last_exited_reads="copy", exit_mode="latent-diff",
               exit_criterion_threshold=1.2, exit_thresholds=[], requests=2, max_tokens=4, workload_seed=3,
-              features=["bias-min-bad", "penalties"])
+              features=["bias-min-bad", "penalties", "allowed-ids"])
 HANG_LIMIT_S = 15  # the planted hangs: about 3x the 5 s a case takes alone on a CPU (its engine is built at 3 s)
 
 
@@ -42,7 +42,7 @@ def test_runner_passes_real_cases_and_fails_on_planted_faults(tmp_path):
     assert ouro["status"] == "pass", ouro
     assert ouro["stats"]["preemptions"] > 0  # the tiny pool did preempt
     drawn = next(c for c in ouro["checks"] if c.startswith("requests with features: "))
-    assert all(f in drawn for f in FEATURES), drawn  # every feature ran in the crowd (FP8 K/V too)
+    assert all(f in drawn for f in (*FEATURES, *LATE_FEATURES)), drawn  # every feature ran in the crowd (FP8 K/V too)
     assert any(c.endswith("guided requests end with their grammar and match it") for c in ouro["checks"])
     crossing = next(c for c in ouro["checks"] if c.endswith("requests reach past one 64-key attention range"))
     assert int(crossing.split()[0]) >= 2, crossing  # the preamble carries requests past one range
@@ -104,14 +104,14 @@ def test_matrix_is_deterministic_and_covers_sampled_speculation_everywhere():
 def test_matrix_draws_the_sampling_features_and_fp8():
     for device in ("cuda", "cpu"):
         cases = matrix(72, 0, device)
-        assert {f for c in cases for f in c["features"]} == set(FEATURES)
+        assert {f for c in cases for f in c["features"]} == {*FEATURES, *LATE_FEATURES}
         assert any(c["kv_cache_dtype"] == "fp8" for c in cases) and any(c["quantization"] == "fp8" for c in cases)
         assert any(c["features"] and c["speculative_config"] for c in cases)
     split = [c for c in matrix(72, 0, "cuda") if c["split_keys"]]
     assert any(c["speculative_config"] for c in split) and any(c["async_scheduling"] for c in split)
     assert any(c["kv_cache_dtype"] == "fp8" for c in split) and {c["model"] for c in split} == {"ouro-tiny", "huginn-tiny"}
     graphs = [c for c in matrix(72, 0, "cuda") if c["execution_mode"] == "graphs"]
-    assert {f for c in graphs if c["async_scheduling"] for f in c["features"]} == set(FEATURES)
+    assert {f for c in graphs if c["async_scheduling"] for f in c["features"]} == {*FEATURES, *LATE_FEATURES}
 
 
 def test_fp64_reference_applies_the_logit_processing():

@@ -17,7 +17,7 @@ pytest.importorskip("xgrammar")
 
 from rlt_runtime import LLM, GuidedDecoding, SamplingParams  # noqa: E402
 from rlt_runtime.errors import ConfigError, RequestError  # noqa: E402
-from rlt_runtime.executor.token_mask import TokenMask, apply_token_bitmask  # noqa: E402
+from rlt_runtime.executor.token_mask import TokenMask, allowed_words, apply_token_bitmask, restrict  # noqa: E402
 from test_logit_processing import _drive  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
@@ -53,19 +53,37 @@ def test_bitmask_matches_a_per_token_reference_and_all_ones_is_bit_identical():
     assert torch.equal(got[2], logits[2])
 
 
+def _admitted(slot, allowed=None):
+    return SimpleNamespace(slot=slot, params=SamplingParams(allowed_token_ids=allowed))
+
+
+def _finite(row):
+    return torch.isfinite(row).nonzero().flatten().tolist()
+
+
 def test_slot_rows_follow_their_slots():
-    """write() resets admitted slots to all ones and sets guided slots' rows; apply() picks rows by slot."""
-    mask = TokenMask(num_slots=5, vocab_size=40, device="cpu")
+    """write() resets admitted slots to all ones (or to their allowed_token_ids) and sets guided
+    slots' rows; apply() picks rows by slot."""
+    mask = TokenMask(num_slots=6, vocab_size=40, device="cpu")
     rows = torch.zeros((2, 2), dtype=torch.int32)
     rows[0, 0], rows[1, 1] = 1 << 3, 1 << 2  # slot 4 allows token 3, slot 1 allows token 34
-    mask.write([0, 1, 4], [4, 1], rows)
-    logits = torch.randn(3, 40)
-    got = mask.apply(logits, torch.tensor([1, 0, 4]))
-    assert torch.isfinite(got[0]).nonzero().flatten().tolist() == [34]
+    mask.write([_admitted(0), _admitted(1), _admitted(4, [5]), _admitted(5, [0, 31, 32, 39])], [4, 1], rows)
+    logits = torch.randn(4, 40)
+    got = mask.apply(logits, torch.tensor([1, 0, 4, 5]))
+    assert _finite(got[0]) == [34]
     assert torch.equal(got[1], logits[1])
-    assert torch.isfinite(got[2]).nonzero().flatten().tolist() == [3]
-    mask.write([4], [], None)  # a new request without a grammar takes slot 4
-    assert torch.equal(mask.apply(logits[2:3], torch.tensor([4])), logits[2:3])
+    assert _finite(got[2]) == [3]  # the host's guided row (it intersects a grammar's with allowed ids)
+    assert _finite(got[3]) == [0, 31, 32, 39] and torch.equal(got[3, [0, 31, 32, 39]], logits[3, [0, 31, 32, 39]])
+    mask.write([_admitted(4), _admitted(5)], [], None)  # new requests without allowed ids or a grammar
+    assert torch.equal(mask.apply(logits[2:], torch.tensor([4, 5])), logits[2:])
+
+
+def test_allowed_ids_intersect_a_grammars_mask_unless_that_leaves_nothing():
+    masks = torch.zeros((3, 2), dtype=torch.int32)
+    masks[0, 0], masks[1, 1], masks[2] = (1 << 3) | (1 << 4), 1 << 2, -1
+    restrict(masks, allowed_words([4, 9, 33], 40))
+    assert [_finite(apply_token_bitmask(torch.zeros(1, 40), masks[i:i + 1])[0]) for i in range(3)] == [
+        [4], [34], [4, 9, 33]]  # row 1 shares no token with the allowed ids: the grammar's row stays
 
 
 def test_grammar_wins_over_the_requests_own_bans():
@@ -75,7 +93,7 @@ def test_grammar_wins_over_the_requests_own_bans():
     rows = torch.zeros((2, 2), dtype=torch.int32)
     rows[0, 0] = 1 << 5  # slot 0: only token 5 (say, EOS) can end the grammar
     rows[1, 0] = (1 << 5) | (1 << 7)
-    mask.write([0, 1], [0, 1], rows)
+    mask.write([_admitted(0), _admitted(1)], [0, 1], rows)
     raw = torch.randn(2, 40)
     processed = raw.clone()
     processed[:, 5] = -float("inf")  # min_tokens bans EOS in both rows
@@ -292,6 +310,25 @@ def test_greedy_guided_speculation_is_plain_guided_decoding(model, policy):
     _valid(spec.engine.tokenizer, work, want)
 
 
+@pytest.mark.parametrize("speculative", [False, True])
+def test_allowed_token_ids_narrow_a_grammar(speculative):
+    """A guided request with allowed_token_ids writes only tokens both allow (the host intersects
+    the grammar's masks, also those of checked drafts); under speculation, the tokens of plain decoding."""
+    llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=4)
+    tok = llm.engine.tokenizer
+    letters = [tok.encode(c, add_special_tokens=False)[0] for c in "abc"]
+    params = [SamplingParams(max_tokens=12, temperature=t, seed=2, logprobs=1, guided={"regex": "[a-z]{3,9}"},
+                             allowed_token_ids=letters + list(llm.engine._eos)) for t in (0.0, 1.0)]
+    work = [([5, 6, 7], params[0], 0), ([40, 41], params[1], 1), ([9, 10], params[0], 1)]
+    want = _drive(llm, work)
+    for i in range(3):
+        assert re.fullmatch("[abc]{3,9}", tok.decode(want[i][0], skip_special_tokens=True))
+    if speculative:
+        spec = LLM("ouro-tiny", dtype="float32", max_num_seqs=4, speculative_config=_spec(d=3))
+        assert _drive(spec, work)[0] == want[0]
+        assert spec.stats()["speculative"]["drafted"] > 0
+
+
 @pytest.mark.parametrize("model", ["ouro-tiny", "huginn-tiny"])
 def test_sampled_guided_speculation_is_valid_reproducible_and_batch_invariant(model):
     """Seeded sampled guided requests under speculation: grammar-valid, the same alone, again and in
@@ -359,7 +396,7 @@ def test_draft_checks_mask_each_verify_position_and_roll_back():
     committed = ids("a")
     ended = ids("b-12") + [eng._eos[0]] + ids("a")  # the grammar ends with EOS; the draft after it is never checked
     rejected = ids("c") + ids("x") + ids("2")  # "x" is rejected: "-" must follow
-    rows = [SimpleNamespace(matcher=matcher(committed)) for _ in range(2)]
+    rows = [SimpleNamespace(matcher=matcher(committed), allowed_words=None) for _ in range(2)]
     got = eng._check_drafts(rows, {0: ended, 1: rejected})
     taken = len(ended) - 2
     for j in range(taken + 1):

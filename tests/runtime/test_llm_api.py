@@ -50,6 +50,34 @@ def test_vllm_text_prompt_dicts_are_encoded_and_other_dicts_named():
             m.generate([bad], p, use_tqdm=False)
 
 
+def test_truncate_prompt_tokens_keeps_one_end_of_the_prompt():
+    """truncate_prompt_tokens=k runs the last k prompt tokens (the first k with truncation_side
+    "right"), as if they were the prompt; -1 keeps what the context takes with room for one output."""
+    m = llm()
+    prompt = list(range(5, 25))
+    p = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    cut = [SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, truncate_prompt_tokens=6, truncation_side=side)
+           for side in ("left", "right")]
+    same = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, truncate_prompt_tokens=len(prompt))
+    left, right, tail, head, whole = m.generate([prompt, prompt, prompt[-6:], prompt[:6], prompt], [*cut, p, p, same],
+                                                use_tqdm=False)
+    assert left.prompt_token_ids == prompt[-6:] and right.prompt_token_ids == prompt[:6]
+    assert left.outputs[0].token_ids == tail.outputs[0].token_ids
+    assert right.outputs[0].token_ids == head.outputs[0].token_ids != tail.outputs[0].token_ids
+    text = m.generate(["Hello there"], SamplingParams(max_tokens=2, truncate_prompt_tokens=2), use_tqdm=False)[0]
+    kept = m.tokenizer.encode("Hello there")[-2:]
+    assert text.prompt_token_ids == kept and text.prompt == m.tokenizer.decode(kept)
+    longest = m.engine.max_model_len - 1
+    out = m.generate([[7] * (longest + 40)], SamplingParams(max_tokens=1, truncate_prompt_tokens=-1), use_tqdm=False)[0]
+    assert len(out.prompt_token_ids) == longest and len(out.outputs[0].token_ids) == 1
+    assert whole.prompt_token_ids == prompt  # k at or above the prompt's length changes nothing
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ConfigError, match="^truncate_prompt_tokens"):
+            SamplingParams(truncate_prompt_tokens=bad)
+    with pytest.raises(ConfigError, match="^truncation_side"):
+        SamplingParams(truncate_prompt_tokens=3, truncation_side="middle")
+
+
 def test_batch_composition_does_not_change_greedy_outputs():
     m = llm()
     p = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)

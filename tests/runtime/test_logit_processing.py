@@ -1,5 +1,5 @@
-"""Logit processing (logit_bias, min_tokens, bad_words, repetition/presence/frequency penalties) and
-best_of, against an independent per-token reference of vLLM's semantics: the device state's apply
+"""Logit processing (logit_bias, min_tokens, bad_words, repetition/presence/frequency penalties,
+allowed_token_ids) and best_of, against an independent per-token reference of vLLM's semantics: the device state's apply
 and commit steps, greedy engine decoding against the fp64 dense reference, batch invariance,
 speculation, preemption (recompute and swap) and best_of ranking."""
 
@@ -121,12 +121,15 @@ def _greedy(llm, prompt, **kw):
     dict(frequency_penalty=-1.0, presence_penalty=0.5, repetition_penalty=1.2),
     dict(logit_bias={246: -100.0, 17: 4.0}),
     dict(bad_words=[[101], [142, 142], [191, 142]]),
-], ids=["rep-high", "rep-low", "freq", "presence", "mixed", "bias", "bad-words"])
+    dict(allowed_token_ids=[3, 17, 33, 200, 240]),
+    dict(allowed_token_ids=[17, 33, 240], repetition_penalty=1.5, logit_bias={33: 2.0}),
+], ids=["rep-high", "rep-low", "freq", "presence", "mixed", "bias", "bad-words", "allowed", "allowed-penalized"])
 def test_greedy_decoding_matches_the_reference(llm, kw):
     plain, _ = _greedy(llm, PROMPT)
     got, params = _greedy(llm, PROMPT, **kw)
     assert got.token_ids != plain.token_ids  # the processing changes the output: the check has teeth
     assert got.token_ids == reference_tokens(PROMPT, params, 10, bad_words=kw.get("bad_words", []))
+    assert set(got.token_ids) <= set(kw.get("allowed_token_ids", got.token_ids))
 
 
 def test_min_tokens_holds_back_eos_and_stop_ids_exactly(llm):
@@ -173,14 +176,19 @@ def test_a_request_alone_or_in_a_crowd_gets_the_same_tokens(speculative, tempera
     plain = SamplingParams(max_tokens=10, temperature=temperature, seed=4, logprobs=2, ignore_eos=True)
     other = SamplingParams(max_tokens=8, temperature=0.7, seed=5, logprobs=1, repetition_penalty=0.8,
                            frequency_penalty=-0.5, ignore_eos=True)
+    allowed = SamplingParams(max_tokens=10, temperature=temperature, seed=6, logprobs=2, ignore_eos=True,
+                             allowed_token_ids=[17, 33, 101, 200, 240])
     alone = _drive(llm, [(PROMPT, mine, 0)])[0]
     plain_alone = _drive(llm, [([40, 41, 42], plain, 0)])[0]
+    allowed_alone = _drive(llm, [([50, 51], allowed, 0)])[0]
     crowded = LLM("ouro-tiny", async_scheduling=True, **opts)  # async: the host learns tokens a step late
-    _drive(crowded, [(PROMPT, mine, 0)])  # leaves its counts and parameters in the slot `plain` takes next
+    _drive(crowded, [([50, 51], allowed, 0)])  # leaves its mask row, parameters and counts in the slot
+    _drive(crowded, [(PROMPT, mine, 0)])  # ... that `plain` takes next
     crowd = _drive(crowded, [([40, 41, 42], plain, 0), ([9, 10, 11, 12], other, 0), (PROMPT, mine, 2),
-                             ([7, 7, 7], other, 3)])
+                             ([7, 7, 7], other, 3), ([50, 51], allowed, 3)])
     assert crowd[2] == alone
     assert crowd[0] == plain_alone  # a request without processing shares processed steps unchanged
+    assert crowd[4] == allowed_alone and set(allowed_alone[0]) <= set(allowed.allowed_token_ids)
     if speculative:
         assert crowded.stats()["speculative"]["accepted"] > 0
 
@@ -247,6 +255,9 @@ def test_best_of_returns_the_highest_cumulative_logprobs(llm):
     (dict(bad_words=[[]]), "bad_words"),
     (dict(n=3, best_of=2), "best_of"),
     (dict(best_of=65), "best_of"),
+    (dict(allowed_token_ids=[]), "allowed_token_ids"),
+    (dict(allowed_token_ids=[1, -2]), "allowed_token_ids"),
+    (dict(allowed_token_ids=(1, True)), "allowed_token_ids"),
 ])
 def test_sampling_params_errors_name_the_field(kw, field):
     with pytest.raises(ConfigError, match=f"^{field}"):
@@ -258,6 +269,7 @@ def test_sampling_params_errors_name_the_field(kw, field):
     (dict(bad_words=[[1, 10**6]]), "bad_words"),
     (dict(bad_words=[list(range(1, 10))]), "bad_words"),
     (dict(bad_words=[[i] for i in range(40)]), "bad_words"),
+    (dict(allowed_token_ids=[5, 10**6]), "allowed_token_ids"),
 ])
 def test_engine_errors_name_the_field(llm, kw, field):
     with pytest.raises(RequestError, match=f"^{field}"):

@@ -241,6 +241,37 @@ def test_chat_template_option_errors(tmp_path):
 
 
 
+DOCS_TEMPLATE = PLAIN_TEMPLATE + "{%- for d in documents or [] -%}{{ '(' + d['title'] + ': ' + d['text'] + ')' }}{%- endfor -%}"
+DOCS = [{"title": "one", "text": "first"}, {"title": "two", "text": "second"}]
+
+
+def test_a_requests_own_template_needs_trust(start_server, checkpoint, reference, thinking):
+    """A request's chat_template (and documents) render as transformers renders them, on a server
+    started with --trust-request-chat-template; elsewhere it is a 400 naming chat_template."""
+    body = {"model": MODEL, "messages": USER, "chat_template": PLAIN_TEMPLATE, "max_completion_tokens": 2}
+    for path, fields in (("/v1/chat/completions", body), ("/tokenize", {"messages": USER, "chat_template": "{{ 1 }}"})):
+        err = httpx.post(thinking.url + path, json=fields).json()["error"]
+        assert err["param"] == "chat_template" and "--trust-request-chat-template" in err["message"]
+    with _serve(start_server, checkpoint, trust_request_chat_template=True) as live:
+        assert live.worker.wait_ready(60)
+        for template, docs in ((PLAIN_TEMPLATE, None), (DOCS_TEMPLATE, DOCS)):
+            want = reference.apply_chat_template(USER, tokenize=False, add_generation_prompt=True,
+                                                 chat_template=template, documents=docs)
+            ids = reference(want, add_special_tokens=False)["input_ids"]
+            fields = {"chat_template": template, "documents": docs}
+            assert httpx.post(live.url + "/tokenize", json={"messages": USER, **fields}).json()["tokens"] == ids
+            usage = httpx.post(live.url + "/v1/chat/completions", json={**body, **fields}).json()["usage"]
+            assert usage["prompt_tokens"] == len(ids)
+        assert "(one: first)(two: second)" in want
+        default = httpx.post(live.url + "/tokenize", json={"messages": USER}).json()["tokens"]
+        assert default == reference(reference.apply_chat_template(USER, tokenize=False, add_generation_prompt=True),
+                                    add_special_tokens=False)["input_ids"]  # the checkpoint's, without one
+        for bad, param in (({"chat_template": "{% for m in %}"}, "chat_template"),
+                           ({"chat_template": DOCS_TEMPLATE, "documents": [{"title": 1}]}, "documents")):
+            err = httpx.post(live.url + "/v1/chat/completions", json={**body, **bad}).json()["error"]
+            assert err["param"].startswith(param), err
+
+
 @pytest.mark.parametrize("value, text", [("{% for m in %}", "not a valid Jinja template"),
                                          ("no-such-file.jinja", "must be a file holding a Jinja template")])
 def test_rlt_serve_refuses_a_bad_chat_template_before_loading(value, text, capsys):

@@ -20,7 +20,7 @@ COMPLETION = {"model": "ouro-tiny", "prompt": "hi", "max_tokens": 2}
 CHAT = {"model": "ouro-tiny", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 2}
 SAMPLE_VALUES = {"metadata": {"k": "v"}, "modalities": ["text"], "parallel_tool_calls": True, "store": True,
                  "cache_salt": "s", "kv_transfer_params": {}, "vllm_xargs": {}, "mm_processor_kwargs": {},
-                 "ec_transfer_params": {}, "truncation_side": "left", "return_token_offsets": True}
+                 "ec_transfer_params": {}, "return_token_offsets": True}
 
 
 @pytest.fixture
@@ -69,9 +69,8 @@ def test_unknown_names_are_rejected_by_name(server, path, body, name):
 
 
 @pytest.mark.parametrize("name,neutral,other", [
-    ("documents", [], [{"title": "x"}]), ("return_tokens_as_token_ids", False, True),
-    ("allowed_token_ids", None, [1, 2]), ("use_beam_search", False, True), ("guided_whitespace_pattern", None, "[ ]*"), ("length_penalty", 1.0, 2.0),
-    ("truncate_prompt_tokens", None, 5), ("logprob_token_ids", [], [1]), ("prompt_embeds", None, "AAAA"),
+    ("use_beam_search", False, True), ("guided_whitespace_pattern", None, "[ ]*"), ("length_penalty", 1.0, 2.0),
+    ("logprob_token_ids", [], [1]), ("prompt_embeds", None, "AAAA"),
     ("thinking_token_budget", -1, 16), ("repetition_detection", None, {"max_pattern_size": 4}),
     ("max_repetition_pattern_size", 0, 4), ("repetition_min_count", 0, 3),
 ])

@@ -1,13 +1,16 @@
 """Function tools on chat completions with the official `openai` client: a named tool_choice answers
 with that function's call, its arguments following the function's schema; "required" with one or
-more calls of the given functions; "auto" with the calls the model writes, read by the hermes
-parser (the model's text forced by guided_regex), the text before them the content; all streamed as
-OpenAI streams tool calls (the accumulated deltas equal the whole answer); tools, earlier tool calls
-and tool results reach the chat template; "auto" without a parser and malformed tools, choices and
-tool messages are 400s naming the field; `LLM.chat(tools=...)`; the parser on its own."""
+more calls of the given functions; "auto" with the calls the model writes, read by the hermes,
+llama3_json, pythonic or mistral parser (the model's text forced by guided_regex), the text before
+them the content; all streamed as OpenAI streams tool calls (the accumulated deltas equal the whole
+answer, no call text streamed as content); tools, earlier tool calls and tool results reach the chat
+template; "auto" without a parser, an unknown parser and malformed tools, choices and tool messages
+are errors naming the field; `LLM.chat(tools=...)`; the parsers on their own (unsafe pythonic calls
+stay text)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -18,7 +21,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("xgrammar")
 
 from rlt_runtime import GuidedDecoding  # noqa: E402
-from rlt_runtime.entrypoints.server.tools import held_back, split_calls  # noqa: E402
+from rlt_runtime.entrypoints.server.tools import PARSERS, held_back, split_calls  # noqa: E402
 
 MODEL = "ouro-tiny"
 
@@ -229,6 +232,72 @@ def test_auto_answer_without_calls_is_text(auto_client):
     assert _stream(auto_client, **kw) == (choice.message.content, [], "stop")
 
 
+# What a model of each other format writes: two calls (the regex leaves their values to the model),
+# and the pattern of the content before them.
+WRITTEN = {
+    "llama3_json": (r'(<\|python_tag\|>)?\{"name": "get_time", "parameters": \{"zone": "(utc|cet)"\}\}; '
+                    r'\{"name": "get_weather", "parameters": \{"city": "[a-z]{1,3}", "days": [1-7]\}\}', ""),
+    "pythonic": (r'\[get_time\(zone="(utc|cet)"\), get_weather\(city="[a-z]{1,3}", days=[1-7]\)\]', ""),
+    "mistral": (r'[a-z]{3,8} \[TOOL_CALLS\]\[\{"name": "get_time", "arguments": \{"zone": "(utc|cet)"\}\}, '
+                r'\{"name": "get_weather", "arguments": \{"city": "[a-z]{1,3}", "days": [1-7]\}\}\]', "[a-z]{3,8} "),
+}
+# Answers that begin as a call of that format could, but are no calls: they stay content.
+NOT_CALLS = {"llama3_json": r'\{"city": "[a-z]{2,5}"\}', "pythonic": r"\[[a-z]{2,5}\(\)\] and [a-z]{2,5}",
+             "mistral": r"[a-z]{2,5} \[TOOL_CALLS\] [a-z]{2,5}"}
+
+
+@pytest.fixture(scope="module", params=sorted(WRITTEN))
+def parser_server(request, start_server):
+    """(parser, live server started with it, client of that server) for each parser but hermes."""
+    with start_server(engine_options={"max_model_len": 512}, chat_template=TOOL_TEMPLATE,
+                      tool_call_parser=request.param) as live:
+        yield request.param, live, openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0,
+                                                 timeout=120)
+
+
+def _chunks(client, **kw) -> list[tuple[str, list, str]]:
+    """(content, [(name, arguments)], finish reason) of each streamed choice delta."""
+    return [(ch.delta.content or "", [(d.function.name, d.function.arguments) for d in ch.delta.tool_calls or []],
+             ch.finish_reason) for chunk in client.chat.completions.create(stream=True, **kw) for ch in chunk.choices]
+
+
+def test_auto_tool_choice_reads_each_parsers_format(parser_server):
+    parser, _, client = parser_server
+    regex, content = WRITTEN[parser]
+    kw = dict(CHAT, tools=TOOLS, max_tokens=200, extra_body={"guided_regex": regex})
+    choice = client.chat.completions.create(**kw).choices[0]
+    assert choice.finish_reason == "tool_calls" and re.fullmatch(content, choice.message.content)
+    calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    assert [name for name, _ in calls] == ["get_time", "get_weather"]
+    for name, arguments in calls:
+        _check_arguments(name, arguments)
+    chunks = _chunks(client, **kw)
+    assert "".join(piece for piece, _, _ in chunks) == choice.message.content  # no call text streamed as content
+    assert chunks[-1][0] == ""  # the content streamed before the answer ended
+    assert [(got, finish) for _, got, finish in chunks if got or finish] == [(calls, "tool_calls")]  # in the last delta
+
+
+@pytest.mark.parametrize("like_a_call", [True, False])
+def test_auto_text_answers_of_each_parser_stay_content(parser_server, like_a_call):
+    parser, _, client = parser_server
+    regex = NOT_CALLS[parser] if like_a_call else "[a-z]{4} [a-z ]{6,12}"
+    kw = dict(CHAT, tools=TOOLS, max_tokens=60, extra_body={"guided_regex": regex})
+    choice = client.chat.completions.create(**kw).choices[0]
+    assert choice.message.tool_calls == [] and choice.finish_reason == "stop"
+    assert re.fullmatch(regex, choice.message.content)
+    chunks = _chunks(client, **kw)
+    assert "".join(piece for piece, _, _ in chunks) == choice.message.content
+    assert not any(got for _, got, _ in chunks) and chunks[-1][2] == "stop"
+    if not like_a_call:  # text that cannot begin a call streams as it comes
+        assert "".join(piece for piece, _, finish in chunks if finish is None)
+
+
+def _parsed(parser: str, text: str) -> tuple[str, list]:
+    """(content, [(name, arguments)] or None) of an "auto" answer `text` read by `parser`."""
+    content, calls = split_calls("auto", text, PARSERS[parser])
+    return content, None if calls is None else [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+
+
 @pytest.mark.parametrize("text,content,calls", [
     ("plain", "plain", None),
     ('hi <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>', "hi ", [("f", '{"a": 1}')]),
@@ -239,13 +308,104 @@ def test_auto_answer_without_calls_is_text(auto_client):
     ('<tool_call>{"name": 3}</tool_call>', '<tool_call>{"name": 3}</tool_call>', None),
 ])
 def test_hermes_parser(text, content, calls):
-    got_content, got = split_calls("auto", text)
-    assert got_content == content
-    assert (None if got is None else [(c["function"]["name"], c["function"]["arguments"]) for c in got]) == calls
+    assert _parsed("hermes", text) == (content, calls)
 
 
 def test_streamed_content_holds_back_a_possible_marker():
-    assert [held_back(t) for t in ("abc", "abc<", "abc<tool", "abc<tool_call", "<t>", "x<tool_c")] == [0, 1, 5, 10, 0, 7]
+    texts = ("abc", "abc<", "abc<tool", "abc<tool_call", "<t>", "x<tool_c")
+    assert [held_back(t, "<tool_call>") for t in texts] == [0, 1, 5, 10, 0, 7]
+    assert [held_back(t, "[TOOL_CALLS]") for t in ("a [", "a [TOOL_CALLS", "a [b", "[TOOL]")] == [1, 11, 0, 0]
+
+
+@pytest.mark.parametrize("text,calls", [
+    ('{"name": "f", "parameters": {"a": 1}}', [("f", '{"a": 1}')]),
+    ('<|python_tag|>{"name": "f", "parameters": {"a": "x; y"}}; {"name": "g", "arguments": {}}',
+     [("f", '{"a": "x; y"}'), ("g", "{}")]),  # a ';' inside a string is no separator
+    ('\n {"name": "f", "arguments": "{\\"b\\": 2}"};{"name": "g", "parameters": {}};\n'
+     '{"name": "h", "parameters": {}}\n',
+     [("f", '{"b": 2}'), ("g", "{}"), ("h", "{}")]),
+    ('Sure: {"name": "f", "parameters": {}}', None),  # text first: plain content
+    ('{"name": "f", "parameters": {"a": ', None),  # cut short
+    ('{"name": "f", "parameters": {}} {"name": "g", "parameters": {}}', None),  # no ';' between them
+    ('{"name": "f", "parameters": {}} and more', None),
+    ('{"city": "oslo"}', None),  # JSON, but no call
+    ('{"name": "f"}', None),  # neither parameters nor arguments
+    ('<|python_tag|>print("hi")', None),
+    ('[{"name": "f", "parameters": {}}]', None),
+])
+def test_llama3_json_parser(text, calls):
+    assert _parsed("llama3_json", text) == ("" if calls else text, calls)
+
+
+@pytest.mark.parametrize("text,calls", [
+    ('[get_weather(city="Paris", days=3), get_time(zone=\'utc\')]',
+     [("get_weather", '{"city": "Paris", "days": 3}'), ("get_time", '{"zone": "utc"}')]),
+    (' [\n  f(),\n  g(a=-1.5, b=[True, None], c={"k": "v"}, d=-2),\n]\n',
+     [("f", "{}"), ("g", '{"a": -1.5, "b": [true, null], "c": {"k": "v"}, "d": -2}')]),
+    ("The answer: [f()]", None),  # text first: plain content
+    ("[f(a=1), g(b=", None),  # cut short
+    ("[]", None),
+    ("[1, 2]", None),
+    ("[f()] + [g()]", None),
+    ("[f()][0]", None),
+    ("[f()]\n[g()]", None),
+])
+def test_pythonic_parser(text, calls):
+    assert _parsed("pythonic", text) == ("" if calls else text, calls)
+
+
+@pytest.mark.parametrize("text", [
+    '[os.system("rm -rf /")]',
+    '[os.system(command="rm -rf /")]',  # an attribute call
+    '[f(x=__import__("os"))]',
+    '[f(x=__import__("os").system("touch pwned"))]',
+    "[f(x=os.environ)]",
+    "[f(x=y)]",  # a name
+    "[f(x=g())]",
+    '[f("x")]',  # positional arguments
+    "[f(**kwargs)]",
+    "[f(x=1 + 2)]",
+    "[f(x=(1, 2))]",
+    "[f(x={1, 2})]",
+    "[f(x={1: 2})]",
+    "[f(x={**d})]",
+    "[f(x=lambda: 0)]",
+    "[f(x=b'x')]",
+    "[f(x=1j)]",
+    "[f(x=1e999)]",
+    "[f(x=-True)]",
+    "[f(a=1, a=2)]",
+    "[f(x=" + "-" * 100000 + "1)]",  # nested too deeply for the parser
+])
+def test_pythonic_parser_reads_only_literals(text):
+    assert _parsed("pythonic", text) == (text, None)
+
+
+@pytest.mark.parametrize("text,content,calls", [
+    ('[TOOL_CALLS][{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": "{\\"b\\": 2}"}]',
+     "", [("f", '{"a": 1}'), ("g", '{"b": 2}')]),
+    ('Let me look.[TOOL_CALLS] [{"name": "f"}]\n', "Let me look.", [("f", "{}")]),
+    ('plain [TOOL', 'plain [TOOL', None),
+    ('ok [TOOL_CALLS][{"name": "f", "argu', 'ok [TOOL_CALLS][{"name": "f", "argu', None),  # cut short
+    ("[TOOL_CALLS][]", "[TOOL_CALLS][]", None),
+    ('[TOOL_CALLS]{"name": "f", "arguments": {}}', '[TOOL_CALLS]{"name": "f", "arguments": {}}', None),
+    ('[TOOL_CALLS][{"name": "f"}] trailing', '[TOOL_CALLS][{"name": "f"}] trailing', None),
+])
+def test_mistral_parser(text, content, calls):
+    assert _parsed("mistral", text) == (content, calls)
+
+
+@pytest.mark.parametrize("parser,text,ready", [
+    ("hermes", "abc<tool", 3), ("hermes", 'hi <tool_call>{"na', 3), ("hermes", "a < b", 5),
+    ("mistral", "ok [TOOL", 3), ("mistral", "ok [TOOL_CALLS][{", 3), ("mistral", "a [b", 4),
+    ("llama3_json", "", 0), ("llama3_json", " \n", 0), ("llama3_json", "<|pyth", 0), ("llama3_json", '{"na', 0),
+    ("llama3_json", " <|python_tag|>print(", 0), ("llama3_json", "Hello", 5), ("llama3_json", " <a", 3),
+    ("llama3_json", "[1", 2),
+    ("pythonic", "", 0), ("pythonic", " [", 0), ("pythonic", "[get_w", 0), ("pythonic", "[\n  f", 0),
+    ("pythonic", "[1, 2]", 6), ("pythonic", "Hi [f()]", 8), ("pythonic", "{", 1),
+])
+def test_parsers_stream_what_cannot_be_part_of_a_call(parser, text, ready):
+    assert PARSERS[parser].streamable(text) == ready
 
 
 def test_tool_call_parser_option_is_checked(capsys):
@@ -253,12 +413,21 @@ def test_tool_call_parser_option_is_checked(capsys):
     from rlt_runtime.entrypoints.server.app import ServerConfig
     from rlt_runtime.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="tool_call_parser must be None or one of 'hermes'"):
-        ServerConfig(tool_call_parser="llama3_json").validate()
+    with pytest.raises(ConfigError, match="tool_call_parser must be None or one of 'hermes', 'llama3_json', "
+                       "'mistral', 'pythonic', got 'llama3'"):
+        ServerConfig(tool_call_parser="llama3").validate()
     assert serve_cli.main(["--model", "ouro-tiny", "--enable-auto-tool-choice"]) == 2  # before the port opens
-    assert "--enable-auto-tool-choice needs --tool-call-parser (one of hermes)" in capsys.readouterr().err
-    args = serve_cli.parse_args(["ouro-tiny", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
-    assert args.tool_call_parser == "hermes"
+    assert ("--enable-auto-tool-choice needs --tool-call-parser (one of hermes, llama3_json, mistral, pythonic)"
+            in capsys.readouterr().err)
+    for name in ("hermes", "llama3_json", "mistral", "pythonic"):
+        args = serve_cli.parse_args(["ouro-tiny", "--enable-auto-tool-choice", "--tool-call-parser", name])
+        assert args.tool_call_parser == name
+        ServerConfig(tool_call_parser=name).validate()
+    with pytest.raises(SystemExit) as exit_:
+        serve_cli.main(["--model", "ouro-tiny", "--tool-call-parser", "llama3"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --tool-call-parser: invalid choice: 'llama3'" in err
+    assert all(name in err.split("invalid choice")[1] for name in ("hermes", "llama3_json", "mistral", "pythonic"))
 
 
 # ---- the Responses API: the same tools, in its flat form ----------------------------------------
@@ -333,3 +502,21 @@ def test_responses_auto_needs_the_parser_and_answers_text_without_calls(client, 
     assert err.value.body["param"] == "tool_choice"
     resp = auto_client.responses.create(tools=FLAT, max_output_tokens=4, **RESP)
     assert [item.type for item in resp.output] == ["message"] and resp.tool_choice == "auto"
+
+
+def test_responses_auto_reads_each_parsers_format(parser_server, monkeypatch):
+    parser, live, client = parser_server
+    regex, content = WRITTEN[parser]
+    submit = live.worker.submit
+    monkeypatch.setattr(live.worker, "submit", lambda prompts, params, *a: submit(
+        prompts, dataclasses.replace(params, guided=GuidedDecoding(regex=regex)), *a))
+    kw = dict(tools=FLAT, max_output_tokens=200, **RESP)
+    output = client.responses.create(**kw).output
+    calls = [(item.name, item.arguments) for item in output if item.type == "function_call"]
+    assert [name for name, _ in calls] == ["get_time", "get_weather"]
+    texts = [item.content[0].text for item in output if item.type == "message"]
+    assert [re.fullmatch(content, text) is not None for text in texts] == ([True] if content else [])
+    events = list(client.responses.create(stream=True, **kw))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "".join(texts)
+    final = events[-1].response.output
+    assert [(item.name, item.arguments) for item in final if item.type == "function_call"] == calls

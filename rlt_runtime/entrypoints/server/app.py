@@ -46,7 +46,7 @@ from .preparation import Preparer
 from .reasoning import (REASONING_PARSERS, THINK_END, THINK_START, ReasoningSplitter, prompt_opens_reasoning,
                         template_mentions_thinking)
 from .responses import ResponseObject, Responses, ResponsesRequest
-from .tools import HERMES_START, TOOL_CALL_PARSERS, call_id, held_back, split_calls
+from .tools import PARSERS, TOOL_CALL_PARSERS, call_id, split_calls
 from .worker import EngineWorker, GenerationStream, WorkerUnavailable
 
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
@@ -77,8 +77,10 @@ class ServerConfig:
     body_timeout: float = 30.0  # a request body not complete this long after its head: 408, closed
     max_connections: Optional[int] = None  # open connections; more get 503 (default: from the descriptor limit)
     chat_template: Optional[str] = None  # a Jinja chat template used instead of the checkpoint's own
+    trust_request_chat_template: bool = False  # requests may bring their own chat_template (else 400)
+    return_tokens_as_token_ids: bool = False  # logprobs name tokens as "token_id:N" for every request
     reasoning_parser: Optional[str] = None  # think, deepseek_r1 or none; None: think if the template writes <think>
-    tool_call_parser: Optional[str] = None  # hermes: tool_choice "auto" reads the calls the model writes; None: 400
+    tool_call_parser: Optional[str] = None  # one of TOOL_CALL_PARSERS: tool_choice "auto" reads the calls; None: 400
 
     def connection_limit(self) -> int:
         """max_connections, or when unset what the descriptor limit allows (connections.descriptor_budget)."""
@@ -316,10 +318,13 @@ class _Serving:
         return self._reasoning_parser
 
     # ---- prompts ---------------------------------------------------------------------------------
-    def prompt(self, prompt: Union[str, list[int]], with_text: bool = False, add_special_tokens: bool = True) -> dict:
-        """An engine prompt {"prompt_token_ids", "prompt"} with its length checked against the context.
+    def prompt(self, prompt: Union[str, list[int]], params: SamplingParams, with_text: bool = False,
+               add_special_tokens: bool = True) -> dict:
+        """An engine prompt {"prompt_token_ids", "prompt"}, truncated as `params` ask
+        (truncate_prompt_tokens), with its length checked against the context.
 
-        Token-id prompts get their text (decoded) only `with_text` (echo needs it).
+        Token-id prompts get their text (decoded) only `with_text` (echo needs it); a truncated
+        text prompt's text is that of the tokens kept.
         """
         engine = self.engine()
         if isinstance(prompt, str):
@@ -337,6 +342,11 @@ class _Serving:
                 raise ApiError(400, f"prompt token ids must be in [0, {vocab}); got {bad[:5]}", "prompt", "invalid_value")
             text = self.tokenizer("echo").decode(ids) if with_text else None
             item = {"prompt_token_ids": ids, "prompt": text}
+        kept = params.truncated(ids, engine.max_model_len)
+        if len(kept) < len(ids):
+            text = self.tokenizer("a truncated prompt").decode(kept) if item["prompt"] is not None else None
+            ids = item["prompt_token_ids"] = kept
+            item["prompt"] = text
         if len(ids) >= engine.max_model_len:
             raise ApiError(400, f"the prompt has {len(ids)} tokens but the model's context is {engine.max_model_len} "
                            "tokens; the prompt must be shorter than the context", "prompt", "context_length_exceeded")
@@ -434,11 +444,11 @@ class _Serving:
                                 arrival)
 
     def _prepare_completion(self, body: CompletionRequest) -> tuple[list[dict], object]:
-        prompts = [self.prompt(p, with_text=body.echo, add_special_tokens=body.add_special_tokens)
-                   for p in body.prompts()]
-        self.check_room(prompts, body.engine_max_tokens, "max_tokens")
         params = self.sampling_params(lambda: body.sampling_params(body.engine_max_tokens, body.logprobs,
                                                                    prompt_logprobs=body.engine_prompt_logprobs))
+        prompts = [self.prompt(p, params, with_text=body.echo, add_special_tokens=body.add_special_tokens)
+                   for p in body.prompts()]
+        self.check_room(prompts, body.engine_max_tokens, "max_tokens")
         return prompts, self.with_trace_ids(params, body.trace_ids(len(prompts)))
 
     async def _conversation(self, request: Request, model: type[BaseModel], what: str, prepare: Callable,
@@ -451,11 +461,14 @@ class _Serving:
         self.tokenizer(what)
         return await self.admit(request, body, 1, prepare, fmt, arrival)
 
-    def _rendered_prompt(self, tok, text: str, field: str, add_special_tokens: bool = False) -> list[dict]:
-        """The engine prompt of a rendered conversation `text`, the text kept."""
-        prompts = [self.prompt(self._encode(tok, text, field, add_special_tokens=add_special_tokens))]
-        prompts[0]["prompt"] = text
-        return prompts
+    def _rendered_prompt(self, tok, text: str, field: str, params: SamplingParams,
+                         add_special_tokens: bool = False) -> list[dict]:
+        """The engine prompt of a rendered conversation `text`, the text kept (that of the tokens
+        kept when params truncate it)."""
+        ids = self._encode(tok, text, field, add_special_tokens=add_special_tokens)
+        prompt = self.prompt(ids, params)
+        prompt["prompt"] = text if len(prompt["prompt_token_ids"]) == len(ids) else tok.decode(prompt["prompt_token_ids"])
+        return [prompt]
 
     async def chat(self, request: Request) -> Response:
         return await self._conversation(request, ChatCompletionRequest, "chat", self._prepare_chat, _ChatFormat)
@@ -464,12 +477,12 @@ class _Serving:
         tok = self.tokenizer("chat")
         body.use_tool_parser(self.config.tool_call_parser)
         text = self._render(tok, body.template_messages(), body.add_generation_prompt, body.continue_final_message,
-                            body.chat_template_kwargs, body.rendered_tools())
-        prompts = self._rendered_prompt(tok, text, "messages", body.add_special_tokens)
-        limit_field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
-        self.check_room(prompts, body.output_limit, limit_field)
+                            body.chat_template_kwargs, body.rendered_tools(), body.chat_template, body.documents)
         extra_stops = () if body.ignore_eos else tuple(tok.chat_stop_token_ids)
         params = self.sampling_params(lambda: body.sampling_params(body.output_limit, body.logprobs_count, extra_stops))
+        prompts = self._rendered_prompt(tok, text, "messages", params, body.add_special_tokens)
+        limit_field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
+        self.check_room(prompts, body.output_limit, limit_field)
         params = self.conversation_params(body, params, text)
         return prompts, self.with_trace_ids(params, body.trace_ids(len(prompts)))
 
@@ -481,10 +494,10 @@ class _Serving:
         tok = self.tokenizer("responses")
         body.use_tool_parser(self.config.tool_call_parser)
         text = self._render(tok, body.messages(), True, False, None, body.rendered_tools())
-        prompts = self._rendered_prompt(tok, text, "input")
+        params = self.sampling_params(lambda: body.sampling_params(tuple(tok.chat_stop_token_ids)))
+        prompts = self._rendered_prompt(tok, text, "input", params)
         self.check_room(prompts, body.max_output_tokens, "max_output_tokens")
-        return prompts, self.conversation_params(body, self.sampling_params(
-            lambda: body.sampling_params(tuple(tok.chat_stop_token_ids))), text)
+        return prompts, self.conversation_params(body, params, text)
 
     def conversation_params(self, body, params: SamplingParams, prompt: str) -> SamplingParams:
         """`params` of a conversation request whose rendered prompt is `prompt`. When the answer
@@ -508,7 +521,8 @@ class _Serving:
             ids = self._encode(tok, body.prompt, "prompt", add_special_tokens=body.add_special_tokens)
         else:
             text = self._render(tok, template_messages(body.messages), body.add_generation_prompt,
-                                body.continue_final_message, body.chat_template_kwargs, body.rendered_tools())
+                                body.continue_final_message, body.chat_template_kwargs, body.rendered_tools(),
+                                body.chat_template, body.documents)
             ids = self._encode(tok, text, "messages", add_special_tokens=False)
         return TokenizeResponse(count=len(ids), max_model_len=self.engine().max_model_len, tokens=ids)
 
@@ -530,13 +544,24 @@ class _Serving:
             raise ApiError(400, str(exc), field) from None
 
     def _render(self, tok, messages: list[dict], add_generation_prompt: bool, continue_final_message: bool,
-                template_kwargs: Optional[dict], tools: Optional[list] = None) -> str:
-        """The chat prompt, through the checkpoint's template or --chat-template (transformers renders it)."""
+                template_kwargs: Optional[dict], tools: Optional[list] = None, template: Optional[str] = None,
+                documents: Optional[list] = None) -> str:
+        """The chat prompt, through the request's `chat_template` (with --trust-request-chat-template),
+        --chat-template or the checkpoint's template (transformers renders it)."""
+        if template is not None:
+            if not self.config.trust_request_chat_template:
+                raise ApiError(400, "chat_template: this server does not accept chat templates from requests (start "
+                               "rlt-serve with --trust-request-chat-template to allow them)", "chat_template",
+                               "unsupported")
+            try:
+                check_chat_template(template)
+            except ConfigError as exc:
+                raise ApiError(400, str(exc), "chat_template", "invalid_value") from None
         try:
             return tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                            continue_final_message=continue_final_message,
-                                           chat_template=self.config.chat_template, template_kwargs=template_kwargs,
-                                           tools=tools)
+                                           chat_template=template or self.config.chat_template,
+                                           template_kwargs=template_kwargs, tools=tools, documents=documents)
         except RequestError as exc:
             raise ApiError(400, str(exc), param_from_message(str(exc)) or "messages") from None
 
@@ -646,6 +671,14 @@ class _Format:
         self.id = f"{self.prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = serving.model_name()
+        self.tokens_as_ids = bool(getattr(body, "return_tokens_as_token_ids", None)
+                                  or serving.config.return_tokens_as_token_ids)
+
+    def token_str(self, token_id: int) -> tuple[str, int]:
+        """`_Serving.token_str`, the token named "token_id:N" when the request or server asks for
+        ids (return_tokens_as_token_ids); the width stays that of its text."""
+        s, width = self.serving.token_str(token_id)
+        return (f"token_id:{token_id}", width) if self.tokens_as_ids else (s, width)
 
     def shown(self, c: CompletionOutput) -> CompletionOutput:
         """What the response shows of an engine sample (all of it; echo-only completions drop it)."""
@@ -722,11 +755,12 @@ class _Format:
         return text, first, end, finish
 
 
-def _top_by_text(serving: _Serving, entries) -> dict[str, float]:
-    """{token text: logprob} of (token id, logprob) pairs; tokens spelled alike keep the larger value."""
+def _top_by_text(token_str: Callable, entries) -> dict[str, float]:
+    """{token string: logprob} of (token id, logprob) pairs (strings from `token_str`, a format's);
+    tokens spelled alike keep the larger value."""
     top: dict[str, float] = {}
     for t, v in entries:
-        key = serving.token_str(t)[0]
+        key = token_str(t)[0]
         top[key] = max(v, top.get(key, v))
     return top
 
@@ -764,20 +798,20 @@ class _CompletionFormat(_Format):
         out = CompletionLogprobs()
         if prompt is not None:
             for tid, lp in zip(prompt.prompt_token_ids, prompt.prompt_logprobs or ()):
-                s, width = self.serving.token_str(tid)
+                s, width = self.token_str(tid)
                 out.tokens.append(s)
                 out.token_logprobs.append(None if lp is None else lp.logprob)
-                out.top_logprobs.append(None if lp is None else _top_by_text(self.serving, [*lp.top.items(),
+                out.top_logprobs.append(None if lp is None else _top_by_text(self.token_str, [*lp.top.items(),
                                                                                             (tid, lp.logprob)]))
                 out.text_offset.append(st.offset)
                 st.offset += width
             if self.body.echo_only:
                 return out
         for tid, lp in zip(c.token_ids[first:end], (c.logprobs or ())[first:end]):
-            s, width = self.serving.token_str(tid)
+            s, width = self.token_str(tid)
             out.tokens.append(s)
             out.token_logprobs.append(lp.logprob)
-            out.top_logprobs.append(_top_by_text(self.serving, [*lp.top.items(), (tid, lp.logprob)]))
+            out.top_logprobs.append(_top_by_text(self.token_str, [*lp.top.items(), (tid, lp.logprob)]))
             out.text_offset.append(st.offset)
             st.offset += width
         return out
@@ -847,6 +881,7 @@ class _ChatFormat(_Format):
         super().__init__(serving, body, prompts)
         self.parser = serving.reasoning_parser()
         self.tool = getattr(body, "tool_call", None)  # None, "required", "auto" or the function a tool_choice names
+        self.tool_parser = PARSERS.get(serving.config.tool_call_parser)  # reads an "auto" answer's calls
 
     def splitter(self) -> Optional[ReasoningSplitter]:
         return None if self.parser == "none" else ReasoningSplitter(self.parser, self.prompts[0]["prompt"])
@@ -859,9 +894,9 @@ class _ChatFormat(_Format):
             return None
         content = []
         for tid, lp in zip(c.token_ids[first:end], c.logprobs[first:end]):
-            top = [TopLogprob(token=self.serving.token_str(t)[0], logprob=v, bytes=self._bytes(t))
+            top = [TopLogprob(token=self.token_str(t)[0], logprob=v, bytes=self._bytes(t))
                    for t, v in sorted(lp.top.items(), key=lambda kv: -kv[1])]
-            content.append(TokenLogprobOut(token=self.serving.token_str(tid)[0], logprob=lp.logprob,
+            content.append(TokenLogprobOut(token=self.token_str(tid)[0], logprob=lp.logprob,
                                            bytes=self._bytes(tid), top_logprobs=top))
         return ChatLogprobs(content=content)
 
@@ -898,7 +933,7 @@ class _ChatFormat(_Format):
     def tool_delta(self, st: _Progress, delta: ChatDelta, text: str, finish: Optional[str]) -> Optional[str]:
         """Turn a tool-choice answer's new `text` in `delta` into content and tool-call deltas;
         returns the finish reason. A named function's arguments stream as they come (its id and
-        name with the first); "auto" content streams up to a call marker; the calls of "required"
+        name with the first); "auto" content streams up to where a call may begin; the calls of "required"
         and "auto" are sent whole when the answer ends (as content when they do not parse)."""
         opening = st.tool_text is None
         delta.content = self.streamed_content(st, text) or None
@@ -909,7 +944,7 @@ class _ChatFormat(_Format):
             return finish
         if finish is None:
             return None
-        content, calls = split_calls(self.tool, st.tool_text)
+        content, calls = split_calls(self.tool, st.tool_text, self.tool_parser)
         delta.content = content[st.tool_sent:] or None
         if calls is None:
             return finish
@@ -918,12 +953,11 @@ class _ChatFormat(_Format):
 
     def streamed_content(self, st: _Progress, text: str) -> str:
         """Of a tool-choice answer's new `text`, what streams as content now: for "auto" the text
-        before a call marker (a possible marker's start held back), else nothing."""
+        that cannot be part of a call (the parser's `streamable`), else nothing."""
         st.tool_text = (st.tool_text or "") + text
         if self.tool != "auto":
             return ""
-        marker = st.tool_text.find(HERMES_START)
-        ready = max(marker if marker >= 0 else len(st.tool_text) - held_back(st.tool_text), st.tool_sent)
+        ready = max(self.tool_parser.streamable(st.tool_text), st.tool_sent)
         piece, st.tool_sent = st.tool_text[st.tool_sent:ready], ready
         return piece
 
@@ -937,7 +971,7 @@ class _ChatFormat(_Format):
             reasoning = None
         calls = None
         if self.tool is not None:
-            content, calls = split_calls(self.tool, content)
+            content, calls = split_calls(self.tool, content, self.tool_parser)
         return ChatMessageOut(content=self.body.echoed + content, reasoning_content=reasoning, tool_calls=calls or [])
 
     def choice(self, c: CompletionOutput) -> ChatChoice:
@@ -994,7 +1028,7 @@ class _ResponsesFormat(_ChatFormat):
         status = "incomplete" if c.finish_reason == "length" else "completed"
         calls = None
         if self.tool is not None:
-            content, calls = split_calls(self.tool, content)
+            content, calls = split_calls(self.tool, content, self.tool_parser)
         items = [self.build.reasoning_item(reasoning)] if reasoning else []  # (as streamed: no empty item)
         if content or not calls:  # (as streamed: no empty message item beside function calls)
             items.append(self.build.message_item(content, status))

@@ -74,14 +74,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="open connections; more get 503 and are closed (default: from the open-file limit, see docs)")
     p.add_argument("--chat-template", default=None,
                    help="Jinja chat template (a file path, or the template inline) used instead of the checkpoint's own")
+    p.add_argument("--trust-request-chat-template", action="store_true",
+                   help="accept a chat_template in chat requests and /tokenize (else such a request is a 400)")
+    p.add_argument("--return-tokens-as-token-ids", action="store_true",
+                   help="logprobs name every token as 'token_id:N' (a request can ask for it with "
+                   "return_tokens_as_token_ids)")
     p.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS,
                    help="split <think>...</think> off chat answers into reasoning_content: think (the answer starts "
                    "in the reasoning when the prompt ends in an open <think>), deepseek_r1 (always starts in it) or "
                    "none (default: think when the chat template writes <think>, else none)")
     p.add_argument("--tool-call-parser", default=None, choices=TOOL_CALL_PARSERS,
                    help="read the tool calls a chat answer writes when tool_choice is 'auto' (the default with "
-                   "tools): hermes (<tool_call>{...}</tool_call>). Without it, 'auto' with tools is a 400; 'required' "
-                   "and a named function work either way")
+                   "tools): hermes (<tool_call>{...}</tool_call>), llama3_json ({...}; {...}), mistral "
+                   "([TOOL_CALLS][{...}]) or pythonic ([f(a=1), g()]). Without it, 'auto' with tools is a 400; "
+                   "'required' and a named function work either way")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="vLLM's switch for tool_choice 'auto': accepted with --tool-call-parser, which enables it")
     p.add_argument("--cors-origins", nargs="*", default=[], help="allowed CORS origins (default: no CORS)")
@@ -174,6 +180,8 @@ def main(argv=None) -> int:
             body_timeout=args.body_timeout, max_connections=args.max_connections,
             chat_template=None if args.chat_template is None else load_chat_template(args.chat_template),
             reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser,
+            trust_request_chat_template=args.trust_request_chat_template,
+            return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         )
         if args.enable_auto_tool_choice and args.tool_call_parser is None:
             raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser (one of "

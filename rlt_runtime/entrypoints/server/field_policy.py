@@ -31,21 +31,15 @@ IGNORED_VLLM = frozenset({
     "cache_salt",  # cached K/V depends on the tokens alone, so sharing it never changes an output
     "request_id", "kv_transfer_params", "vllm_xargs", "mm_processor_kwargs",
     "ec_transfer_params",  # encoder caches of multimodal models: nothing to transfer here
-    "truncation_side",  # applies with truncate_prompt_tokens only, which is null here
     "return_token_offsets",  # only vLLM's render endpoints answer it
 })
 IGNORED = IGNORED_OPENAI | IGNORED_VLLM
 
 # name -> its neutral values (a tuple); booleans and numbers compare by type and value.
 NEUTRAL_ONLY: dict[str, tuple] = {
-    "chat_template": (None,),
-    "documents": (None, []),
     "use_beam_search": (None, False),
     "length_penalty": (None, 1.0, 1),
-    "truncate_prompt_tokens": (None,),
-    "allowed_token_ids": (None,),
     "logits_processors": (None, []),
-    "return_tokens_as_token_ids": (None, False),
     "guided_decoding_backend": (None, "xgrammar"), "guided_whitespace_pattern": (None,),
     "logprob_token_ids": (None, []),
     "prompt_embeds": (None,),

@@ -11,7 +11,9 @@ string: bias in [-100, 100]}) and `best_of`: vLLM's `top_k`, `min_p`, `stop_toke
 `speculative`, `priority`, `trace_id`. Other vLLM extensions: `prompt_logprobs`, `skip_special_tokens`,
 `include_stop_str_in_output`, `add_special_tokens`, `stream_options.continuous_usage_stats`, structured
 output (`guided_*`, `structural_tag`, `structured_outputs`, `response_format` on completions too) and, on
-chat, `add_generation_prompt`, `continue_final_message`, `chat_template_kwargs`. Chat answers carry
+chat, `add_generation_prompt`, `continue_final_message`, `chat_template_kwargs`, `chat_template` (with
+`--trust-request-chat-template`) and `documents`; `allowed_token_ids`, `truncate_prompt_tokens` with
+`truncation_side`, and `return_tokens_as_token_ids`. Chat answers carry
 `reasoning_content` when a reasoning parser runs (reasoning.py), and `tool_calls` when `tools` and a
 `tool_choice` ask for them (tools.py).
 Every response choice (and streamed chunk choice) carries rlt's `exit_depths`: the loops each
@@ -130,6 +132,15 @@ class _SamplingFields(_LoopFields):
         None, description="vLLM: the choices carry their generated token ids (`token_ids`; streamed: each chunk's "
                           "new ones) and the prompt's (`prompt_token_ids`: per choice on completions, on the "
                           "response on chat; streamed: in each choice's first chunk)")
+    allowed_token_ids: Optional[list[TokenId]] = Field(
+        None, min_length=1, description="vLLM: the only token ids the output may hold")
+    truncate_prompt_tokens: Optional[int] = Field(
+        None, ge=-1, le=MAX_INT32, description="vLLM: keep the last k prompt tokens (-1: as many as the context takes "
+                                               "with room for one output token)")
+    truncation_side: Optional[Literal["left", "right"]] = Field(
+        None, description="vLLM: with truncate_prompt_tokens, 'left' (default) keeps the last tokens, 'right' the first")
+    return_tokens_as_token_ids: Optional[bool] = Field(
+        None, description="vLLM: logprobs name tokens as 'token_id:N' (also rlt-serve --return-tokens-as-token-ids)")
     structured_outputs: Optional[dict[str, Any]] = Field(
         None, description="vLLM: one of json, regex, choice, grammar, json_object, structural_tag (as the guided_* "
                           "fields take them), with the options disable_any_whitespace, disable_additional_properties "
@@ -158,6 +169,9 @@ class _SamplingFields(_LoopFields):
                            "invalid_value")
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed when stream is true", "stream_options")
+        if self.truncate_prompt_tokens == 0:
+            raise ApiError(400, "truncate_prompt_tokens must be -1 or at least 1 (null: no truncation)",
+                           "truncate_prompt_tokens", "invalid_value")
 
     @property
     def num_samples(self) -> int:
@@ -189,7 +203,9 @@ class _SamplingFields(_LoopFields):
             stop_token_ids=stop_ids or None, ignore_eos=self.ignore_eos, logprobs=logprobs,
             prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens, include_stop_str_in_output=self.include_stop_str_in_output,
-            best_of=self.best_of, guided=self.guided(), **self.loop_controls(),
+            best_of=self.best_of, guided=self.guided(), allowed_token_ids=self.allowed_token_ids,
+            truncate_prompt_tokens=self.truncate_prompt_tokens, truncation_side=self.truncation_side or "left",
+            **self.loop_controls(),
         )
 
     def guided_fields(self) -> list[tuple[str, dict]]:
@@ -370,6 +386,10 @@ class ChatCompletionRequest(_ToolFields, _SamplingFields):
                            "add_generation_prompt)")
     chat_template_kwargs: Optional[dict[str, Any]] = Field(
         None, description="vLLM: extra variables for the chat template (e.g. enable_thinking)")
+    chat_template: Optional[str] = Field(
+        None, description="vLLM: a Jinja chat template for this request (needs rlt-serve --trust-request-chat-template)")
+    documents: Optional[list[dict[str, str]]] = Field(
+        None, description="vLLM: documents for retrieval-augmented templates ({'title': ..., 'text': ...} each)")
     add_special_tokens: Optional[bool] = Field(False, description="vLLM: add the tokenizer's special tokens (e.g. BOS) "
                                                "to the rendered chat prompt")
     include_reasoning: Optional[bool] = Field(
@@ -506,6 +526,8 @@ class TokenizeRequest(_ToolFields, _Strict):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    chat_template: Optional[str] = None
+    documents: Optional[list[dict[str, str]]] = None
     tools: Optional[list[dict[str, Any]]] = None
 
 

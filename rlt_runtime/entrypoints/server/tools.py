@@ -8,18 +8,32 @@ structured-output machinery as `response_format`. `"required"` makes it a JSON a
 `parallel_tool_calls: false` limits that array to one call. `"none"` answers in text. `"auto"` (the
 default when tools are given) lets the model answer freely and parses the calls it writes, which
 needs a parser of the model's format (`--tool-call-parser`; without one, "auto" is a 400 naming
-tool_choice, as vLLM answers without `--enable-auto-tool-choice`). Parsers:
+tool_choice, as vLLM answers without `--enable-auto-tool-choice`). Parsers (vLLM's names):
 
 * ``hermes``: calls written as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Hermes,
-  Qwen and the templates that follow them); the text before the first call is the content. An
-  answer whose calls do not parse (cut short by a length limit) stays text.
+  Qwen and the templates that follow them); the text before the first call is the content.
+* ``llama3_json``: the answer is one or more ``{"name": ..., "parameters": {...}}`` objects
+  (``"arguments"`` is read too), separated by ``;``, optionally after ``<|python_tag|>`` (Llama 3.1
+  to 3.3). An answer that does not start with one is content.
+* ``pythonic``: the answer is a Python list of calls, ``[get_weather(city="Paris"), f()]`` (Llama
+  3.2 and 4), read with `ast` and never evaluated: keyword arguments only, their values literals
+  (strings, numbers, booleans, None, lists, dicts). Anything else is content.
+* ``mistral``: ``[TOOL_CALLS]`` then a JSON array of ``{"name": ..., "arguments": {...}}`` (Mistral);
+  the text before the marker is the content.
+
+An answer whose calls do not parse (cut short by a length limit) stays text, with no calls. Streamed,
+an answer's content goes out as soon as it cannot be part of a call: the text before a marker (the
+start of a possible marker held back), or for llama3_json and pythonic the whole answer once its
+first characters cannot begin a call.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import uuid
+from abc import ABC, abstractmethod
 from typing import Any, Optional
 
 from .protocol import ApiError
@@ -60,11 +74,6 @@ def check_tools(tools: Optional[list]) -> list[dict]:
                            "invalid_value")
         functions.append(fn)
     return functions
-
-
-TOOL_CALL_PARSERS = ("hermes",)
-HERMES_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
-HERMES_START = "<tool_call>"
 
 
 def resolve_choice(tool_choice: Any, functions: list[dict], parser: Optional[str] = None) -> Optional[str]:
@@ -116,21 +125,18 @@ def call_id() -> str:
     return f"chatcmpl-tool-{uuid.uuid4().hex}"
 
 
-def split_calls(choice: str, text: str) -> tuple[str, Optional[list[dict]]]:
-    """(content, OpenAI tool calls or None) of the answer `text` of a resolved tool choice. A call
-    is {"id", "type": "function", "function": {"name", "arguments": a JSON string}}. A named
-    function's call carries the text as is (also when a length limit cut it short); "required"
-    and "auto" text whose calls do not parse stays the content, with no calls."""
+def split_calls(choice: str, text: str, parser: Optional[ToolCallParser] = None) -> tuple[str, Optional[list[dict]]]:
+    """(content, OpenAI tool calls or None) of the answer `text` of a resolved tool choice ("auto"
+    text read by `parser`). A call is {"id", "type": "function", "function": {"name", "arguments":
+    a JSON string}}. A named function's call carries the text as is (also when a length limit cut
+    it short); "required" and "auto" text whose calls do not parse stays the content, with no calls."""
     if choice not in ("required", "auto"):
         return "", [_call(choice, text)]
     try:
         if choice == "required":
             return "", [_call(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in json.loads(text)]
-        if HERMES_START not in text:
-            return text, None
-        calls = [json.loads(body) for body in HERMES_CALL.findall(text)]
-        return text[:text.index(HERMES_START)], [_call(c["name"], _arguments(c.get("arguments", {}))) for c in calls]
-    except (json.JSONDecodeError, KeyError, TypeError):
+        return parser.split(text)
+    except UNPARSED:
         return text, None
 
 
@@ -149,10 +155,162 @@ def _call(name, arguments: str) -> dict:
     return {"id": call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def held_back(text: str) -> int:
-    """Characters at the end of streamed "auto" content that may begin a call marker (held back
-    until the next text says whether they do)."""
-    for n in range(min(len(HERMES_START) - 1, len(text)), 0, -1):
-        if HERMES_START.startswith(text[-n:]):
+def held_back(text: str, marker: str) -> int:
+    """Characters at the end of streamed "auto" content that may begin `marker` (held back until
+    the next text says whether they do)."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
             return n
     return 0
+
+
+# ---- parsers of the calls a model writes freely (tool_choice "auto") ----------------------------
+
+# Raised by calls that do not parse (ast.parse raises MemoryError on input nested too deeply).
+UNPARSED = (ValueError, KeyError, TypeError, SyntaxError, RecursionError, MemoryError)
+HERMES_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+PYTHON_TAG = "<|python_tag|>"
+PYTHONIC_START = re.compile(r"\s*(\[\s*([A-Za-z_]|\Z)|\Z)")  # blank, or a list whose first call may begin
+BLANKS = re.compile(r"\s*")
+
+
+class ToolCallParser(ABC):
+    """A format of the tool calls a model writes in its answer."""
+
+    @abstractmethod
+    def split(self, text: str) -> tuple[str, Optional[list[dict]]]:
+        """(content, calls) of a whole answer: (text, None) without calls; raises one of UNPARSED
+        when the calls it starts do not parse."""
+
+    @abstractmethod
+    def streamable(self, text: str) -> int:
+        """How many leading characters of an unfinished answer are content, whatever follows."""
+
+
+class _MarkedCalls(ToolCallParser):
+    """Calls after a marker; the text before the first marker is the content."""
+
+    marker: str
+
+    @abstractmethod
+    def calls(self, text: str) -> list[dict]:
+        """The calls written in `text`, which starts with the marker."""
+
+    def split(self, text: str) -> tuple[str, Optional[list[dict]]]:
+        at = text.find(self.marker)
+        return (text, None) if at < 0 else (text[:at], self.calls(text[at:]))
+
+    def streamable(self, text: str) -> int:
+        at = text.find(self.marker)
+        return at if at >= 0 else len(text) - held_back(text, self.marker)
+
+
+class _WholeAnswerCalls(ToolCallParser):
+    """Calls that are the whole answer (no content beside them); an answer whose first non-blank
+    characters cannot begin a call is content."""
+
+    @abstractmethod
+    def may_be_calls(self, text: str) -> bool:
+        """Whether `text` (an answer so far) is blank or starts as calls do."""
+
+    @abstractmethod
+    def calls(self, text: str) -> list[dict]:
+        """The calls that make up `text`."""
+
+    def split(self, text: str) -> tuple[str, Optional[list[dict]]]:
+        return ("", self.calls(text)) if self.may_be_calls(text) else (text, None)
+
+    def streamable(self, text: str) -> int:
+        return 0 if self.may_be_calls(text) else len(text)
+
+
+class Hermes(_MarkedCalls):
+    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (the last one may be unterminated)."""
+
+    marker = "<tool_call>"
+
+    def calls(self, text: str) -> list[dict]:
+        return [_json_call(json.loads(body)) for body in HERMES_CALL.findall(text)]
+
+
+class Mistral(_MarkedCalls):
+    """``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]``."""
+
+    marker = "[TOOL_CALLS]"
+
+    def calls(self, text: str) -> list[dict]:
+        written = json.loads(text[len(self.marker):])
+        if not isinstance(written, list) or not written:
+            raise TypeError("mistral tool calls must be a non-empty JSON array")
+        return [_json_call(call) for call in written]
+
+
+class Llama3Json(_WholeAnswerCalls):
+    """``{"name": ..., "parameters": {...}}; {...}``, optionally after ``<|python_tag|>``."""
+
+    def may_be_calls(self, text: str) -> bool:
+        start = text.lstrip()
+        return start.startswith("{") or PYTHON_TAG.startswith(start[:len(PYTHON_TAG)])
+
+    def calls(self, text: str) -> list[dict]:
+        body = text.lstrip().removeprefix(PYTHON_TAG)
+        decoder, calls, at = json.JSONDecoder(), [], 0
+        while True:
+            written, at = decoder.raw_decode(body, BLANKS.match(body, at).end())
+            key = "parameters" if "parameters" in written else "arguments"
+            calls.append(_call(written["name"], _arguments(written[key])))
+            at = BLANKS.match(body, at).end()
+            if at == len(body):
+                return calls
+            if body[at] != ";":
+                raise ValueError("llama3_json tool calls must be separated by ';'")
+            at += 1
+
+
+class Pythonic(_WholeAnswerCalls):
+    """``[get_weather(city="Paris"), f()]``: a Python list of calls, read and never evaluated."""
+
+    def may_be_calls(self, text: str) -> bool:
+        return PYTHONIC_START.match(text) is not None
+
+    def calls(self, text: str) -> list[dict]:
+        written = ast.parse(text.strip(), mode="eval").body
+        if not isinstance(written, ast.List) or not written.elts:
+            raise ValueError("pythonic tool calls must be a non-empty list of calls")
+        return [_python_call(node) for node in written.elts]
+
+
+def _json_call(written) -> dict:
+    """The call a JSON object {"name": ..., "arguments": {...}} writes (no "arguments": none)."""
+    return _call(written["name"], _arguments(written.get("arguments", {})))
+
+
+def _python_call(node: ast.expr) -> dict:
+    """The call `name(key=literal, ...)` written in Python."""
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args:
+        raise ValueError("a pythonic tool call must be name(key=value, ...)")
+    arguments = {}
+    for keyword in node.keywords:
+        if keyword.arg is None or keyword.arg in arguments:
+            raise ValueError("a pythonic tool call's arguments must be distinct keywords")
+        arguments[keyword.arg] = _literal(keyword.value)
+    return _call(node.func.id, json.dumps(arguments, ensure_ascii=False, allow_nan=False))
+
+
+def _literal(node: ast.expr):
+    """The JSON value of a Python literal: a string, number, boolean, None, list or dict with string keys."""
+    if isinstance(node, ast.Constant) and (node.value is None or type(node.value) in (str, int, float, bool)):
+        return node.value
+    if (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant)
+            and type(node.operand.value) in (int, float)):
+        return -node.operand.value
+    if isinstance(node, ast.List):
+        return [_literal(item) for item in node.elts]
+    if isinstance(node, ast.Dict) and all(isinstance(k, ast.Constant) and type(k.value) is str for k in node.keys):
+        return {k.value: _literal(v) for k, v in zip(node.keys, node.values)}
+    raise ValueError("a pythonic tool call's arguments must be literals")
+
+
+PARSERS: dict[str, ToolCallParser] = {"hermes": Hermes(), "llama3_json": Llama3Json(), "mistral": Mistral(),
+                                      "pythonic": Pythonic()}
+TOOL_CALL_PARSERS = tuple(PARSERS)
