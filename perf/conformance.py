@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 # with probability 1/2, so rows with and without it share batches); perf/conformance_case.py
 # builds and checks them.
 FEATURES = ("penalties", "bias-min-bad", "prompt-logprobs", "best-of", "guided")
-LATE_FEATURES = ("allowed-ids",)  # drawn after every other dimension (so the draws before them stay as they were)
+LATE_FEATURES = ("allowed-ids", "thinking-budget")  # drawn after every other dimension (so the draws before them stay as they were)
 COMPILE_EVERY = 20  # on CUDA, cases 5, 25, 45, ... run in compile mode (minutes of Inductor time each)
 FAILING = ("fail", "crash", "timeout")
 STATUSES = ("pass", "not-applicable", *FAILING, "not-run")
@@ -188,7 +188,7 @@ def crowd_case(index: int, seed: int) -> dict:
         exit_mode="ouro", exit_thresholds=[1.0, 0.6], sampling="mixed", logprobs=2, n=1, prefix_caching=True,
         max_num_seqs=64, max_num_batched_tokens=512, execution_mode="graphs", async_scheduling=True,
         cuda_graph_sizes=[8, 16, 32, 64], requests=60, max_tokens=8, gpu_memory_utilization=0.12,
-        workload_seed=rng.randrange(2**31), features=["bias-min-bad", "penalties", "allowed-ids"],
+        workload_seed=rng.randrange(2**31), features=["bias-min-bad", "penalties", "allowed-ids", "thinking-budget"],
     ))
 
 

@@ -20,14 +20,15 @@ Equalities checked (the ones docs/design.md and README.md promise):
   counts must be the same, which the matrix guarantees: see `perf.conformance`);
 * requests that draw the case's per-request features (`perf.conformance.FEATURES` and
   `LATE_FEATURES`: penalties, logit_bias + min_tokens + bad_words, prompt_logprobs, best_of > n,
-  guided decoding, allowed_token_ids) take part in
+  guided decoding, allowed_token_ids, thinking_token_budget: those prompts end with `<think>`) take
+  part in
   the comparison with all their outputs (prompt log-probabilities included: the crowd's chunking
   and the alone engine's differ), FP8 weights and K/V (quantization / kv_cache_dtype) too;
 * fp32 greedy requests produce the fp64 dense reference's tokens and exit depths (its argmax taken
   over `reference_logit_processing` of each step's logits for requests with logit processing;
-  guided requests and FP8 cases are left out, they have no fp64 counterpart);
+  guided and thinking-budget requests and FP8 cases are left out, they have no fp64 counterpart);
 * every guided sample ends with the grammar ("stop") and its text matches the regex or parses as
-  JSON of the schema;
+  JSON of the schema; every unguided thinking-budget sample starts `</think>` by its budget;
 * with `split_keys` (64-key attention ranges and a shared preamble that carries every request past
   one range) the same equalities hold where decode and prefill attention split their keys;
 * the block/slot invariants hold after every step, the KV pool is full again at the end, no graph
@@ -102,7 +103,10 @@ def build_workload(case: dict, vocab: int) -> list[Work]:
             exit_threshold=rng.choice(case["exit_thresholds"]) if case["exit_thresholds"] else 1.0,
             min_loops=2 if loops else None, max_loops=3 if loops else None,
         )
-        work.append(Work(f"r{i}", preamble + prompt, rng.randrange(0, 6), with_features(params, case, frng, hi)))
+        params = with_features(params, case, frng, hi)
+        if params.thinking_token_budget is not None:
+            prompt = prompt + think_markers(case["model"])[0]
+        work.append(Work(f"r{i}", preamble + prompt, rng.randrange(0, 6), params))
     return work
 
 
@@ -139,6 +143,8 @@ def with_features(params, case: dict, rng: random.Random, hi: int):
         fields["best_of"] = params.n + rng.choice([1, 2])
     if "allowed-ids" in feats and not guided:
         fields["allowed_token_ids"] = sorted(rng.sample(range(3, hi), 16))
+    if "thinking-budget" in feats:
+        fields["thinking_token_budget"] = rng.choice([0, 1, 3])
     return SamplingParams(**fields)
 
 
@@ -321,9 +327,31 @@ def feature_counts(work: list[Work]) -> dict:
     has = {"penalties": lambda p: p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty,
            "bias-min-bad": lambda p: p.logit_bias is not None, "prompt-logprobs": lambda p: p.prompt_logprobs is not None,
            "best-of": lambda p: p.num_samples > p.n, "guided": lambda p: p.guided is not None,
-           "allowed-ids": lambda p: p.allowed_token_ids is not None}
+           "allowed-ids": lambda p: p.allowed_token_ids is not None,
+           "thinking-budget": lambda p: p.thinking_token_budget is not None}
     counts = {name: sum(bool(test(w.params)) for w in work) for name, test in has.items()}
     return {name: n for name, n in counts.items() if n}
+
+
+def think_markers(model: str) -> tuple[list[int], list[int]]:
+    """The token ids of `<think>` and `</think>` in the preset's built-in tokenizer (the engine's)."""
+    from rlt_runtime.engine.thinking_budget import THINK_END, THINK_START
+    from rlt_runtime.models.presets import preset_config
+    from rlt_runtime.models.tokenizer import builtin_tokenizer
+
+    tok = builtin_tokenizer(preset_config(model))
+    return tok.encode(THINK_START, add_special_tokens=False), tok.encode(THINK_END, add_special_tokens=False)
+
+
+def budget_problem(budget: int, end: list[int], sample: dict) -> str:
+    """'' when a sample of a prompt ending in `<think>` closes its reasoning in time: the end marker
+    `end` (or as much of it as the output holds) starts at an output position <= `budget`."""
+    out = sample["token_ids"]
+    for j in range(min(budget, len(out)) + 1):
+        piece = out[j:j + len(end)]
+        if piece == end[:len(piece)] and (piece or j == len(out)):
+            return ""
+    return f"no </think> starts by output position {budget}: {out}"
 
 
 def guided_problem(guided, sample: dict) -> str:
@@ -468,8 +496,17 @@ def run_case(case: dict) -> dict:
                 problems.append(f"{w.request_id} sample {i} (guided): {bad}")
     if guided:
         checks.append(f"{len(guided)} guided requests end with their grammar and match it")
+    budgeted = [w for w in work if w.params.thinking_token_budget is not None and w.params.guided is None]
+    end = think_markers(case["model"])[1] if budgeted else None
+    for w in budgeted:
+        for i, sample in enumerate(got[w.request_id]):
+            bad = budget_problem(w.params.thinking_token_budget, end, sample)
+            if bad:
+                problems.append(f"{w.request_id} sample {i} (thinking budget): {bad}")
+    if budgeted:
+        checks.append(f"{len(budgeted)} budgeted requests close their reasoning by the budget")
     if case["dtype"] == "float32" and case["quantization"] is None and case["kv_cache_dtype"] == "auto":
-        greedy = [w for w in work if w.params.greedy and w.params.guided is None
+        greedy = [w for w in work if w.params.greedy and w.params.guided is None and w.params.thinking_token_budget is None
                   and not (w.params.num_samples > w.params.n and preset_config(case["model"]).family == "huginn")]
         for w in greedy:
             diff = reference_difference(case, w, keys[w.request_id], got[w.request_id])

@@ -74,6 +74,9 @@ class SamplingParams:
     ``truncate_prompt_tokens`` = k keeps the last k prompt tokens (the first k with
     ``truncation_side`` "right"); -1 keeps as many as the context takes with room for one output
     token (max_model_len - 1). ``RequestOutput.prompt`` is then the kept tokens' text.
+    ``thinking_token_budget`` (vLLM's) ends the reasoning after that many tokens: once the text
+    after the last open ``<think>`` (in the prompt or the output) holds them, the next tokens are
+    forced to ``</think>`` (engine/thinking_budget.py); None or -1: no limit.
     ``trace_id`` keys this request in exit traces: the entry replayed with exit_mode="trace" and
     the key `record_exit_trace` writes (default: the request id).
     """
@@ -109,6 +112,7 @@ class SamplingParams:
     allowed_token_ids: Optional[list[int]] = None
     truncate_prompt_tokens: Optional[int] = None
     truncation_side: str = "left"
+    thinking_token_budget: Optional[int] = None
     stop_list: list[str] = field(init=False, repr=False, default_factory=list)
     _stop_automaton: Optional[StopAutomaton] = field(init=False, repr=False, compare=False, default=None)
 
@@ -161,6 +165,11 @@ class SamplingParams:
             self.truncate_prompt_tokens)
         _check(self.truncation_side in ("left", "right"), "truncation_side", "'left' (keep the last tokens) or 'right'",
                self.truncation_side)
+        _check(self.thinking_token_budget is None or (_is_int(self.thinking_token_budget) and (
+            -1 <= self.thinking_token_budget <= MAX_INT32)), "thinking_token_budget",
+            f"None, -1 (no limit) or an integer in 0..{MAX_INT32}", self.thinking_token_budget)
+        if self.thinking_token_budget == -1:
+            self.thinking_token_budget = None
         _check(self.trace_id is None or (isinstance(self.trace_id, str) and self.trace_id != ""), "trace_id",
                "None or a non-empty string", self.trace_id)
 

@@ -887,6 +887,42 @@ MUTANTS = (
         ("tests/server/test_vllm_request_extensions.py::test_return_tokens_as_token_ids",),
         "return_tokens_as_token_ids leaves the logprobs' tokens as text",
     ),
+    Mutant(
+        "thinking-budget-off-by-one", "rlt_runtime/engine/thinking_budget.py",
+        "if not s.thinking or s.count < self.budget:",
+        "if not s.thinking or s.count <= self.budget:",
+        ("tests/runtime/test_thinking_budget.py::test_greedy_tokens_are_the_reference_forced_after_the_budget",),
+        "the reasoning gets one token more than thinking_token_budget",
+    ),
+    Mutant(
+        "thinking-budget-ignores-the-prompts-reasoning", "rlt_runtime/engine/thinking_budget.py",
+        "count = len(prompt_ids) - opened - len(self.start) if thinking else 0",
+        "count = 0",
+        ("tests/runtime/test_thinking_budget.py::test_the_prompt_s_open_reasoning_counts",),
+        "reasoning tokens already in the prompt do not count against the budget",
+    ),
+    Mutant(
+        "thinking-end-marker-restarted", "rlt_runtime/engine/thinking_budget.py",
+        "return self.end[k]",
+        "return self.end[0]",
+        ("tests/runtime/test_thinking_budget.py::test_greedy_tokens_are_the_reference_forced_after_the_budget",),
+        "a forced end marker of several tokens never completes (its first token is forced again and again)",
+    ),
+    Mutant(
+        "thinking-budget-rollback-keeps-the-drafts", "rlt_runtime/engine/thinking_budget.py",
+        "self.state = self._history.pop()",
+        "self._history.pop()",
+        ("tests/runtime/test_thinking_budget.py::test_rollback_restores_the_state",
+         "tests/runtime/test_thinking_budget.py::test_budgeted_requests_alone_in_a_crowd_and_under_speculation"),
+        "checked drafts stay counted after the rollback, so speculation forces the end marker early",
+    ),
+    Mutant(
+        "thinking-budget-overrides-the-grammar", "rlt_runtime/engine/thinking_budget.py",
+        "if token is not None and (int(bitmask[row, token // 32]) >> (token % 32)) & 1:",
+        "if token is not None:",
+        ("tests/runtime/test_thinking_budget.py::test_a_grammar_is_narrowed_to_the_forced_token_only_where_it_allows_it",),
+        "the forced end marker replaces a grammar's row even where the grammar refuses it",
+    ),
 )
 
 

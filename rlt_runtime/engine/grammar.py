@@ -20,8 +20,6 @@ import json
 import re
 from collections import OrderedDict
 
-import torch
-
 from ..errors import ConfigError, RequestError
 from ..guided_decoding import GuidedDecoding
 
@@ -116,14 +114,7 @@ class GrammarBackend:
         return self.compiler.compile_structural_tag(items, list(tag["triggers"]))
 
     def matcher(self, compiled, stop_token_ids):
-        """A fresh matcher at the start of the grammar; it ends on any of `stop_token_ids`."""
+        """A fresh matcher at the start of the grammar; it ends on any of `stop_token_ids`. Its
+        `fill_next_token_bitmask(bitmask, row)` writes the tokens it accepts next into row `row`
+        of an int32 [rows, ceil(vocab / 32)] bitmask (`token_mask.new_bitmask`)."""
         return self.xgr.GrammarMatcher(compiled, override_stop_tokens=list(stop_token_ids))
-
-    def new_bitmask(self, rows: int) -> torch.Tensor:
-        """An int32 [rows, ceil(vocab / 32)] CPU bitmask for `fill`."""
-        return self.xgr.allocate_token_bitmask(rows, self.vocab_size)
-
-    @staticmethod
-    def fill(matcher, bitmask: torch.Tensor, row: int) -> None:
-        """Row `row` of `bitmask`: the tokens the matcher accepts next."""
-        matcher.fill_next_token_bitmask(bitmask, row)

@@ -27,7 +27,7 @@ from ..config import HUGINN_CRITERION_DEFAULTS, EngineConfig
 from ..errors import ConfigError, RequestError
 from ..executor.executor import build_executor
 from ..executor.model_runner import StepHandle
-from ..executor.token_mask import allowed_words, restrict
+from ..executor.token_mask import allowed_words, new_bitmask, restrict
 from ..executor.ops import check_flash_setup
 from ..executor.worker import WorkerSpec
 from ..models import load_model
@@ -40,6 +40,7 @@ from .request import Request
 from .scheduler import Scheduler
 from .step_builder import StepBuilder
 from .text import TextTracker
+from .thinking_budget import THINK_END, THINK_START, ThinkingBudget
 
 logger = logging.getLogger("rlt")
 
@@ -316,7 +317,9 @@ class LLMEngine:
         if grammar is not None and params.allowed_token_ids is not None:
             allowed = allowed_words(params.allowed_token_ids, self.model_config.vocab_size)
         # Synthetic acceptance commits drafts the grammar never checked: guided rows do not draft there.
-        drafts = self.policy is not None and params.speculative and (grammar is None or not self._synthetic)
+        think_markers = self._think_markers() if params.thinking_token_budget is not None else None
+        hosted = grammar is not None or think_markers is not None  # a host matcher decides its masks
+        drafts = self.policy is not None and params.speculative and (not hosted or not self._synthetic)
         for i in range(params.num_samples):
             key = sample_key(params.seed, i) if params.seed is not None else unseeded_key(self.cfg.seed, arrival, i)
             req = Request(
@@ -326,7 +329,7 @@ class LLMEngine:
                 depth_limit=min(params.max_loops or self.depth, self.depth), min_loops=params.min_loops or 1,
                 group_id=request_id, sample_index=i, prompt=text, trace_depths=trace,
                 draft=self.policy.new_state(max_tokens) if drafts else None,
-                matcher=self._grammars.matcher(grammar, grammar_stops) if grammar is not None else None,
+                matcher=self._matcher(grammar, grammar_stops, params.thinking_token_budget, think_markers, ids),
                 allowed_words=allowed,
             )
             req.metrics = RequestMetrics(arrival_time=now, num_prompt_tokens=len(ids))
@@ -337,6 +340,20 @@ class LLMEngine:
         self._prompts[request_id] = text
         for req in group:
             self.scheduler.add(req)
+
+    def _matcher(self, grammar, grammar_stops: list[int], budget: Optional[int], think_markers, prompt_ids: list[int]):
+        """A new sequence's host matcher: its grammar's, wrapped by its thinking budget; None without either."""
+        matcher = self._grammars.matcher(grammar, grammar_stops) if grammar is not None else None
+        if budget is not None:
+            matcher = ThinkingBudget(budget, *think_markers, prompt_ids, matcher)
+        return matcher
+
+    def _think_markers(self) -> tuple[list[int], list[int]]:
+        """The token ids of the reasoning's start and end markers (RequestError without a tokenizer)."""
+        if self.tokenizer is None:
+            raise RequestError("thinking_token_budget: this checkpoint has no tokenizer, which the reasoning markers "
+                               "need")
+        return [self.tokenizer.encode(m, add_special_tokens=False) for m in (THINK_START, THINK_END)]
 
     def _compile_guided(self, params: SamplingParams):
         """The compiled grammar of params.guided (RequestError naming its field when it does not compile)."""
@@ -365,12 +382,10 @@ class LLMEngine:
     def _masks(self, rows: list[Request]):
         """int32 [len(rows), ceil(vocab / 32)] CPU bitmasks of the rows' next tokens; a request that
         has finished allows every token (its row's sample is discarded)."""
-        masks = self._grammars.new_bitmask(len(rows))
+        masks = new_bitmask(len(rows), self.model_config.vocab_size)
         for i, r in enumerate(rows):
-            if r.finished:
-                masks[i] = -1
-            else:
-                self._grammars.fill(r.matcher, masks, i)
+            if not r.finished:
+                r.matcher.fill_next_token_bitmask(masks, i)
                 restrict(masks[i:i + 1], r.allowed_words)
         return masks
 
@@ -392,9 +407,8 @@ class LLMEngine:
         out = {}
         for key, tokens in drafted.items():
             matcher = live[key].matcher
-            masks = self._grammars.new_bitmask(len(tokens) + 1)
-            masks.fill_(-1)
-            self._grammars.fill(matcher, masks, 0)
+            masks = new_bitmask(len(tokens) + 1, self.model_config.vocab_size)
+            matcher.fill_next_token_bitmask(masks, 0)
             taken = 0
             for token in tokens:
                 if not matcher.accept_token(token):
@@ -402,7 +416,7 @@ class LLMEngine:
                 taken += 1
                 if matcher.is_terminated():  # a drafted EOS ends the grammar (and the request, if accepted)
                     break
-                self._grammars.fill(matcher, masks, taken)
+                matcher.fill_next_token_bitmask(masks, taken)
             matcher.rollback(taken)
             restrict(masks, live[key].allowed_words)
             out[key] = masks

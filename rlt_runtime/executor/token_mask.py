@@ -32,6 +32,11 @@ def allowed_words(token_ids, vocab_size: int) -> torch.Tensor:
     return torch.from_numpy(np.packbits(bits, bitorder="little").view(np.int32).copy())
 
 
+def new_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
+    """int32 [rows, ceil(vocab_size / 32)] CPU bitmask allowing every token (matchers fill its rows)."""
+    return torch.full((rows, -(-vocab_size // 32)), -1, dtype=torch.int32)
+
+
 def restrict(masks: torch.Tensor, allowed) -> None:
     """AND the bitmask rows `masks` (int32 [B, W], CPU) with `allowed` (int32 [W] or None) in place;
     a row the two leave empty keeps its own bits (the grammar wins over a request's own bans)."""

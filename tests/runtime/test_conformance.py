@@ -11,13 +11,13 @@ import pytest
 from perf.conformance import FEATURES, LATE_FEATURES, classify, complete, matrix, run_matrix
 import perf.conformance as conformance
 import perf.conformance_case as conformance_case
-from perf.conformance_case import (alone_options, build_workload, engine_options, guided_problem, reference_difference,
-                                   run_alone, run_crowd)
+from perf.conformance_case import (alone_options, budget_problem, build_workload, engine_options, guided_problem,
+                                   reference_difference, run_alone, run_crowd)
 from rlt_runtime import LLM, ConfigError, GuidedDecoding, SamplingParams
 from rlt_runtime.models.presets import preset_config
 
 OURO = dict(model="ouro-tiny", sampling="mixed", logprobs=2, n=2, requests=4, max_tokens=4, tiny_pool=2,
-            prefill_chunk_size=3, async_scheduling=True, exit_thresholds=[1.0, 0.6], workload_seed=1,
+            prefill_chunk_size=3, async_scheduling=True, exit_thresholds=[1.0, 0.6], workload_seed=9,
             features=[*FEATURES, *LATE_FEATURES], kv_cache_dtype="fp8", split_keys=64)
 HUGINN = dict(model="huginn-tiny", kv_layout="last_exited", last_exited_reads="copy", exit_mode="latent-diff",
               exit_criterion_threshold=1.2, exit_thresholds=[], requests=2, max_tokens=4, workload_seed=3,
@@ -44,6 +44,7 @@ def test_runner_passes_real_cases_and_fails_on_planted_faults(tmp_path):
     drawn = next(c for c in ouro["checks"] if c.startswith("requests with features: "))
     assert all(f in drawn for f in (*FEATURES, *LATE_FEATURES)), drawn  # every feature ran in the crowd (FP8 K/V too)
     assert any(c.endswith("guided requests end with their grammar and match it") for c in ouro["checks"])
+    assert any(c.endswith("budgeted requests close their reasoning by the budget") for c in ouro["checks"])
     crossing = next(c for c in ouro["checks"] if c.endswith("requests reach past one 64-key attention range"))
     assert int(crossing.split()[0]) >= 2, crossing  # the preamble carries requests past one range
     assert huginn["status"] == "pass", huginn
@@ -155,3 +156,16 @@ def test_a_slow_crowd_reports_its_progress(monkeypatch, capsys):
 ])
 def test_guided_check(guided, sample, ok):
     assert (guided_problem(GuidedDecoding.from_value(guided), sample) == "") == ok
+
+
+@pytest.mark.parametrize("budget,tokens,ok", [
+    (2, [9, 9, 3, 4, 5, 7], True),  # forced at the budget
+    (2, [9, 3, 4, 5], True),  # closed by the model before it
+    (2, [9, 9, 3], True),  # cut short inside the marker
+    (0, [], True),
+    (2, [9, 9, 9, 3, 4], False),  # one token late
+    (2, [9, 9, 3, 5], False),  # the marker broken off
+    (3, [9, 9], True),
+])
+def test_budget_check(budget, tokens, ok):
+    assert (budget_problem(budget, [3, 4, 5], {"token_ids": tokens}) == "") == ok

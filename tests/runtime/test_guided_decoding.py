@@ -17,7 +17,8 @@ pytest.importorskip("xgrammar")
 
 from rlt_runtime import LLM, GuidedDecoding, SamplingParams  # noqa: E402
 from rlt_runtime.errors import ConfigError, RequestError  # noqa: E402
-from rlt_runtime.executor.token_mask import TokenMask, allowed_words, apply_token_bitmask, restrict  # noqa: E402
+from rlt_runtime.executor.token_mask import (  # noqa: E402
+    TokenMask, allowed_words, apply_token_bitmask, new_bitmask, restrict)
 from test_logit_processing import _drive  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
@@ -389,8 +390,8 @@ def test_draft_checks_mask_each_verify_position_and_roll_back():
         return m
 
     def mask(m):
-        out = eng._grammars.new_bitmask(1)
-        eng._grammars.fill(m, out, 0)
+        out = new_bitmask(1, eng.model_config.vocab_size)
+        m.fill_next_token_bitmask(out, 0)
         return out[0]
 
     committed = ids("a")

@@ -295,6 +295,19 @@ def test_template_field_errors_name_the_field(thinking, body, param, text):
     assert err["param"] == param and text in err["message"]
 
 
+def test_thinking_token_budget_ends_the_reasoning(thinking):
+    """The prompt's reasoning holds one token ("\n" after <think>): with a budget of 2 the model
+    writes "a", then "</think>" is forced and the model goes on after it ("OK")."""
+    message = _chat(thinking, thinking_token_budget=2).choices[0].message
+    assert (message.reasoning_content, message.content) == ("a", "OK")
+    assert _streamed(_chat(thinking, stream=True, thinking_token_budget=2)) == ("a", "OK")
+    message = _chat(thinking, thinking_token_budget=-1).choices[0].message  # no limit
+    assert (message.reasoning_content, message.content) == ("ab", "OK")
+    resp = httpx.post(thinking.url + "/v1/chat/completions",
+                      json={"model": MODEL, "messages": USER, "thinking_token_budget": -2})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "thinking_token_budget"
+
+
 def test_include_reasoning_false_leaves_the_reasoning_out(thinking):
     message = _chat(thinking, include_reasoning=False).choices[0].message
     assert (message.reasoning_content, message.content) == (None, "OK")

@@ -13,7 +13,7 @@ string: bias in [-100, 100]}) and `best_of`: vLLM's `top_k`, `min_p`, `stop_toke
 output (`guided_*`, `structural_tag`, `structured_outputs`, `response_format` on completions too) and, on
 chat, `add_generation_prompt`, `continue_final_message`, `chat_template_kwargs`, `chat_template` (with
 `--trust-request-chat-template`) and `documents`; `allowed_token_ids`, `truncate_prompt_tokens` with
-`truncation_side`, and `return_tokens_as_token_ids`. Chat answers carry
+`truncation_side`, `thinking_token_budget` and `return_tokens_as_token_ids`. Chat answers carry
 `reasoning_content` when a reasoning parser runs (reasoning.py), and `tool_calls` when `tools` and a
 `tool_choice` ask for them (tools.py).
 Every response choice (and streamed chunk choice) carries rlt's `exit_depths`: the loops each
@@ -139,6 +139,8 @@ class _SamplingFields(_LoopFields):
                                                "with room for one output token)")
     truncation_side: Optional[Literal["left", "right"]] = Field(
         None, description="vLLM: with truncate_prompt_tokens, 'left' (default) keeps the last tokens, 'right' the first")
+    thinking_token_budget: Optional[int] = Field(
+        None, ge=-1, le=MAX_INT32, description="vLLM: reasoning tokens before </think> is forced (-1: no limit)")
     return_tokens_as_token_ids: Optional[bool] = Field(
         None, description="vLLM: logprobs name tokens as 'token_id:N' (also rlt-serve --return-tokens-as-token-ids)")
     structured_outputs: Optional[dict[str, Any]] = Field(
@@ -205,6 +207,7 @@ class _SamplingFields(_LoopFields):
             skip_special_tokens=self.skip_special_tokens, include_stop_str_in_output=self.include_stop_str_in_output,
             best_of=self.best_of, guided=self.guided(), allowed_token_ids=self.allowed_token_ids,
             truncate_prompt_tokens=self.truncate_prompt_tokens, truncation_side=self.truncation_side or "left",
+            thinking_token_budget=self.thinking_token_budget,
             **self.loop_controls(),
         )
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-THINK_START, THINK_END = "<think>", "</think>"
+from ...engine.thinking_budget import THINK_END, THINK_START
 REASONING_PARSERS = ("think", "deepseek_r1", "none")
 
 
