@@ -24,6 +24,10 @@ from ..errors import ConfigError, RequestError
 from ..guided_decoding import GuidedDecoding
 
 CACHE_GRAMMARS = 256  # compiled grammars kept (least recently used dropped first)
+# xgrammar (0.2.9 and before) writes a JSON-schema string with minLength/maxLength as a repetition
+# of this class, which admits raw control characters U+0000-U+001F; JSON forbids them (RFC 8259)
+# and strict parsers (Python's json.loads) refuse them. Its other strings use the second class.
+BOUNDED_STRING_CHAR, JSON_STRING_CHAR = r'[^\"\\\r\n]', r'[^\0-\x1f\"\\]'
 _LOCATION = re.compile(r"^\[[^\]]*\]\s*\S+:\d+:\s*")  # "[time] /path/file.cc:123: " before xgrammar's messages
 
 
@@ -85,7 +89,10 @@ class GrammarBackend:
         whitespace between tokens but the fixed separators)."""
         Grammar = self.xgr.Grammar
         if kind in ("json", "json_object"):
-            return Grammar.from_json_schema(text if kind == "json" else '{"type": "object"}', any_whitespace=False)
+            grammar = Grammar.from_json_schema(text if kind == "json" else '{"type": "object"}', any_whitespace=False)
+            ebnf = str(grammar)  # its length-bounded strings take JSON's characters only (see BOUNDED_STRING_CHAR)
+            return Grammar.from_ebnf(ebnf.replace(BOUNDED_STRING_CHAR, JSON_STRING_CHAR)) \
+                if BOUNDED_STRING_CHAR in ebnf else grammar
         if kind == "regex":
             return Grammar.from_regex(text)
         if kind == "choice":

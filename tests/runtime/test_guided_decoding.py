@@ -122,6 +122,18 @@ def test_json_schema_output_parses_and_validates(llm, temperature):
     _check_schema(json.loads(out.text))
 
 
+def test_length_bounded_strings_hold_no_raw_control_characters(llm):
+    """xgrammar writes strings with minLength/maxLength with a class that admits U+0000-U+001F
+    (JSON forbids them); the grammars compiled here do not, so strict json.loads takes every output."""
+    schema = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 5},
+                                               "r": {"type": "string", "minLength": 1, "maxLength": 3}},
+              "required": ["q", "r"], "additionalProperties": False}
+    params = [SamplingParams(max_tokens=40, temperature=1.0, seed=s, guided={"json": schema}) for s in range(8)]
+    for out in llm.generate(["Look"] * 8, params, use_tqdm=False):
+        value = json.loads(out.outputs[0].text)  # strict: raw control characters in a string fail
+        assert isinstance(value["q"], str) and value["r"]
+
+
 def test_unguided_output_is_not_json(llm):
     """The check above has teeth: the random-weight model writes garbage without the mask."""
     out = llm.generate(["Answer:"], SamplingParams(max_tokens=24, temperature=1.0, seed=7), use_tqdm=False)[0].outputs[0]

@@ -106,7 +106,7 @@ BASE = {"model": MODEL, "input": "hi", "max_output_tokens": 2}
      "tool_choice", "invalid_value"),
     (dict(BASE, tools=[{"type": "function", "name": "f"}], tool_choice="required",
           text={"format": {"type": "json_object"}}), "tool_choice", "invalid_value"),
-    (dict(BASE, previous_response_id="resp_1"), "previous_response_id", "unsupported"),
+    (dict(BASE, conversation="conv_1"), "conversation", "unsupported"),
     (dict(BASE, input=[{"type": "item_reference", "id": "x"}]), "input[0].type", "unsupported"),
     (dict(BASE, input=[{"type": "function_call_output", "output": "1"}]), "input[0].call_id", "invalid_value"),
     (dict(BASE, input=[{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{x"}]),

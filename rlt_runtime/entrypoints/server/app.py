@@ -45,6 +45,7 @@ from .json_body import parse_json_body
 from .preparation import Preparer
 from .reasoning import (REASONING_PARSERS, THINK_END, THINK_START, ReasoningSplitter, prompt_opens_reasoning,
                         template_mentions_thinking)
+from .response_store import ResponseStore, StoredResponse, input_items_page
 from .responses import ResponseObject, Responses, ResponsesRequest
 from .tools import PARSERS, TOOL_CALL_PARSERS, call_id, split_calls
 from .worker import EngineWorker, GenerationStream, WorkerUnavailable
@@ -79,6 +80,8 @@ class ServerConfig:
     chat_template: Optional[str] = None  # a Jinja chat template used instead of the checkpoint's own
     trust_request_chat_template: bool = False  # requests may bring their own chat_template (else 400)
     return_tokens_as_token_ids: bool = False  # logprobs name tokens as "token_id:N" for every request
+    responses_store_size: int = 1024  # stored responses (previous_response_id, GET /v1/responses/{id}); 0: none
+    responses_store_mib: int = 256  # ... and at most this many MiB of their JSON
     reasoning_parser: Optional[str] = None  # think, deepseek_r1 or none; None: think if the template writes <think>
     tool_call_parser: Optional[str] = None  # one of TOOL_CALL_PARSERS: tool_choice "auto" reads the calls; None: 400
 
@@ -93,6 +96,10 @@ class ServerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("responses_store_size", "responses_store_mib"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{name} must be a non-negative integer (0: no stored responses), got {value!r}")
         if self.max_connections is not None and (not isinstance(self.max_connections, int)
                                                  or isinstance(self.max_connections, bool) or self.max_connections < 1):
             raise ConfigError(f"max_connections must be a positive integer or None, got {self.max_connections!r}")
@@ -161,6 +168,21 @@ def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLM
     async def responses(request: Request) -> Response:
         return await serving.responses(request)
 
+    @app.get("/v1/responses/{response_id}", response_model=None, responses=ERROR_RESPONSES)
+    async def stored_response(response_id: str) -> JSONResponse:
+        return JSONResponse(serving.stored(response_id).response)
+
+    @app.delete("/v1/responses/{response_id}", response_model=None, responses=ERROR_RESPONSES)
+    async def delete_response(response_id: str) -> JSONResponse:
+        serving.stored(response_id)
+        serving.stored_responses.delete(response_id)
+        return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
+
+    @app.get("/v1/responses/{response_id}/input_items", response_model=None, responses=ERROR_RESPONSES)
+    async def response_input_items(response_id: str, limit: int = 20, order: str = "desc",
+                                   after: Optional[str] = None) -> JSONResponse:
+        return JSONResponse(input_items_page(serving.stored(response_id).input_items, limit, order, after))
+
     @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
     async def models() -> ModelList:
         return ModelList(data=[serving.model_card()])
@@ -204,7 +226,7 @@ def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLM
     app.add_middleware(_Guard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
                        body_timeout=config.body_timeout)
     if config.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["*"])
     return app
 
@@ -261,6 +283,7 @@ class _Serving:
         self.preparer = Preparer(config.prepare_threads, config.max_pending_preparations)
         self._token_strs: dict[int, tuple[str, int]] = {}
         self._reasoning_parser: Optional[str] = None
+        self.stored_responses = ResponseStore(config.responses_store_size, config.responses_store_mib << 20)
 
     # ---- identity and access ---------------------------------------------------------------------
     def engine(self) -> LLMEngine:
@@ -493,7 +516,15 @@ class _Serving:
     def _prepare_responses(self, body: ResponsesRequest) -> tuple[list[dict], object]:
         tok = self.tokenizer("responses")
         body.use_tool_parser(self.config.tool_call_parser)
-        text = self._render(tok, body.messages(), True, False, None, body.rendered_tools())
+        earlier = None
+        if body.previous_response_id is not None:
+            earlier = self.stored_responses.conversation(body.previous_response_id)
+            if earlier is None:
+                raise ApiError(404, f"previous_response_id: no stored response {body.previous_response_id!r} (or one "
+                               f"before it in its chain: the server keeps the {self.config.responses_store_size} most "
+                               "recent, and none across restarts)", "previous_response_id",
+                               "previous_response_not_found")
+        text = self._render(tok, body.messages(earlier), True, False, None, body.rendered_tools())
         params = self.sampling_params(lambda: body.sampling_params(tuple(tok.chat_stop_token_ids)))
         prompts = self._rendered_prompt(tok, text, "input", params)
         self.check_room(prompts, body.max_output_tokens, "max_output_tokens")
@@ -510,6 +541,15 @@ class _Serving:
                                                                or prompt_opens_reasoning(prompt)):
             params = dataclasses.replace(params, guided=dataclasses.replace(params.guided, after=THINK_END))
         return dataclasses.replace(params, skip_special_tokens=False) if body.tool_call == "auto" else params
+
+    def stored(self, response_id: str) -> StoredResponse:
+        """The stored response `response_id` (404 naming it when it is not stored)."""
+        entry = self.stored_responses.get(response_id)
+        if entry is None:
+            raise ApiError(404, f"no stored response {response_id!r} (responses are stored with store: true, the "
+                           f"{self.config.responses_store_size} most recent, none across restarts)", "response_id",
+                           "not_found")
+        return entry
 
     def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
         if body.model is not None:
@@ -999,7 +1039,8 @@ class _ResponsesFormat(_ChatFormat):
 
     def __init__(self, serving: _Serving, body, prompts: list[dict]):
         super().__init__(serving, body, prompts)
-        self.build = Responses(body, self.model)
+        self.build = Responses(body, self.model, stored=body.store is not False and serving.stored_responses.enabled)
+        self.input_items = body.input_items()
         named = self.tool not in (None, "required", "auto")
         # A named function's call streams as its arguments come: its item, with the ids output() keeps.
         self.named_call = self.build.function_call_item(
@@ -1043,8 +1084,14 @@ class _ResponsesFormat(_ChatFormat):
             "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens(c, reasoning)}}
 
     def response(self, outputs: list[RequestOutput]) -> ResponseObject:
-        items, status, usage = self.output(outputs[0])
-        return ResponseObject(**self.build.response(items, status, usage))
+        return ResponseObject(**self.finished(*self.output(outputs[0])))
+
+    def finished(self, items: list[dict], status: str, usage: dict) -> dict:
+        """The finished response object, stored when the request asks (`store`)."""
+        response = self.build.response(items, status, usage)
+        if self.build.stored:
+            self.serving.stored_responses.put(response, self.input_items)
+        return response
 
     async def events(self, stream: GenerationStream) -> AsyncIterator[bytes]:
         b = self.build
@@ -1082,7 +1129,7 @@ class _ResponsesFormat(_ChatFormat):
             for event in streaming.close(status, message=message) + streaming.function_calls(calls):
                 yield sse(event)
             kind = "response.completed" if status == "completed" else "response.incomplete"
-            yield sse(b.event(kind, response=b.response(items, status, usage)))
+            yield sse(b.event(kind, response=self.finished(items, status, usage)))
         except ApiError as err:
             yield sse(b.event("error", code=err.code, message=err.message, param=err.param))
 

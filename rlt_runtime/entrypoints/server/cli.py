@@ -72,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds from the end of a request head to the end of its body, else 408, closed (default 30)")
     p.add_argument("--max-connections", type=int, default=None,
                    help="open connections; more get 503 and are closed (default: from the open-file limit, see docs)")
+    p.add_argument("--responses-store-size", type=int, default=1024,
+                   help="Responses API responses kept for previous_response_id and GET /v1/responses/{id}, the most "
+                   "recent first (default 1024; 0: none)")
+    p.add_argument("--responses-store-mib", type=int, default=256,
+                   help="... and at most this many MiB of their JSON (default 256)")
     p.add_argument("--chat-template", default=None,
                    help="Jinja chat template (a file path, or the template inline) used instead of the checkpoint's own")
     p.add_argument("--trust-request-chat-template", action="store_true",
@@ -181,6 +186,7 @@ def main(argv=None) -> int:
             chat_template=None if args.chat_template is None else load_chat_template(args.chat_template),
             reasoning_parser=args.reasoning_parser, tool_call_parser=args.tool_call_parser,
             trust_request_chat_template=args.trust_request_chat_template,
+            responses_store_size=args.responses_store_size, responses_store_mib=args.responses_store_mib,
             return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         )
         if args.enable_auto_tool_choice and args.tool_call_parser is None:

@@ -18,6 +18,10 @@ Streamed, the events are OpenAI's: `response.created`, `response.in_progress`, f
 `response.output_item.done`, then `response.completed` (or `response.incomplete`) carrying the
 whole response, every event numbered by `sequence_number`.
 
+A response is stored (`store`, OpenAI's default true; response_store.py): `previous_response_id`
+continues its conversation, and GET /v1/responses/{id}, DELETE /v1/responses/{id} and GET
+/v1/responses/{id}/input_items read or drop it.
+
 Function tools (`{"type": "function", "name", "description", "parameters", "strict"}`) and
 `tool_choice` (`"none"`, `"auto"`, `"required"`, `{"type": "function", "name"}`) work as on chat
 completions (tools.py): the calls come as `function_call` output items (after the message item when
@@ -25,9 +29,8 @@ an "auto" answer wrote text first); streamed, a named function's arguments grow 
 and the calls of "required" and "auto" come whole when the answer ends. Earlier `function_call`
 items and `function_call_output` items come back as input.
 
-Not supported (a 400 naming the field unless neutral): tools other than functions,
-`previous_response_id` and `conversation` (this server stores no responses: `store` is accepted and
-ignored), stored `prompt`s, `background`, `truncation: "auto"`, `top_logprobs` and `include` of
+Not supported (a 400 naming the field unless neutral): tools other than functions, `conversation`
+objects, stored `prompt`s, `background`, `truncation: "auto"`, `top_logprobs` and `include` of
 output logprobs, and other input items or parts other than text.
 """
 
@@ -73,7 +76,8 @@ class ResponsesRequest(_ToolFields, _LoopFields):
     include: Optional[list[str]] = None
     truncation: Optional[str] = None
     background: Optional[bool] = None
-    previous_response_id: Optional[str] = None
+    previous_response_id: Optional[str] = Field(None, min_length=1, description="continue a stored response")
+    store: Optional[bool] = Field(True, description="keep the response for previous_response_id and GET (default)")
     conversation: Optional[Union[str, dict[str, Any]]] = None
     prompt: Optional[dict[str, Any]] = None
     top_logprobs: Optional[int] = None
@@ -108,10 +112,11 @@ class ResponsesRequest(_ToolFields, _LoopFields):
 
     def check_neutral(self) -> None:
         """400s naming what this server does not do (see the module docstring)."""
-        for name in ("previous_response_id", "conversation", "prompt"):
+        for name in ("conversation", "prompt"):
             if getattr(self, name) is not None:
-                raise ApiError(400, f"{name} is not supported by this server: it stores no responses or prompts "
-                               "(only null is accepted)", name, "unsupported")
+                raise ApiError(400, f"{name} is not supported by this server: it stores no conversations or prompts "
+                               "(only null is accepted; previous_response_id continues a stored response)", name,
+                               "unsupported")
         if self.background:
             raise unsupported("background", "null or false")
         if self.truncation not in (None, "disabled"):
@@ -124,19 +129,33 @@ class ResponsesRequest(_ToolFields, _LoopFields):
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed when stream is true", "stream_options")
 
-    def messages(self) -> list[dict]:
-        """The conversation as the chat template takes it (`chat_messages`), instructions first. An
+    def input_items(self) -> list[dict]:
+        """`input` as a list of items, each with an id (a string is one user message)."""
+        if isinstance(self.input, str):
+            return [{"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "user",
+                     "content": [{"type": "input_text", "text": self.input}]}]
+        if not self.input:
+            raise ApiError(400, "input must be a string or a non-empty list of message items", "input")
+        prefix = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+        return [item if "id" in item else {"id": f"{prefix.get(item.get('type', 'message'), 'item')}_{uuid.uuid4().hex}",
+                                           **item} for item in self.input]
+
+    def messages(self, earlier: Optional[list[dict]] = None) -> list[dict]:
+        """The conversation as the chat template takes it (`chat_messages`): instructions first, the
+        `earlier` items (a stored conversation's, which the input continues), then the input. An
         earlier response's function calls join the assistant message before them (or make one), and
         a function_call_output item is a tool message."""
-        items = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
-        if not items:
+        own = [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
+        if not own:
             raise ApiError(400, "input must be a string or a non-empty list of message items", "input")
+        items = [*(earlier or ()), *own]
+        first = len(items) - len(own)  # items before it are named previous_response_id's
         raw = [({"role": "system", "content": self.instructions}, "instructions")] if self.instructions is not None \
             else []
         reasoning = None  # a reasoning item's text, for the assistant message that follows it
         calls_join = False  # whether a function call joins the last message (an assistant's, just before)
         for i, item in enumerate(items):
-            where = f"input[{i}]"
+            where = f"input[{i - first}]" if i >= first else "previous_response_id"
             kind = item.get("type", "message")
             if kind == "reasoning":
                 reasoning = (reasoning or "") + _reasoning_text(item, where)
@@ -258,8 +277,9 @@ class ResponseObject(BaseModel):
 class Responses:
     """Builds one request's response object, its output items and its streamed events."""
 
-    def __init__(self, body: ResponsesRequest, model: str):
-        self.body, self.model = body, model
+    def __init__(self, body: ResponsesRequest, model: str, stored: bool = False):
+        """stored: whether the finished response is kept (echoed as `store`)."""
+        self.body, self.model, self.stored = body, model, stored
         self.id = f"resp_{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.reasoning_id, self.message_id = f"rs_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
@@ -291,8 +311,8 @@ class Responses:
             "parallel_tool_calls": body.parallel_tool_calls is not False,
             "tool_choice": body.tool_choice or ("auto" if body.tools else "none"), "tools": body.tools or [],
             "text": body.text or {"format": {"type": "text"}},
-            "reasoning": body.reasoning, "truncation": "disabled", "store": False, "background": False,
-            "metadata": None, "previous_response_id": None,
+            "reasoning": body.reasoning, "truncation": "disabled", "store": self.stored, "background": False,
+            "metadata": None, "previous_response_id": body.previous_response_id,
         }
 
     def event(self, kind: str, **fields) -> ResponseObject:
