@@ -96,6 +96,17 @@ class BlockPool:
             self._refs[b] += 1
         return planes
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix block (their K/V no longer matches, e.g. after new weights):
+        idle ones go back to the free list, referenced ones are freed when released. Returns the
+        entries dropped."""
+        dropped = len(self._cached)
+        for _ in range(len(self._idle)):
+            self._evict_one()
+        self._cached.clear()
+        self._block_hash.clear()
+        return dropped
+
     def peek(self, block_hash: int) -> bool:
         return block_hash in self._cached
 

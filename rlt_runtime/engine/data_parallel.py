@@ -29,7 +29,7 @@ from ..errors import ConfigError, ReplicaError, RequestError
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from .llm_engine import tokenize_prompt
-from .replica import InProcessReplica, Replica
+from .replica import InProcessReplica, Replica, reset_prefix_cache, update_weights
 from .routing import Router
 
 logger = logging.getLogger("rlt")
@@ -295,6 +295,14 @@ class DataParallelEngine:
             self._settle(request_id, tracked, out)
             outs.append(self._delta(tracked, out) if deltas else out)
         return outs
+
+    # ---- weights and the prefix cache ---------------------------------------------------------------
+    def update_weights(self, weights) -> None:
+        """`LLMEngine.update_weights` on every replica (replica.py)."""
+        update_weights(self.replicas, bool(self._tracked), weights)
+
+    def reset_prefix_cache(self) -> int:
+        return reset_prefix_cache(self.replicas)
 
     # ---- stats and lifecycle ------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -49,7 +49,7 @@ from .kv_transfer import (
 )
 from .llm_engine import tokenize_prompt
 from .process_replica import STATS_INTERVAL_S, ChildHooks, ProcessReplica
-from .replica import Replica
+from .replica import Replica, call_engine, reset_prefix_cache, update_weights
 from .wire import output_to_dict
 
 logger = logging.getLogger("rlt")
@@ -145,6 +145,13 @@ class DisaggregatedEngine:
         self._arrivals = itertools.count()
         self._failures_handled: set[str] = set()
         self.num_handoffs = 0
+
+    def update_weights(self, weights) -> None:
+        """`LLMEngine.update_weights` on both roles' engines (replica.py)."""
+        update_weights(self.workers, bool(self._tracked), weights)
+
+    def reset_prefix_cache(self) -> int:
+        return reset_prefix_cache(self.workers)
 
     @property
     def workers(self) -> list[Replica]:
@@ -350,6 +357,9 @@ class InProcessRole(Replica):
 
     def stats(self):
         return self.engine.stats()
+
+    def call(self, method, *args):
+        return call_engine(self.engine, method, *args)
 
     def shutdown(self):
         self.engine.shutdown()  # a tensor-parallel engine's rank processes

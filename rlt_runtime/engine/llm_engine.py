@@ -517,6 +517,23 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work() or self._pending is not None
 
+    # ---- weights and the prefix cache ---------------------------------------------------------------
+    @_on_device
+    def update_weights(self, weights) -> None:
+        """Replace the model's weights in place (models/weight_update.py), e.g. after a training step:
+        `weights` are (hf_name, tensor) pairs of a whole checkpoint (every name, each shape, as a
+        checkpoint is checked; any dtype and device). Needs an engine without unfinished requests
+        (RequestError). The prefix cache is reset: its K/V came from the old weights."""
+        if self.has_unfinished_requests():
+            raise RequestError("update_weights needs an idle engine: finish or abort the running requests first")
+        self.executor.update_weights(list(weights))
+        self.reset_prefix_cache()
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prompt prefix (blocks in use are freed when released); returns the
+        cached blocks dropped."""
+        return self.kv.pool.reset_prefix_cache()
+
     # ---- the step ------------------------------------------------------------------------------
     @_on_device
     def step(self, final_only: bool = False, deltas: bool = False) -> list[RequestOutput]:

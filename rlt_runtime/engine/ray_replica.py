@@ -43,7 +43,7 @@ from .. import errors
 from ..config import EngineConfig, step_time_limit
 from ..outputs import RequestOutput
 from .process_replica import STATS_INTERVAL_S, _error
-from .replica import Replica
+from .replica import ENGINE_CALLS, Replica
 from .wire import output_from_dict, output_to_dict, params_from_dict, params_to_dict
 
 logger = logging.getLogger("rlt")
@@ -174,6 +174,16 @@ class EngineActor:
             except errors.RltError as exc:
                 return None, (type(exc).__name__, str(exc))
         return (None if out is None else output_to_dict(out)), None
+
+    def call(self, method: str, args: tuple) -> tuple:
+        """(the engine method's result, None), or (None, (error class, message)); method: one of ENGINE_CALLS."""
+        if method not in ENGINE_CALLS:
+            return None, ("ValueError", f"method must be one of {ENGINE_CALLS}, got {method!r}")
+        with self._engine_lock:
+            try:
+                return getattr(self._engine, method)(*args), None
+            except errors.RltError as exc:
+                return None, (type(exc).__name__, str(exc))
 
     def set_final_only(self, value: bool) -> None:
         self._final_only = bool(value)
@@ -319,6 +329,12 @@ class RayReplica(Replica):
 
     def stats(self):
         return self._stats
+
+    def call(self, method, *args):
+        result, error = self._call(self.actor.call, method, args)
+        if error is not None:
+            raise _error(*error)
+        return result
 
     def describe(self) -> dict:
         return dict(super().describe(), node=self.info.get("node"), actor_id=self.info.get("actor_id"))

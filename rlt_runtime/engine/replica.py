@@ -17,8 +17,34 @@ from __future__ import annotations
 import abc
 from typing import Optional
 
+from ..errors import RequestError
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
+
+ENGINE_CALLS = ("update_weights", "reset_prefix_cache")  # LLMEngine methods `Replica.call` runs
+
+
+def update_weights(replicas: list["Replica"], busy: bool, weights) -> None:
+    """`LLMEngine.update_weights` on every live replica of a front end (each gets the whole set of
+    CPU tensors); RequestError while the front end has requests (`busy`)."""
+    if busy:
+        raise RequestError("update_weights needs an idle engine: finish or abort the running requests first")
+    weights = [(name, t.detach().cpu()) for name, t in weights]
+    for replica in replicas:
+        if replica.alive:
+            replica.call("update_weights", weights)
+
+
+def reset_prefix_cache(replicas: list["Replica"]) -> int:
+    """`LLMEngine.reset_prefix_cache` on every live replica; the cached blocks dropped in all."""
+    return sum(r.call("reset_prefix_cache") for r in replicas if r.alive)
+
+
+def call_engine(engine, method: str, *args):
+    """`engine.method(*args)` for a method of ENGINE_CALLS (ValueError for any other)."""
+    if method not in ENGINE_CALLS:
+        raise ValueError(f"method must be one of {ENGINE_CALLS}, got {method!r}")
+    return getattr(engine, method)(*args)
 
 
 class Replica(abc.ABC):
@@ -65,6 +91,11 @@ class Replica(abc.ABC):
         """The replica engine's latest `stats()`."""
 
     @abc.abstractmethod
+    def call(self, method: str, *args):
+        """Run the engine method `method` (one of ENGINE_CALLS) on the replica's engine and return
+        its result; the engine's errors are raised here."""
+
+    @abc.abstractmethod
     def shutdown(self) -> None:
         """Stop the replica and free its resources (idempotent)."""
 
@@ -100,6 +131,9 @@ class InProcessReplica(Replica):
 
     def stats(self):
         return self.engine.stats()
+
+    def call(self, method, *args):
+        return call_engine(self.engine, method, *args)
 
     def shutdown(self):
         self.engine.shutdown()

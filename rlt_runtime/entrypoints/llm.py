@@ -121,6 +121,16 @@ class LLM:
                   for p in _per_prompt(sampling_params, len(prompts))]
         return self.generate(prompts, params, use_tqdm=use_tqdm)
 
+    def update_weights(self, weights) -> None:
+        """Replace the model's weights in place with a whole checkpoint's, e.g. after a training
+        step: `weights` are (hf_name, tensor) pairs (a state dict's `.items()`), checked as a
+        checkpoint's are. Call it between `generate` calls; the prefix cache is reset."""
+        self.engine.update_weights(weights)
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prompt prefix; returns the cached blocks dropped."""
+        return self.engine.reset_prefix_cache()
+
     def stats(self) -> dict:
         return self.engine.stats()
 

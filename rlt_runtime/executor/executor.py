@@ -45,6 +45,10 @@ class Executor:
     def graph_stats(self) -> dict:
         raise NotImplementedError
 
+    def update_weights(self, weights: list) -> None:
+        """Every worker loads `weights` ((hf_name, tensor) pairs, a whole checkpoint's) in place of its own."""
+        raise NotImplementedError
+
     def worker_processes(self) -> list[dict]:
         """The worker processes: [{"rank", "pid", "device"}], empty when the worker runs in the engine's process."""
         return []
@@ -86,6 +90,9 @@ class UniprocExecutor(Executor):
 
     def graph_stats(self) -> dict:
         return self.worker.graph_stats()
+
+    def update_weights(self, weights: list) -> None:
+        self.worker.update_weights(weights)
 
     def export_swapped(self, step: StepInput) -> list:
         return self.worker.export_swapped(step)

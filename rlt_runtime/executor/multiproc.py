@@ -287,6 +287,10 @@ class MultiprocExecutor(Executor):
     def graph_stats(self) -> dict:
         return self._call("graph_stats")[0]
 
+    def update_weights(self, weights: list) -> None:
+        """Every rank gets the whole set (CPU tensors travel through shared memory) and keeps its shard."""
+        self._call("update_weights", [(name, t.detach().cpu()) for name, t in weights])
+
     def export_swapped(self, step: StepInput) -> list:
         """Every rank swaps out its heads; each sequence's copies (K, V, key depths) come back whole:
         the ranks' K and V joined along the K/V heads (dim 3), as one engine would hold them."""

@@ -17,8 +17,9 @@ import time
 import types
 
 import pytest
+import torch
 
-from rlt_runtime import ConfigError, EngineConfig, LLM
+from rlt_runtime import ConfigError, EngineConfig, LLM, SamplingParams
 from rlt_runtime.engine.data_parallel import DataParallelEngine
 from rlt_runtime.engine.llm_engine import LLMEngine
 from rlt_runtime.engine.ray_replica import actor_gpus, placement
@@ -190,6 +191,29 @@ def test_ray_replicas_match_one_engine_bit_for_bit(ray_cluster):
         llm.engine.shutdown()
 
 
+@pytest.mark.slow
+def test_ray_replicas_take_new_weights(ray_cluster):
+    """update_weights reaches every replica actor: greedy tokens of the engine built with the weights."""
+    from rlt_runtime.models.presets import preset_config, preset_weights
+
+    engine = DataParallelEngine("ouro-tiny", data_parallel_size=2, distributed_executor="ray", **OPTIONS)
+    try:
+        weights = dict(preset_weights(preset_config("ouro-tiny"), seed=1, dtype=torch.float32))
+        engine.update_weights(weights.items())
+        params = SamplingParams(max_tokens=6, temperature=0, seed=2, ignore_eos=True)
+        prompts = [[5, 6, 7, 8], list(range(20, 40))]
+        for i, prompt in enumerate(prompts):
+            engine.add_request(f"w{i}", prompt, params)
+        got = {rid: out.outputs[0].token_ids for rid, out in _finish_within(engine, 120).items()}
+        want = LLM("ouro-tiny", seed=0, **OPTIONS)
+        want.update_weights(weights.items())
+        assert got == {f"w{i}": o.outputs[0].token_ids for i, o in enumerate(want.generate(prompts, params,
+                                                                                            use_tqdm=False))}
+        assert engine.reset_prefix_cache() >= 1 and engine.reset_prefix_cache() == 0  # the 20-token prompt's block
+    finally:
+        engine.shutdown()
+
+
 def _finish_within(engine, seconds: float) -> dict:
     """_finish_all, failing instead of hanging when a dead replica's requests never end."""
     done, deadline = {}, time.monotonic() + seconds
@@ -349,6 +373,7 @@ def test_ray_data_batch_writes_one_engines_outputs_in_input_order(ray_cluster, t
     """rlt-batch over a JSON lines file, two engine actors, batches of 3: every line is, in input
     order, what one engine gives the whole list, down to unseeded samples (a result out of place,
     or a prompt run without its input position as arrival index, breaks this)."""
+    pytest.importorskip("ray.data", reason="Ray Data needs ray[data] (pandas, pyarrow)")
     from rlt_runtime.entrypoints.ray_batch import build_parser, main
     from rlt_runtime.entrypoints.cli import sampling_params
 

@@ -124,3 +124,15 @@ def test_the_server_option_names_every_request_by_id(start_server, offline):
         ids, lp = _completion_tokens(live)
         chat_ids, chat_lp = _chat_tokens(live)
         _check_named_by_id(ids, lp, chat_ids, chat_lp, lambda t: offline.tokenizer.decode([t], skip_special_tokens=False))
+
+
+def test_reset_prefix_cache(server, start_server):
+    prompt = list(range(3, 40))  # two full 16-token blocks are cached after it runs
+    assert _post(server, "/v1/completions", dict(prompt=prompt, max_tokens=1)).status_code == 200
+    first = httpx.post(server.url + "/reset_prefix_cache", timeout=60)
+    assert first.status_code == 200 and first.json()["blocks_dropped"] > 0
+    assert httpx.post(server.url + "/reset_prefix_cache", timeout=60).json()["blocks_dropped"] == 0
+    with start_server(api_key="secret") as live:  # behind the API key, as /v1/* is
+        assert httpx.post(live.url + "/reset_prefix_cache", timeout=60).status_code == 401
+        assert httpx.post(live.url + "/reset_prefix_cache", headers={"Authorization": "Bearer secret"},
+                          timeout=60).status_code == 200

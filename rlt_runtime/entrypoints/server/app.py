@@ -50,7 +50,7 @@ from .responses import ResponseObject, Responses, ResponsesRequest
 from .tools import PARSERS, TOOL_CALL_PARSERS, call_id, split_calls
 from .worker import EngineWorker, GenerationStream, WorkerUnavailable
 
-PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/reset_prefix_cache")
 ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 503, 504)}
 REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest)
 logger = logging.getLogger("rlt.server")
@@ -203,6 +203,13 @@ def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLM
     async def detokenize(request: Request) -> DetokenizeResponse:
         body = await serving.parse(request, DetokenizeRequest)
         return await serving.preparer.run(serving.detokenize, body)
+
+    @app.post("/reset_prefix_cache", responses=ERROR_RESPONSES)
+    async def reset_prefix_cache() -> JSONResponse:
+        """vLLM's: forget every cached prompt prefix (e.g. after the weights changed)."""
+        serving.engine()  # (503 while the engine is not ready)
+        dropped = await asyncio.wrap_future(worker.call(lambda engine: engine.reset_prefix_cache()))
+        return JSONResponse({"blocks_dropped": dropped})
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> Response:

@@ -1,0 +1,163 @@
+"""LLM.update_weights (models/weight_update.py) and reset_prefix_cache: after new weights an engine
+gives, bit for bit, what an engine built with them gives (greedy and seeded sampling, logprobs),
+with its weight tensors still at their addresses (what captured CUDA graphs read); the prefix cache
+no longer serves the old weights' K/V; FP8 weights, Huginn, tensor-parallel ranks and
+data-parallel replicas (in process and in processes) take the update too; bad sets and busy
+engines are refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlt_runtime import LLM, RequestError, SamplingParams
+from rlt_runtime.cache.block_pool import BlockPool
+from rlt_runtime.engine.data_parallel import DataParallelEngine
+from rlt_runtime.errors import CheckpointError
+from rlt_runtime.models.checkpoint import save_checkpoint
+from rlt_runtime.models.presets import preset_config, preset_weights
+from rlt_runtime.models.tokenizer import builtin_tokenizer
+
+OPTIONS = dict(dtype="float32", device="cpu", max_num_seqs=4, block_size=16)
+SHARED = list(range(3, 35))  # two full 16-token blocks: the prefix cache keeps them
+PROMPTS = [SHARED + [40, 41, 42], list(range(60, 75)), SHARED + [50]]
+PARAMS = [SamplingParams(max_tokens=6, temperature=0, seed=2, logprobs=2, ignore_eos=True),  # (Huginn's initial
+          # state of an unseeded request depends on its arrival number: every request here is seeded)
+          SamplingParams(max_tokens=6, temperature=1.0, seed=7, logprobs=1, ignore_eos=True),
+          SamplingParams(max_tokens=5, temperature=0.8, seed=3, ignore_eos=True)]
+
+
+def _new_weights(model: str, seed: int = 1):
+    return dict(preset_weights(preset_config(model), seed=seed, dtype=torch.float32))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """built(model): a checkpoint of `_new_weights(model)`, for an engine built with them (same
+    engine seed as the updated one: Huginn's initial states and unseeded keys come from it)."""
+    paths = {}
+
+    def get(model: str) -> str:
+        if model not in paths:
+            cfg = preset_config(model)
+            paths[model] = str(tmp_path_factory.mktemp(model))
+            save_checkpoint(paths[model], cfg, _new_weights(model), tokenizer=builtin_tokenizer(cfg))
+        return paths[model]
+
+    return get
+
+
+def _results(llm) -> list:
+    """PROMPTS under PARAMS on an LLM, or on an engine (stepped here)."""
+    if isinstance(llm, LLM):
+        outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+    else:
+        for i, (prompt, params) in enumerate(zip(PROMPTS, PARAMS)):
+            llm.add_request(str(i), prompt, params)
+        done = {}
+        while llm.has_unfinished_requests():
+            done.update((int(o.request_id), o) for o in llm.step(final_only=True))
+        outs = [done[i] for i in range(len(PROMPTS))]
+    return [[(c.token_ids, c.exit_depths, None if c.logprobs is None else [(lp.logprob, sorted(lp.top.items()))
+                                                                            for lp in c.logprobs]) for c in o.outputs]
+            for o in outs]
+
+
+def _tensors(model) -> list[torch.Tensor]:
+    found = []
+
+    def walk(value):
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+        elif hasattr(value, "__dataclass_fields__"):
+            for name in value.__dataclass_fields__:
+                walk(getattr(value, name))
+
+    for value in vars(model).values():
+        walk(value)
+    return found
+
+
+@pytest.mark.parametrize("model,quantization", [("ouro-tiny", None), ("huginn-tiny", None), ("ouro-tiny", "fp8")])
+def test_new_weights_give_what_an_engine_built_with_them_gives(built, model, quantization):
+    opts = dict(OPTIONS, quantization=quantization) if quantization else OPTIONS
+    llm = LLM(model, **opts)
+    before = _results(llm)  # also fills the prefix cache with the old weights' K/V
+    live = llm.engine.executor.worker.model
+    addresses = [t.data_ptr() for t in _tensors(live)]
+    llm.update_weights(_new_weights(model).items())
+    want = _results(LLM(built(model), **opts))
+    assert want != before  # new weights change the outputs: the check has teeth
+    assert _results(llm) == want
+    assert [t.data_ptr() for t in _tensors(live)] == addresses  # written in place
+
+
+def test_the_prefix_cache_is_reset():
+    llm = LLM("ouro-tiny", **OPTIONS)
+    _results(llm)
+    llm.generate([SHARED + [99]], PARAMS[0], use_tqdm=False)
+    hits = llm.stats()["prefix_cache_hits"]
+    assert hits > 0  # the shared blocks are cached
+    llm.update_weights(_new_weights("ouro-tiny").items())
+    llm.generate([SHARED + [98]], PARAMS[0], use_tqdm=False)
+    assert llm.stats()["prefix_cache_hits"] == hits  # nothing cached before the update is served
+    assert llm.reset_prefix_cache() > 0 and llm.reset_prefix_cache() == 0
+    llm.engine.check_invariants()
+
+
+def test_bad_weight_sets_and_busy_engines_are_refused(built):
+    llm = LLM("ouro-tiny", **OPTIONS)
+    weights = _new_weights("ouro-tiny")
+    missing = {k: v for k, v in weights.items() if k != "model.norm.weight"}
+    with pytest.raises(CheckpointError, match="model.norm.weight"):
+        llm.update_weights(missing.items())
+    wrong = dict(weights, **{"lm_head.weight": weights["lm_head.weight"][:-1]})
+    with pytest.raises(CheckpointError, match="tensor .lm_head.weight. has shape \\[319, 64\\], expected \\[320, 64\\]"):
+        llm.update_weights(wrong.items())
+    llm.engine.add_request("busy", [5, 6, 7], SamplingParams(max_tokens=2))
+    with pytest.raises(RequestError, match="idle engine"):
+        llm.update_weights(weights.items())
+    llm.engine.abort_request("busy")
+    llm.update_weights(weights.items())  # idle again
+    assert _results(llm) == _results(LLM(built("ouro-tiny"), **OPTIONS))
+
+
+def test_tensor_parallel_ranks_take_their_shards(built):
+    llm = LLM("ouro-tiny", tensor_parallel_size=2, seed=0, **dict(OPTIONS, max_num_seqs=4))
+    try:
+        llm.update_weights(_new_weights("ouro-tiny").items())
+        one = LLM(built("ouro-tiny"), tensor_parallel_size=2, **OPTIONS)
+        try:
+            assert _results(llm) == _results(one)
+        finally:
+            one.engine.shutdown()
+    finally:
+        llm.engine.shutdown()
+
+
+@pytest.mark.parametrize("backend", ["inprocess", "process"])
+def test_data_parallel_replicas_take_the_update(built, backend):
+    engine = DataParallelEngine("ouro-tiny", data_parallel_size=2, backend=backend, seed=0, **OPTIONS)
+    try:
+        engine.update_weights(_new_weights("ouro-tiny").items())
+        assert engine.reset_prefix_cache() == 0  # (the update reset it)
+        assert _results(engine) == _results(LLM(built("ouro-tiny"), **OPTIONS))
+    finally:
+        engine.shutdown()
+
+
+def test_reset_drops_idle_entries_and_frees_referenced_ones_on_release():
+    pool = BlockPool(6)
+    blocks = pool.allocate(4)
+    pool.publish(11, (blocks[0], blocks[1]))
+    pool.publish(12, (blocks[2], blocks[3]))
+    pool.release(blocks[:2])  # entry 11 idle, entry 12 still referenced
+    assert pool.reset_prefix_cache() == 2
+    pool.check_invariant()
+    assert pool.lookup(11) is None and pool.lookup(12) is None
+    pool.release(blocks[2:])
+    pool.check_invariant()
+    assert pool.num_free == 6 and pool.allocate(6) is not None
