@@ -80,6 +80,11 @@ def _on_device(method):
     return wrapper
 
 
+def eos_token_ids(tokenizer, model_config) -> tuple[int, ...]:
+    """The end-of-sequence ids: the tokenizer's, else the checkpoint config's."""
+    return tuple(tokenizer.eos_token_ids if tokenizer is not None else model_config.eos_token_ids)
+
+
 def tokenize_prompt(prompt, tokenizer) -> tuple[Optional[str], list[int]]:
     """(text or None, token ids) of an engine prompt: a string (encoded by `tokenizer`), a token-id
     list, {"prompt_token_ids": [...], "prompt": optional text} (vLLM's TokensPrompt) or {"prompt":
@@ -131,7 +136,7 @@ class LLMEngine:
                                                                tokenizer=cfg.tokenizer, revision=cfg.revision,
                                                                download_dir=cfg.download_dir)
         mc = self.model_config
-        self._eos = tuple(self.tokenizer.eos_token_ids if self.tokenizer is not None else mc.eos_token_ids)
+        self._eos = eos_token_ids(self.tokenizer, mc)
         self.family = mc.family
         depth = cfg.num_loops or mc.num_loops
         if depth > mc.max_supported_loops:

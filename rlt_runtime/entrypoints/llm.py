@@ -7,8 +7,10 @@ import itertools
 from collections.abc import Mapping
 from typing import Optional, Sequence, Union
 
+from ..beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, round_params
 from ..chat_messages import template_messages
 from ..engine.data_parallel import build_engine
+from ..engine.llm_engine import eos_token_ids, tokenize_prompt
 from ..errors import RequestError
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
@@ -47,12 +49,7 @@ class LLM:
         RequestError naming `prompts` or `sampling_params`. trace_ids (one per prompt) set each
         prompt's SamplingParams.trace_id: the exit-trace entry it replays or is recorded under.
         """
-        if not isinstance(prompts, (str, dict, list, tuple)):
-            raise RequestError("prompts must be a string, a list of token ids, a {'prompt_token_ids': [...]} or "
-                               f"{{'prompt': text}} dict, or a list of these; got {type(prompts).__name__}")
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
+        prompts = _prompt_list(prompts)
         params = _per_prompt(sampling_params, len(prompts))
         if trace_ids is not None:
             if isinstance(trace_ids, str) or len(trace_ids) != len(prompts):
@@ -121,6 +118,28 @@ class LLM:
                   for p in _per_prompt(sampling_params, len(prompts))]
         return self.generate(prompts, params, use_tqdm=use_tqdm)
 
+    def beam_search(self, prompts: Union[PromptType, Sequence[PromptType]], params: BeamSearchParams) -> list[
+            BeamSearchOutput]:
+        """vLLM's `LLM.beam_search` (rlt_runtime/beam_search.py): the best `params.beam_width`
+        beams of each prompt (prompts as `generate` takes them), best first. The searches of all
+        prompts advance together, each round one batch of one-token requests."""
+        prompts = _prompt_list(prompts)
+        engine = self.engine
+        eos = eos_token_ids(engine.tokenizer, engine.model_config)
+        searches = [BeamSearch(tokenize_prompt(p, engine.tokenizer)[1], params, eos, engine.max_model_len)
+                    for p in prompts]
+        while True:
+            rounds = [s.pending() for s in searches]
+            batch = [{"prompt_token_ids": ids} for beams in rounds for ids in beams]
+            if not batch:
+                break
+            outs = iter(self.generate(batch, round_params(params), use_tqdm=False))
+            for search, beams in zip(searches, rounds):
+                if beams:
+                    search.advance([next(outs) for _ in beams])
+        decode = (lambda ids: engine.tokenizer.decode(ids)) if engine.tokenizer is not None else (lambda ids: None)
+        return [s.result(decode) for s in searches]
+
     def update_weights(self, weights) -> None:
         """Replace the model's weights in place with a whole checkpoint's, e.g. after a training
         step: `weights` are (hf_name, tensor) pairs (a state dict's `.items()`), checked as a
@@ -146,3 +165,14 @@ def _per_prompt(sampling_params, count: int) -> list[SamplingParams]:
     if len(sampling_params) != count:
         raise RequestError(f"got {len(sampling_params)} sampling_params for {count} prompts")
     return list(sampling_params)
+
+
+def _prompt_list(prompts) -> list:
+    """One prompt (a string, token ids or a dict) or a list of them, as a list (RequestError naming
+    `prompts` for anything else)."""
+    if not isinstance(prompts, (str, dict, list, tuple)):
+        raise RequestError("prompts must be a string, a list of token ids, a {'prompt_token_ids': [...]} or "
+                           f"{{'prompt': text}} dict, or a list of these; got {type(prompts).__name__}")
+    if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
+        prompts = [prompts]
+    return list(prompts)

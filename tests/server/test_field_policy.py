@@ -69,7 +69,7 @@ def test_unknown_names_are_rejected_by_name(server, path, body, name):
 
 
 @pytest.mark.parametrize("name,neutral,other", [
-    ("use_beam_search", False, True), ("guided_whitespace_pattern", None, "[ ]*"), ("length_penalty", 1.0, 2.0),
+    ("guided_whitespace_pattern", None, "[ ]*"),
     ("logprob_token_ids", [], [1]), ("prompt_embeds", None, "AAAA"),
     ("repetition_detection", None, {"max_pattern_size": 4}),
     ("max_repetition_pattern_size", 0, 4), ("repetition_min_count", 0, 3),
@@ -81,9 +81,9 @@ def test_neutral_only_fields(server, name, neutral, other):
 
 
 def test_a_declared_field_wins_over_the_lists():
-    assert field_policy.apply_field_policy({"use_beam_search": True, "store": 1}, {"use_beam_search", "store"}) == {
-        "use_beam_search": True, "store": 1}
-    assert field_policy.apply_field_policy({"use_beam_search": False, "store": 1, "x": 2}, set()) == {"x": 2}
+    assert field_policy.apply_field_policy({"prompt_embeds": True, "store": 1}, {"prompt_embeds", "store"}) == {
+        "prompt_embeds": True, "store": 1}
+    assert field_policy.apply_field_policy({"prompt_embeds": None, "store": 1, "x": 2}, set()) == {"x": 2}
 
 
 def test_continuous_usage_needs_include_usage(server):

@@ -1,6 +1,6 @@
 """vLLM's request extensions over HTTP: allowed_token_ids, truncate_prompt_tokens with
-truncation_side, and return_tokens_as_token_ids (per request or rlt-serve
---return-tokens-as-token-ids). Outputs are compared with the offline engine given the same
+truncation_side, return_tokens_as_token_ids (per request or rlt-serve
+--return-tokens-as-token-ids), use_beam_search with length_penalty, and POST /reset_prefix_cache. Outputs are compared with the offline engine given the same
 SamplingParams (or the truncated prompt itself); bad values are 400s naming the field."""
 
 from __future__ import annotations
@@ -136,3 +136,30 @@ def test_reset_prefix_cache(server, start_server):
         assert httpx.post(live.url + "/reset_prefix_cache", timeout=60).status_code == 401
         assert httpx.post(live.url + "/reset_prefix_cache", headers={"Authorization": "Bearer secret"},
                           timeout=60).status_code == 200
+
+
+def test_beam_search_answers_with_the_offline_searchs_beams(server, offline):
+    from rlt_runtime.beam_search import BeamSearchParams
+
+    want = offline.beam_search([PROMPT], BeamSearchParams(beam_width=3, max_tokens=5, length_penalty=0.5))[0]
+    body = dict(prompt=PROMPT, max_tokens=5, n=3, use_beam_search=True, length_penalty=0.5, return_token_ids=True)
+    resp = _post(server, "/v1/completions", body).json()
+    assert [c["token_ids"] for c in resp["choices"]] == [s.tokens[len(PROMPT):] for s in want.sequences]
+    assert [c["text"] for c in resp["choices"]] == [s.text for s in want.sequences]
+    assert [c["index"] for c in resp["choices"]] == [0, 1, 2] and resp["usage"]["completion_tokens"] == 15
+    chat = _post(server, "/v1/chat/completions", dict(messages=[{"role": "user", "content": "Hi"}], max_tokens=3, n=2,
+                                                      use_beam_search=True)).json()
+    assert len(chat["choices"]) == 2 and chat["choices"][0]["message"]["content"] != chat["choices"][1]["message"]["content"]
+
+
+@pytest.mark.parametrize("extra,param", [(dict(stream=True), "stream"), (dict(n=11), "n"), (dict(logprobs=1), "logprobs"),
+                                         (dict(guided_regex="[a-z]+"), "guided_regex"), (dict(min_tokens=2), "min_tokens"),
+                                         (dict(trace_id="t"), "trace_id")])
+def test_beam_search_refuses_what_it_cannot_do_by_name(server, extra, param):
+    body = dict(dict(prompt="Hi", max_tokens=3, n=2, use_beam_search=True), **extra)
+    _error(_post(server, "/v1/completions", body), param)
+
+
+def test_length_penalty_needs_beam_search(server):
+    _error(_post(server, "/v1/completions", dict(prompt="Hi", length_penalty=0.5)), "length_penalty")
+    assert _post(server, "/v1/completions", dict(prompt="Hi", max_tokens=1, length_penalty=1.0)).status_code == 200

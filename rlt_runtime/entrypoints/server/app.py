@@ -26,7 +26,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ...engine.llm_engine import LLMEngine
+from ...beam_search import BeamSearch, BeamSearchParams, request_output, round_params
+from ...engine.llm_engine import LLMEngine, eos_token_ids
 from ...errors import ConfigError, RequestError
 from ...outputs import CompletionOutput, RequestOutput
 from ...sampling_params import SamplingParams
@@ -391,6 +392,10 @@ class _Serving:
             raise ApiError(400, f"{field} ({max_tokens}) plus the prompt ({longest} tokens) exceeds the model's context "
                            f"of {limit} tokens", field, "context_length_exceeded")
 
+    def room(self, prompts: list[dict]) -> int:
+        """Tokens the context leaves after the longest prompt."""
+        return self.engine().max_model_len - max(len(p["prompt_token_ids"]) for p in prompts)
+
     @staticmethod
     def sampling_params(make: Callable):
         try:
@@ -460,6 +465,8 @@ class _Serving:
         except BaseException:
             self.release(None, sequences)
             raise
+        if isinstance(params, BeamSearchParams):
+            return await self.beam_search(request, prompts, params, arrival, fmt(self, body, prompts), sequences)
         return await self.generate(request, prompts, params, arrival, body.stream, fmt(self, body, prompts), sequences)
 
     # ---- endpoints -------------------------------------------------------------------------------
@@ -479,6 +486,7 @@ class _Serving:
         prompts = [self.prompt(p, params, with_text=body.echo, add_special_tokens=body.add_special_tokens)
                    for p in body.prompts()]
         self.check_room(prompts, body.engine_max_tokens, "max_tokens")
+        params = self.sampling_params(lambda: body.search_params(params, self.room(prompts)))
         return prompts, self.with_trace_ids(params, body.trace_ids(len(prompts)))
 
     async def _conversation(self, request: Request, model: type[BaseModel], what: str, prepare: Callable,
@@ -514,6 +522,7 @@ class _Serving:
         limit_field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
         self.check_room(prompts, body.output_limit, limit_field)
         params = self.conversation_params(body, params, text)
+        params = self.sampling_params(lambda: body.search_params(params, self.room(prompts)))
         return prompts, self.with_trace_ids(params, body.trace_ids(len(prompts)))
 
     async def responses(self, request: Request) -> Response:
@@ -619,26 +628,66 @@ class _Serving:
         stream: Optional[GenerationStream] = None
         handed_over = False
         try:
-            try:
-                stream = self.worker.submit(prompts, params, arrival)
-            except WorkerUnavailable as exc:
-                raise ApiError(503, f"the engine is not accepting requests ({exc})", None, "not_ready") from None
-            stream.set_deadline(max(self.config.request_timeout - (time.monotonic() - arrival), 0.0))
+            stream = self.submit(prompts, params, arrival)
             error = await stream.admitted
             if error is not None:
                 raise error
             if streaming:
                 handed_over = True
                 return _EventStream(fmt.events(stream), on_close=lambda: self.release(stream, sequences))
-            watcher = asyncio.ensure_future(_watch_disconnect(request, stream))
-            try:
-                await stream.wait_done()
-            finally:
-                watcher.cancel()
+            await self.finish(request, stream)
             return Response(fmt.response(stream.outputs).model_dump_json(), media_type="application/json")
         finally:
             if not handed_over:
                 self.release(stream, sequences)
+
+    async def beam_search(self, request: Request, prompts: list[dict], params: BeamSearchParams, arrival: float,
+                          fmt: "_Format", sequences: int) -> Response:
+        """Run a use_beam_search request (beam_search.py): each round's one-token requests go to the
+        engine as one submission, among the other requests; the request holds its slots until it ends."""
+        engine = self.engine()
+        eos = eos_token_ids(engine.tokenizer, engine.model_config)
+        searches = [BeamSearch(p["prompt_token_ids"], params, eos, engine.max_model_len) for p in prompts]
+        stream: Optional[GenerationStream] = None
+        try:
+            while True:
+                rounds = [s.pending() for s in searches]
+                batch = [{"prompt_token_ids": ids, "prompt": None} for beams in rounds for ids in beams]
+                if not batch:
+                    break
+                stream = self.submit(batch, round_params(params), arrival)
+                error = await stream.admitted
+                if error is not None:
+                    raise error
+                await self.finish(request, stream)
+                outs = iter(stream.outputs)
+                for search, beams in zip(searches, rounds):
+                    if beams:
+                        search.advance([next(outs) for _ in beams])
+            decode = engine.tokenizer.decode
+            outputs = [request_output(s.result(decode), fmt.id, p["prompt"], p["prompt_token_ids"])
+                       for s, p in zip(searches, prompts)]
+            return Response(fmt.response(outputs).model_dump_json(), media_type="application/json")
+        finally:
+            self.release(stream, sequences)
+
+    def submit(self, prompts: list[dict], params, arrival: float) -> GenerationStream:
+        """Hand engine prompts to the engine thread, the request's deadline set (503 when the engine
+        does not take requests)."""
+        try:
+            stream = self.worker.submit(prompts, params, arrival)
+        except WorkerUnavailable as exc:
+            raise ApiError(503, f"the engine is not accepting requests ({exc})", None, "not_ready") from None
+        stream.set_deadline(max(self.config.request_timeout - (time.monotonic() - arrival), 0.0))
+        return stream
+
+    async def finish(self, request: Request, stream: GenerationStream) -> None:
+        """Wait for a submission's end (it is aborted if the client disconnects first)."""
+        watcher = asyncio.ensure_future(_watch_disconnect(request, stream))
+        try:
+            await stream.wait_done()
+        finally:
+            watcher.cancel()
 
     def release(self, stream: Optional[GenerationStream], sequences: int) -> None:
         """End of an API request: free its slots and abort what is still running in the engine."""

@@ -37,8 +37,6 @@ IGNORED = IGNORED_OPENAI | IGNORED_VLLM
 
 # name -> its neutral values (a tuple); booleans and numbers compare by type and value.
 NEUTRAL_ONLY: dict[str, tuple] = {
-    "use_beam_search": (None, False),
-    "length_penalty": (None, 1.0, 1),
     "logits_processors": (None, []),
     "guided_decoding_backend": (None, "xgrammar"), "guided_whitespace_pattern": (None,),
     "logprob_token_ids": (None, []),

@@ -28,6 +28,7 @@ from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, computed_field, model_serializer, model_validator
 
 from ...chat_messages import MessageError, template_messages as chat_template_messages
+from ...beam_search import MAX_BEAM_WIDTH, BeamSearchParams, beam_params
 from ...guided_decoding import KINDS as GUIDED_KINDS, GuidedDecoding
 from ...sampling_params import MAX_INT32, MAX_LOGIT_BIAS_VALUE, MAX_LOGPROBS, MAX_SAMPLES, SamplingParams
 
@@ -139,6 +140,11 @@ class _SamplingFields(_LoopFields):
                                                "with room for one output token)")
     truncation_side: Optional[Literal["left", "right"]] = Field(
         None, description="vLLM: with truncate_prompt_tokens, 'left' (default) keeps the last tokens, 'right' the first")
+    use_beam_search: Optional[bool] = Field(
+        False, description="vLLM: n beams searched (beam_search.py); the response's choices are the best n, best first")
+    length_penalty: Optional[float] = Field(
+        None, allow_inf_nan=False, description="vLLM: with use_beam_search, beams rank by cum_logprob / length ** it "
+                                               "(default 1)")
     thinking_token_budget: Optional[int] = Field(
         None, ge=-1, le=MAX_INT32, description="vLLM: reasoning tokens before </think> is forced (-1: no limit)")
     return_tokens_as_token_ids: Optional[bool] = Field(
@@ -152,6 +158,7 @@ class _SamplingFields(_LoopFields):
                                "guided_grammar": "grammar", "structural_tag": "structural_tag"}
 
     _NULL_DEFAULTS: ClassVar[dict] = {"n": 1, "ignore_eos": False, "stream": False, "speculative": True, "priority": 0,
+                                      "use_beam_search": False,
                                       "skip_special_tokens": True, "include_stop_str_in_output": False}
 
     @model_validator(mode="after")
@@ -171,6 +178,14 @@ class _SamplingFields(_LoopFields):
                            "invalid_value")
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed when stream is true", "stream_options")
+        if self.use_beam_search:
+            for name, bad in (("stream", self.stream), ("trace_id", self.trace_id is not None),
+                              ("n", self.n > MAX_BEAM_WIDTH)):
+                if bad:
+                    raise ApiError(400, f"{name}: use_beam_search takes n in 1..{MAX_BEAM_WIDTH}, no stream and no "
+                                   "trace_id", name, "invalid_value")
+        elif self.length_penalty not in (None, 1.0):
+            raise ApiError(400, "length_penalty applies only with use_beam_search", "length_penalty", "invalid_value")
         if self.truncate_prompt_tokens == 0:
             raise ApiError(400, "truncate_prompt_tokens must be -1 or at least 1 (null: no truncation)",
                            "truncate_prompt_tokens", "invalid_value")
@@ -210,6 +225,17 @@ class _SamplingFields(_LoopFields):
             thinking_token_budget=self.thinking_token_budget,
             **self.loop_controls(),
         )
+
+    def search_params(self, params: SamplingParams, room: int) -> Union[SamplingParams, BeamSearchParams]:
+        """`params`, or with use_beam_search the beam search they ask for (max_tokens: theirs, else
+        `room`, what the context leaves); raises ConfigError naming a field beam search cannot take."""
+        if not self.use_beam_search:
+            return params
+        constraints = self.guided_fields()
+        if constraints:
+            name = constraints[0][0]
+            raise ApiError(400, f"{name} cannot be combined with use_beam_search", name, "invalid_value")
+        return beam_params(params, params.max_tokens or room, 1.0 if self.length_penalty is None else self.length_penalty)
 
     def guided_fields(self) -> list[tuple[str, dict]]:
         """(request field, GuidedDecoding arguments) of every constraint the request sets:
