@@ -981,6 +981,20 @@ MUTANTS = (
         "use_beam_search is accepted and the request is sampled instead",
     ),
     Mutant(
+        "required-call-escapes-ignored", "rlt_runtime/entrypoints/server/tools.py",
+        'elif ch == "\\\\":',
+        "elif False:",
+        ("tests/server/test_tools.py::test_required_calls_stream_their_arguments_as_written",),
+        "an escaped quote inside a required call's string argument ends the string, so the arguments are cut",
+    ),
+    Mutant(
+        "required-calls-stream-whole", "rlt_runtime/entrypoints/server/app.py",
+        "delta.tool_calls = st.required.feed(text) or None",
+        "st.required.feed(text)",
+        ("tests/server/test_tools.py::test_streamed_tool_calls_add_up_to_the_whole_answer",),
+        "a streamed required answer sends no tool-call deltas",
+    ),
+    Mutant(
         "thinking-budget-off-by-one", "rlt_runtime/engine/thinking_budget.py",
         "if not s.thinking or s.count < self.budget:",
         "if not s.thinking or s.count <= self.budget:",

@@ -21,7 +21,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("xgrammar")
 
 from rlt_runtime import GuidedDecoding  # noqa: E402
-from rlt_runtime.entrypoints.server.tools import PARSERS, held_back, split_calls  # noqa: E402
+from rlt_runtime.entrypoints.server.tools import PARSERS, RequiredCalls, held_back, split_calls  # noqa: E402
 
 MODEL = "ouro-tiny"
 
@@ -127,8 +127,7 @@ def test_streamed_tool_calls_add_up_to_the_whole_answer(client, tool_choice, max
                 call["arguments"] += d.function.arguments or ""
                 pieces += bool(d.function.arguments)
             finish = ch.finish_reason or finish
-    if tool_choice != "required":
-        assert pieces > 3  # a named function's arguments stream as they are written
+    assert pieces > 3  # the arguments stream as they are written (a "required" answer's too)
     assert finish == whole.finish_reason
     assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == [
         (c.function.name, c.function.arguments) for c in whole.message.tool_calls]
@@ -472,9 +471,13 @@ def test_responses_required_calls_stream_as_openai_streams_them(client):
     events = list(client.responses.create(stream=True, **kw))
     kinds = [e.type for e in events]
     assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
-    per_call = ["response.output_item.added", "response.function_call_arguments.delta",
-                "response.function_call_arguments.done", "response.output_item.done"]
-    assert kinds[2:-1] == per_call * len(whole.output)
+    added, delta, args_done, item_done = ("response.output_item.added", "response.function_call_arguments.delta",
+                                          "response.function_call_arguments.done", "response.output_item.done")
+    calls = "".join({added: "(", delta: "+", args_done: ")", item_done: "."}[k] for k in kinds[2:-1])
+    assert re.fullmatch(r"(\(\++\)\.)+", calls) and calls.count("(") == len(whole.output), calls
+    assert calls.count("+") > 2 * len(whole.output)  # the arguments grow as they are written
+    grown = [e for e in events if e.type == delta]
+    assert "".join(e.delta for e in grown if e.item_id == events[2].item.id) == whole.output[0].arguments
     final = events[-1].response.output
     assert [(i.name, i.arguments) for i in final] == [(i.name, i.arguments) for i in whole.output]
     done = [e for e in events if e.type == "response.function_call_arguments.done"]
@@ -520,3 +523,35 @@ def test_responses_auto_reads_each_parsers_format(parser_server, monkeypatch):
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "".join(texts)
     final = events[-1].response.output
     assert [(item.name, item.arguments) for item in final if item.type == "function_call"] == calls
+
+
+REQUIRED_TEXT = ('[{"name": "get_weather", "parameters": {"city": "o\\"sl}o", "days": [1, {"a": 2}]}}, '
+                 '{"name": "f", "parameters": 12}, {"name": "g", "parameters": "x,}y"}]')
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, len(REQUIRED_TEXT)])
+def test_required_calls_stream_their_arguments_as_written(step):
+    """However the answer arrives, each call's id and name come once, before its arguments, and the
+    arguments add up to the parameters' text as written (braces and quotes inside strings included)."""
+    reader, calls = RequiredCalls(), {}
+    for i in range(0, len(REQUIRED_TEXT), step):
+        for d in reader.feed(REQUIRED_TEXT[i:i + step]):
+            call = calls.setdefault(d["index"], {"name": None, "arguments": ""})
+            if "id" in d:
+                assert call["name"] is None and d["function"]["arguments"] == ""
+                call["name"] = d["function"]["name"]
+            else:
+                assert call["name"] is not None
+            call["arguments"] += d["function"]["arguments"]
+    want = [("get_weather", '{"city": "o\\"sl}o", "days": [1, {"a": 2}]}'), ("f", "12"), ("g", '"x,}y"')]
+    assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == want
+    _, whole = split_calls("required", REQUIRED_TEXT)
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in whole] == want
+
+
+def test_required_answers_cut_short_keep_what_was_written():
+    cut = REQUIRED_TEXT[:60]
+    content, calls = split_calls("required", cut)
+    assert content == "" and [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+        ("get_weather", '{"city": "o\\"sl}o", "')]
+    assert split_calls("required", '[{"name": "get_w') == ('[{"name": "get_w', None)  # no call begun: text

@@ -48,7 +48,7 @@ from .reasoning import (REASONING_PARSERS, THINK_END, THINK_START, ReasoningSpli
                         template_mentions_thinking)
 from .response_store import ResponseStore, StoredResponse, input_items_page
 from .responses import ResponseObject, Responses, ResponsesRequest
-from .tools import PARSERS, TOOL_CALL_PARSERS, call_id, split_calls
+from .tools import PARSERS, TOOL_CALL_PARSERS, RequiredCalls, call_id, split_calls
 from .worker import EngineWorker, GenerationStream, WorkerUnavailable
 
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/reset_prefix_cache")
@@ -746,13 +746,14 @@ def _finish(reason: Optional[str]) -> Optional[str]:
 class _Progress:
     """What one choice has already streamed (`cursor`: into the stream's text, see text_since)."""
 
-    __slots__ = ("cursor", "tokens", "offset", "finished", "splitter", "tool_text", "tool_sent")
+    __slots__ = ("cursor", "tokens", "offset", "finished", "splitter", "tool_text", "tool_sent", "required")
 
     def __init__(self, splitter: Optional[ReasoningSplitter] = None):
         self.cursor, self.tokens, self.offset, self.finished = 0, 0, 0, False
         self.splitter = splitter  # chat answers through a reasoning parser
         self.tool_text: Optional[str] = None  # a tool-choice answer's text so far (None: none streamed yet)
         self.tool_sent = 0  # characters of it streamed as content
+        self.required = RequiredCalls()  # a "required" answer's calls as they are written
 
 
 class _Format:
@@ -1029,8 +1030,9 @@ class _ChatFormat(_Format):
     def tool_delta(self, st: _Progress, delta: ChatDelta, text: str, finish: Optional[str]) -> Optional[str]:
         """Turn a tool-choice answer's new `text` in `delta` into content and tool-call deltas;
         returns the finish reason. A named function's arguments stream as they come (its id and
-        name with the first); "auto" content streams up to where a call may begin; the calls of "required"
-        and "auto" are sent whole when the answer ends (as content when they do not parse)."""
+        name with the first), and so do those of "required" calls (each call's id and name once its
+        name is written); "auto" content streams up to where a call may begin, and its calls are
+        sent whole when the answer ends (as content when they do not parse)."""
         opening = st.tool_text is None
         delta.content = self.streamed_content(st, text) or None
         if self.tool not in ("required", "auto"):
@@ -1038,6 +1040,14 @@ class _ChatFormat(_Format):
                 head = {"id": call_id(), "type": "function", "function": {"name": self.tool, "arguments": text}}
                 delta.tool_calls = [{"index": 0, **head}] if opening else [{"index": 0, "function": {"arguments": text}}]
             return finish
+        if self.tool == "required":
+            delta.tool_calls = st.required.feed(text) or None
+            if finish is None:
+                return None
+            if not st.required.calls:  # no call begun (cut short): the text is the content
+                delta.content = st.tool_text or None
+                return finish
+            return "tool_calls" if finish == "stop" else finish
         if finish is None:
             return None
         content, calls = split_calls(self.tool, st.tool_text, self.tool_parser)
@@ -1164,6 +1174,9 @@ class _ResponsesFormat(_ChatFormat):
                     events = streaming.feed("reasoning", reasoning)
                     if self.named_call is not None:
                         events += streaming.feed_call(self.named_call, text) if text else []
+                    elif self.tool == "required":
+                        st.tool_text = (st.tool_text or "") + text
+                        events += streaming.required_calls(st.required.feed(text))
                     else:
                         events += streaming.feed("message", self.streamed_content(st, text) if self.tool else text)
                     for event in events:
@@ -1176,12 +1189,18 @@ class _ResponsesFormat(_ChatFormat):
                 for event in streaming.feed_call(self.named_call, "") + streaming.finish_call(items[-1]):
                     yield sse(event)
                 calls = []
+            elif self.tool == "required" and streaming.calls:  # streamed already, as they were written
+                events, done = streaming.end_required_calls()
+                items = [item for item in items if item["type"] != "function_call"] + done
+                for event in events:
+                    yield sse(event)
+                calls, message = [], False
             if self.tool is not None:  # the rest of an "auto" answer's text before its calls
                 messages = [item for item in items if item["type"] == "message"]
                 for event in streaming.feed("message", messages[0]["content"][0]["text"][st.tool_sent:]
                                             if messages else ""):
                     yield sse(event)
-            message = not calls and self.named_call is None
+            message = not calls and self.named_call is None and not (self.tool == "required" and streaming.calls)
             for event in streaming.close(status, message=message) + streaming.function_calls(calls):
                 yield sse(event)
             kind = "response.completed" if status == "completed" else "response.incomplete"
@@ -1192,14 +1211,16 @@ class _ResponsesFormat(_ChatFormat):
 
 class _StreamedItems:
     """The output items of a streamed response as they open, grow and close (events of `Responses`):
-    a reasoning item while the answer is in its reasoning, then the message item or a named
-    function's call (its arguments growing); finished function calls come whole."""
+    a reasoning item while the answer is in its reasoning, then the message item, a named
+    function's call or a "required" answer's calls (their arguments growing); an "auto" answer's
+    finished function calls come whole."""
 
     def __init__(self, build: Responses):
         self.build = build
         self.open: Optional[str] = None  # "reasoning" or "message": the item whose text streams now
         self.index = -1  # its output_index
         self.text = ""
+        self.calls: list[dict] = []  # a "required" answer's function_call items, as they opened
 
     def _ids(self) -> dict:
         item_id = self.build.reasoning_id if self.open == "reasoning" else self.build.message_id
@@ -1274,6 +1295,26 @@ class _StreamedItems:
         ids = {"item_id": item["id"], "output_index": self.index}
         return [self.build.event("response.function_call_arguments.done", arguments=item["arguments"], **ids),
                 self.build.event("response.output_item.done", output_index=self.index, item=item)]
+
+    def required_calls(self, deltas: list[dict]) -> list:
+        """Events of a "required" answer's streamed calls (`RequiredCalls.feed` deltas): a call's
+        item opens when its name is written (ending the one before), then its arguments grow."""
+        events = []
+        for delta in deltas:
+            if "id" in delta:
+                if self.calls:
+                    events += self._end_call()
+                self.calls.append(self.build.function_call_item(delta, "in_progress"))
+            events += self.feed_call(self.calls[-1], delta["function"]["arguments"])
+        return events
+
+    def end_required_calls(self) -> tuple[list, list[dict]]:
+        """(events that end the last streamed "required" call, every such call's finished item)."""
+        return self._end_call(), list(self.calls)
+
+    def _end_call(self) -> list:
+        self.calls[-1] = dict(self.calls[-1], arguments=self.text, status="completed")
+        return self.finish_call(self.calls[-1])
 
     def function_calls(self, items: list[dict]) -> list:
         """Events of finished function_call output items, each whole: added, its arguments, done."""

@@ -25,8 +25,8 @@ continues its conversation, and GET /v1/responses/{id}, DELETE /v1/responses/{id
 Function tools (`{"type": "function", "name", "description", "parameters", "strict"}`) and
 `tool_choice` (`"none"`, `"auto"`, `"required"`, `{"type": "function", "name"}`) work as on chat
 completions (tools.py): the calls come as `function_call` output items (after the message item when
-an "auto" answer wrote text first); streamed, a named function's arguments grow as they are written
-and the calls of "required" and "auto" come whole when the answer ends. Earlier `function_call`
+an "auto" answer wrote text first); streamed, the arguments of a named function's call and of
+"required" calls grow as they are written, and the calls of "auto" come whole when the answer ends. Earlier `function_call`
 items and `function_call_output` items come back as input.
 
 Not supported (a 400 naming the field unless neutral): tools other than functions, `conversation`

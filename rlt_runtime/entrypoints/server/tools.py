@@ -5,7 +5,8 @@ tool definitions). A named `tool_choice` (`{"type": "function", "function": {"na
 the answer that function's arguments: JSON following its `parameters` schema, enforced by the same
 structured-output machinery as `response_format`. `"required"` makes it a JSON array of one or more
 `{"name": ..., "parameters": {...}}` calls, each following its function's schema (vLLM's form);
-`parallel_tool_calls: false` limits that array to one call. `"none"` answers in text. `"auto"` (the
+`parallel_tool_calls: false` limits that array to one call; `RequiredCalls` reads it as it grows,
+so each call's arguments stream as they are written. `"none"` answers in text. `"auto"` (the
 default when tools are given) lets the model answer freely and parses the calls it writes, which
 needs a parser of the model's format (`--tool-call-parser`; without one, "auto" is a 400 naming
 tool_choice, as vLLM answers without `--enable-auto-tool-choice`). Parsers (vLLM's names):
@@ -128,16 +129,101 @@ def call_id() -> str:
 def split_calls(choice: str, text: str, parser: Optional[ToolCallParser] = None) -> tuple[str, Optional[list[dict]]]:
     """(content, OpenAI tool calls or None) of the answer `text` of a resolved tool choice ("auto"
     text read by `parser`). A call is {"id", "type": "function", "function": {"name", "arguments":
-    a JSON string}}. A named function's call carries the text as is (also when a length limit cut
-    it short); "required" and "auto" text whose calls do not parse stays the content, with no calls."""
+    a JSON string}}. A named function's call carries the text as is, and "required" calls their
+    parameters' text as written (`RequiredCalls`), also when a length limit cut the last one short;
+    "auto" text whose calls do not parse, and "required" text with no call begun, stay the content."""
     if choice not in ("required", "auto"):
         return "", [_call(choice, text)]
+    if choice == "required":
+        reader = RequiredCalls()
+        reader.feed(text)
+        calls = [_call(name, arguments) for name, arguments in reader.calls]
+        return ("", calls) if calls else (text, None)
     try:
-        if choice == "required":
-            return "", [_call(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in json.loads(text)]
         return parser.split(text)
     except UNPARSED:
         return text, None
+
+
+CALL_CLOSE = re.compile(r"\s*\}")
+REQUIRED_CALL_HEAD = re.compile(r'\s*[\[,]\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"parameters"\s*:\s*')
+
+
+class RequiredCalls:
+    """Reads a "required" answer (a JSON array of {"name": ..., "parameters": ...} in that key
+    order, as its grammar writes it) as it grows. `calls` holds (name, parameters' text so far) of
+    every call begun; `feed` returns OpenAI's streamed tool-call deltas of what the new text adds:
+    a call's id, type and name once its head is complete, then its arguments as they are written."""
+
+    def __init__(self):
+        self.text, self.at = "", 0  # everything read; where the scan stands
+        self.calls: list[list] = []  # [name, parameters' text]
+        # the current value's kind ("container", "string", "scalar"), "ended" after it, None between calls
+        self.kind: Optional[str] = None
+        self.depth, self.in_string, self.escaped = 0, False, False
+
+    def feed(self, text: str) -> list[dict]:
+        self.text += text
+        deltas = []
+        while self.at < len(self.text):
+            if self.kind == "ended":  # the value is complete: its call object's closing brace next
+                close = CALL_CLOSE.match(self.text, self.at)
+                if close is None:
+                    break
+                self.at, self.kind = close.end(), None
+                continue
+            if self.kind is None:
+                head = REQUIRED_CALL_HEAD.match(self.text, self.at)
+                if head is None or head.end() == len(self.text):
+                    break  # the next call's head (and its value's first character) not written yet, or the end
+                name = json.loads(f'"{head.group(1)}"')
+                self.calls.append([name, ""])
+                deltas.append({"index": len(self.calls) - 1, "id": call_id(), "type": "function",
+                               "function": {"name": name, "arguments": ""}})
+                first = self.text[head.end()]
+                self.kind = "container" if first in "{[" else "string" if first == '"' else "scalar"
+                self.at, self.depth, self.in_string, self.escaped = head.end(), 0, False, False
+            start = self.at
+            ended = self._scan()
+            piece = self.text[start:self.at]
+            if piece:
+                self.calls[-1][1] += piece
+                deltas.append({"index": len(self.calls) - 1, "function": {"arguments": piece}})
+            if not ended:
+                break
+            self.kind = "ended"
+        return deltas
+
+    def _scan(self) -> bool:
+        """Advance over the current value in the text read; True when it has ended (self.at just
+        past it)."""
+        text = self.text
+        while self.at < len(text):
+            ch = text[self.at]
+            if self.kind == "scalar":
+                if ch in ",}] \t\r\n":
+                    return True
+                self.at += 1
+                continue
+            self.at += 1
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+                    if self.kind == "string":
+                        return True
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return True
+        return False
 
 
 def _arguments(value) -> str:
