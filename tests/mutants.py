@@ -995,6 +995,13 @@ MUTANTS = (
         "a streamed required answer sends no tool-call deltas",
     ),
     Mutant(
+        "mistral-calls-take-generic-ids", "rlt_runtime/entrypoints/server/tools.py",
+        "return [_json_call(call, mistral_call_id) for call in written]",
+        "return [_json_call(call) for call in written]",
+        ("tests/server/test_tools.py::test_mistral_parser",),
+        "mistral calls get ids Mistral's chat templates refuse when the calls come back",
+    ),
+    Mutant(
         "thinking-budget-off-by-one", "rlt_runtime/engine/thinking_budget.py",
         "if not s.thinking or s.count < self.budget:",
         "if not s.thinking or s.count <= self.budget:",

@@ -392,6 +392,9 @@ def test_pythonic_parser_reads_only_literals(text):
 ])
 def test_mistral_parser(text, content, calls):
     assert _parsed("mistral", text) == (content, calls)
+    if calls:  # Mistral's chat templates take back only ids of 9 letters or digits
+        ids = [c["id"] for c in split_calls("auto", text, PARSERS["mistral"])[1]]
+        assert all(re.fullmatch("[A-Za-z0-9]{9}", i) for i in ids) and len(set(ids)) == len(ids)
 
 
 @pytest.mark.parametrize("parser,text,ready", [

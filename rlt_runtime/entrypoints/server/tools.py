@@ -20,7 +20,8 @@ tool_choice, as vLLM answers without `--enable-auto-tool-choice`). Parsers (vLLM
   3.2 and 4), read with `ast` and never evaluated: keyword arguments only, their values literals
   (strings, numbers, booleans, None, lists, dicts). Anything else is content.
 * ``mistral``: ``[TOOL_CALLS]`` then a JSON array of ``{"name": ..., "arguments": {...}}`` (Mistral);
-  the text before the marker is the content.
+  the text before the marker is the content. Its calls' ids are 9 letters or digits, as Mistral's
+  chat templates require when the calls come back.
 
 An answer whose calls do not parse (cut short by a length limit) stays text, with no calls. Streamed,
 an answer's content goes out as soon as it cannot be part of a call: the text before a marker (the
@@ -33,6 +34,8 @@ from __future__ import annotations
 import ast
 import json
 import re
+import secrets
+import string
 import uuid
 from abc import ABC, abstractmethod
 from typing import Any, Optional
@@ -40,6 +43,7 @@ from typing import Any, Optional
 from .protocol import ApiError
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+ALPHANUMERIC = string.ascii_letters + string.digits
 FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
 ANY_OBJECT = {"type": "object"}
 
@@ -124,6 +128,11 @@ def constraint(choice: Optional[str], functions: list[dict], parallel: bool = Tr
 
 def call_id() -> str:
     return f"chatcmpl-tool-{uuid.uuid4().hex}"
+
+
+def mistral_call_id() -> str:
+    """A call id as Mistral's chat templates require it when the call comes back: 9 letters or digits."""
+    return "".join(secrets.choice(ALPHANUMERIC) for _ in range(9))
 
 
 def split_calls(choice: str, text: str, parser: Optional[ToolCallParser] = None) -> tuple[str, Optional[list[dict]]]:
@@ -235,10 +244,10 @@ def _arguments(value) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _call(name, arguments: str) -> dict:
+def _call(name, arguments: str, new_id=call_id) -> dict:
     if not isinstance(name, str):
         raise TypeError("a tool call's name must be a string")
-    return {"id": call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"id": new_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def held_back(text: str, marker: str) -> int:
@@ -328,7 +337,7 @@ class Mistral(_MarkedCalls):
         written = json.loads(text[len(self.marker):])
         if not isinstance(written, list) or not written:
             raise TypeError("mistral tool calls must be a non-empty JSON array")
-        return [_json_call(call) for call in written]
+        return [_json_call(call, mistral_call_id) for call in written]
 
 
 class Llama3Json(_WholeAnswerCalls):
@@ -366,9 +375,9 @@ class Pythonic(_WholeAnswerCalls):
         return [_python_call(node) for node in written.elts]
 
 
-def _json_call(written) -> dict:
-    """The call a JSON object {"name": ..., "arguments": {...}} writes (no "arguments": none)."""
-    return _call(written["name"], _arguments(written.get("arguments", {})))
+def _json_call(written, new_id=call_id) -> dict:
+    """The call a JSON object {"name": ..., "arguments": {...}} writes (no "arguments": none), its id from `new_id`."""
+    return _call(written["name"], _arguments(written.get("arguments", {})), new_id)
 
 
 def _python_call(node: ast.expr) -> dict:
