@@ -788,8 +788,8 @@ MUTANTS = (
     ),
     Mutant(
         "mistral-reads-only-the-first-call", "rlt_runtime/entrypoints/server/tools.py",
-        "return [_json_call(call) for call in written]",
-        "return [_json_call(written[0])]",
+        "return [_json_call(call, mistral_call_id) for call in written]",
+        "return [_json_call(written[0], mistral_call_id)]",
         ("tests/server/test_tools.py::test_mistral_parser",),
         "a mistral answer's array of several calls comes back as its first call only",
     ),
