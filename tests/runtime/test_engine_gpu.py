@@ -236,3 +236,25 @@ def test_graphs_match_eager_over_repeated_runs_with_many_prefill_only_steps(layo
     for _ in range(2):
         assert run(graphs, prompts) == want
         assert [run(graphs, [p])[0] for p in prompts] == want
+
+
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+def test_new_weights_reach_captured_graphs(tmp_path, quantization):
+    """update_weights after CUDA graphs were captured (and the prefix cache filled): the graphs read
+    the new weights written in place, so the engine gives what an engine built with them gives."""
+    from rlt_runtime.models.checkpoint import save_checkpoint
+    from rlt_runtime.models.tokenizer import builtin_tokenizer
+
+    cfg = preset_config("ouro-tiny")
+    new = dict(preset_weights(cfg, seed=1, dtype=torch.float32))
+    save_checkpoint(str(tmp_path), cfg, new, tokenizer=builtin_tokenizer(cfg))
+    opts = dict(dtype="bfloat16", execution_mode="graphs", quantization=quantization)
+    params = SamplingParams(max_tokens=8, temperature=0.0, seed=1, logprobs=2, ignore_eos=True)
+    llm = engine("ouro-tiny", **opts)
+    before = outputs(llm, PROMPTS, params)
+    captured = llm.engine.executor.graph_stats()["graphs"]["captures"]
+    assert captured > 0
+    llm.update_weights(new.items())
+    want = outputs(engine(str(tmp_path), **opts), PROMPTS, params)
+    assert want != before and outputs(llm, PROMPTS, params) == want
+    assert llm.engine.executor.graph_stats()["graphs"]["replays"] > 0
