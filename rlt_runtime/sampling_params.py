@@ -17,6 +17,7 @@ MAX_LOGIT_BIAS = 300  # logit_bias entries per request (the device keeps a fixed
 MAX_LOGIT_BIAS_VALUE = 100.0
 MAX_BAD_WORDS = 32  # bad word token sequences per request, after tokenization (with and without a leading space)
 MAX_BAD_WORD_TOKENS = 8  # tokens per bad word
+MAX_REPETITION_PATTERN = 1024  # repetition_detection's pattern sizes and counts
 
 
 def _check(cond: bool, name: str, allowed: str, value) -> None:
@@ -31,6 +32,38 @@ def _is_int(value) -> bool:
 def _is_number(value) -> bool:
     """An int or float, not a bool (True is an int in Python, never a probability)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass
+class RepetitionDetectionParams:
+    """vLLM's: a request stops ("stop", stop_reason "repetition_detected") once its output ends
+    with a pattern of min_pattern_size..max_pattern_size tokens written min_count times in a row.
+    max_pattern_size 0 disables it; min_pattern_size 0 means 1."""
+
+    max_pattern_size: int = 0
+    min_pattern_size: int = 0
+    min_count: int = 0
+
+    def __post_init__(self):
+        for name in ("max_pattern_size", "min_pattern_size", "min_count"):
+            value = getattr(self, name)
+            _check(_is_int(value) and 0 <= value <= MAX_REPETITION_PATTERN, f"repetition_detection.{name}",
+                   f"an integer in 0..{MAX_REPETITION_PATTERN}", value)
+        _check(self.min_pattern_size <= self.max_pattern_size, "repetition_detection.min_pattern_size",
+               f"at most max_pattern_size ({self.max_pattern_size})", self.min_pattern_size)
+        _check(self.max_pattern_size == 0 or self.min_count >= 2, "repetition_detection.min_count",
+               "at least 2 when max_pattern_size is set", self.min_count)
+
+    def repeats(self, tokens: list[int]) -> bool:
+        """Whether `tokens` end with a pattern of an allowed size written min_count times in a row."""
+        for size in range(max(self.min_pattern_size, 1), self.max_pattern_size + 1):
+            span = size * self.min_count
+            if len(tokens) < span:
+                break
+            tail = tokens[-size:]
+            if all(tokens[len(tokens) - (i + 1) * size:len(tokens) - i * size] == tail for i in range(1, self.min_count)):
+                return True
+        return False
 
 
 @dataclass
@@ -77,6 +110,8 @@ class SamplingParams:
     ``thinking_token_budget`` (vLLM's) ends the reasoning after that many tokens: once the text
     after the last open ``<think>`` (in the prompt or the output) holds them, the next tokens are
     forced to ``</think>`` (engine/thinking_budget.py); None or -1: no limit.
+    ``repetition_detection`` (vLLM's, a `RepetitionDetectionParams` or a dict of its fields) stops
+    the request when its output ends in a short pattern repeated enough times.
     ``trace_id`` keys this request in exit traces: the entry replayed with exit_mode="trace" and
     the key `record_exit_trace` writes (default: the request id).
     """
@@ -113,6 +148,7 @@ class SamplingParams:
     truncate_prompt_tokens: Optional[int] = None
     truncation_side: str = "left"
     thinking_token_budget: Optional[int] = None
+    repetition_detection: Optional[Union[RepetitionDetectionParams, dict]] = None
     stop_list: list[str] = field(init=False, repr=False, default_factory=list)
     _stop_automaton: Optional[StopAutomaton] = field(init=False, repr=False, compare=False, default=None)
 
@@ -170,6 +206,16 @@ class SamplingParams:
             f"None, -1 (no limit) or an integer in 0..{MAX_INT32}", self.thinking_token_budget)
         if self.thinking_token_budget == -1:
             self.thinking_token_budget = None
+        if isinstance(self.repetition_detection, dict):
+            unknown = sorted(set(self.repetition_detection) - {"max_pattern_size", "min_pattern_size", "min_count"})
+            _check(not unknown, "repetition_detection", "a dict of max_pattern_size, min_pattern_size and min_count",
+                   self.repetition_detection)
+            self.repetition_detection = RepetitionDetectionParams(**self.repetition_detection)
+        _check(self.repetition_detection is None or isinstance(self.repetition_detection, RepetitionDetectionParams),
+               "repetition_detection", "None, a RepetitionDetectionParams or a dict of its fields",
+               self.repetition_detection)
+        if self.repetition_detection is not None and self.repetition_detection.max_pattern_size == 0:
+            self.repetition_detection = None  # (disabled)
         _check(self.trace_id is None or (isinstance(self.trace_id, str) and self.trace_id != ""), "trace_id",
                "None or a non-empty string", self.trace_id)
 

@@ -1002,6 +1002,20 @@ MUTANTS = (
         "mistral calls get ids Mistral's chat templates refuse when the calls come back",
     ),
     Mutant(
+        "repetition-detection-ignored", "rlt_runtime/engine/llm_engine.py",
+        "elif p.repetition_detection is not None and p.repetition_detection.repeats(req.output_token_ids):",
+        "elif False:",
+        ("tests/runtime/test_repetition_detection.py::test_engines_stop_at_the_first_repetition",),
+        "repetition_detection is accepted and never stops a request",
+    ),
+    Mutant(
+        "repetition-pattern-sizes-short-by-one", "rlt_runtime/sampling_params.py",
+        "for size in range(max(self.min_pattern_size, 1), self.max_pattern_size + 1):",
+        "for size in range(max(self.min_pattern_size, 1), self.max_pattern_size):",
+        ("tests/runtime/test_repetition_detection.py::test_the_rule",),
+        "patterns of max_pattern_size tokens are never checked",
+    ),
+    Mutant(
         "thinking-budget-off-by-one", "rlt_runtime/engine/thinking_budget.py",
         "if not s.thinking or s.count < self.budget:",
         "if not s.thinking or s.count <= self.budget:",

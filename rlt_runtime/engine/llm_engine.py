@@ -705,6 +705,9 @@ class LLMEngine:
         hit = tracker.add(token)
         if hit is not None:
             self._finish(req, "stop", hit)
+        elif p.repetition_detection is not None and p.repetition_detection.repeats(req.output_token_ids):
+            self._finish(req, "stop", None)  # (the text's held-back tail is flushed)
+            req.stop_reason = "repetition_detected"
         elif len(req.output_token_ids) >= req.max_tokens:
             self._finish(req, "length", None)
 

@@ -71,8 +71,6 @@ def test_unknown_names_are_rejected_by_name(server, path, body, name):
 @pytest.mark.parametrize("name,neutral,other", [
     ("guided_whitespace_pattern", None, "[ ]*"),
     ("logprob_token_ids", [], [1]), ("prompt_embeds", None, "AAAA"),
-    ("repetition_detection", None, {"max_pattern_size": 4}),
-    ("max_repetition_pattern_size", 0, 4), ("repetition_min_count", 0, 3),
 ])
 def test_neutral_only_fields(server, name, neutral, other):
     assert _post(server, "/v1/chat/completions", dict(CHAT, **{name: neutral})).status_code == 200

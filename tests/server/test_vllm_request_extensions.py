@@ -163,3 +163,21 @@ def test_beam_search_refuses_what_it_cannot_do_by_name(server, extra, param):
 def test_length_penalty_needs_beam_search(server):
     _error(_post(server, "/v1/completions", dict(prompt="Hi", length_penalty=0.5)), "length_penalty")
     assert _post(server, "/v1/completions", dict(prompt="Hi", max_tokens=1, length_penalty=1.0)).status_code == 200
+
+
+def test_repetition_detection_stops_a_repeating_output(server, offline, submitted_params):
+    rule = {"max_pattern_size": 3, "min_count": 4}
+    kw = dict(max_tokens=20, temperature=0.0, ignore_eos=True)
+    want = _offline(offline, PROMPT, repetition_detection=rule, **kw).outputs[0]
+    plain = _offline(offline, PROMPT, **kw).outputs[0]
+    assert want.finish_reason == "stop" and want.stop_reason == "repetition_detected"
+    assert len(want.token_ids) < len(plain.token_ids) and plain.token_ids[:len(want.token_ids)] == want.token_ids
+    for extra in ({"repetition_detection": rule}, {"max_repetition_pattern_size": 3, "repetition_min_count": 4}):
+        body = dict(prompt=PROMPT, max_tokens=20, temperature=0, ignore_eos=True, return_token_ids=True, **extra)
+        choice = _post(server, "/v1/completions", body).json()["choices"][0]
+        assert choice["token_ids"] == want.token_ids and choice["finish_reason"] == "stop"
+        assert submitted_params[-1].repetition_detection.min_count == 4
+    both = dict(prompt="Hi", repetition_detection=rule, repetition_min_count=4)
+    _error(_post(server, "/v1/completions", both), "repetition_detection")
+    bad = dict(prompt="Hi", repetition_detection={"max_pattern_size": 3, "min_count": 1})
+    assert "at least 2" in _error(_post(server, "/v1/completions", bad), "repetition_detection.min_count")

@@ -41,9 +41,6 @@ NEUTRAL_ONLY: dict[str, tuple] = {
     "guided_decoding_backend": (None, "xgrammar"), "guided_whitespace_pattern": (None,),
     "logprob_token_ids": (None, []),
     "prompt_embeds": (None,),
-    "repetition_detection": (None,),
-    "max_repetition_pattern_size": (None, 0), "min_repetition_pattern_size": (None, 0),
-    "repetition_min_count": (None, 0),
 }
 
 _warned: set[str] = set()

@@ -145,6 +145,12 @@ class _SamplingFields(_LoopFields):
     length_penalty: Optional[float] = Field(
         None, allow_inf_nan=False, description="vLLM: with use_beam_search, beams rank by cum_logprob / length ** it "
                                                "(default 1)")
+    repetition_detection: Optional[dict[str, Any]] = Field(
+        None, description="vLLM: {max_pattern_size, min_pattern_size, min_count}: stop when the output ends in a "
+                          "pattern repeated min_count times")
+    max_repetition_pattern_size: Optional[int] = Field(None, ge=0, description="vLLM: repetition_detection's, flat")
+    min_repetition_pattern_size: Optional[int] = Field(None, ge=0, description="vLLM: repetition_detection's, flat")
+    repetition_min_count: Optional[int] = Field(None, ge=0, description="vLLM: repetition_detection's, flat")
     thinking_token_budget: Optional[int] = Field(
         None, ge=-1, le=MAX_INT32, description="vLLM: reasoning tokens before </think> is forced (-1: no limit)")
     return_tokens_as_token_ids: Optional[bool] = Field(
@@ -222,9 +228,19 @@ class _SamplingFields(_LoopFields):
             skip_special_tokens=self.skip_special_tokens, include_stop_str_in_output=self.include_stop_str_in_output,
             best_of=self.best_of, guided=self.guided(), allowed_token_ids=self.allowed_token_ids,
             truncate_prompt_tokens=self.truncate_prompt_tokens, truncation_side=self.truncation_side or "left",
-            thinking_token_budget=self.thinking_token_budget,
+            thinking_token_budget=self.thinking_token_budget, repetition_detection=self.repetition(),
             **self.loop_controls(),
         )
+
+    def repetition(self) -> Optional[dict]:
+        """`repetition_detection`, or its three flat fields as one (400 when both forms are given)."""
+        flat = {key: value for key, value in (("max_pattern_size", self.max_repetition_pattern_size),
+                                              ("min_pattern_size", self.min_repetition_pattern_size),
+                                              ("min_count", self.repetition_min_count)) if value is not None}
+        if flat and self.repetition_detection is not None:
+            raise ApiError(400, "give repetition_detection or its flat fields (max_repetition_pattern_size, ...), not "
+                           "both", "repetition_detection", "invalid_value")
+        return self.repetition_detection if self.repetition_detection is not None else flat or None
 
     def search_params(self, params: SamplingParams, room: int) -> Union[SamplingParams, BeamSearchParams]:
         """`params`, or with use_beam_search the beam search they ask for (max_tokens: theirs, else
@@ -816,7 +832,8 @@ def sse(payload: Union[BaseModel, dict, str]) -> bytes:
 
 
 def param_from_message(message: str) -> Optional[str]:
-    """The request field an engine/SamplingParams error message starts with, if any."""
+    """The request field an engine/SamplingParams error message starts with (or a part of one:
+    `repetition_detection.min_count`), if any."""
     word = message.split(" ", 1)[0].strip(":,")
     fields = set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields)
-    return word if word in fields else None
+    return word if word.split(".")[0] in fields else None
