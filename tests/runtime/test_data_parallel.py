@@ -70,7 +70,9 @@ def test_router_forgets_the_oldest_prefixes():
 def test_requests_and_outputs_cross_as_plain_data_and_come_back_equal():
     params = SamplingParams(n=2, best_of=3, max_tokens=5, temperature=0.7, seed=9, stop=["x", "yz"], logprobs=2,
                             prompt_logprobs=1, logit_bias={3: -1.5}, bad_words=["no", [4, 5]], min_tokens=1,
-                            guided={"regex": "[ab]+"})
+                            guided={"regex": "[ab]+"}, allowed_token_ids=[3, 4, 9], truncate_prompt_tokens=7,
+                            truncation_side="right", thinking_token_budget=4,
+                            repetition_detection={"max_pattern_size": 3, "min_count": 2})
     data = params_to_dict(params)
     assert _plain(data) and params_from_dict(data) == params
     out = RequestOutput("r", "hi", [1, 2], [CompletionOutput(
