@@ -1016,6 +1016,13 @@ MUTANTS = (
         "patterns of max_pattern_size tokens are never checked",
     ),
     Mutant(
+        "stop-reason-never-reported", "rlt_runtime/entrypoints/server/app.py",
+        "return c.stop_reason",
+        "return None",
+        ("tests/server/test_vllm_request_extensions.py::test_choices_carry_vllms_stop_reason",),
+        "choices report no stop_reason, whatever stop string or stop token ended them",
+    ),
+    Mutant(
         "thinking-budget-off-by-one", "rlt_runtime/engine/thinking_budget.py",
         "if not s.thinking or s.count < self.budget:",
         "if not s.thinking or s.count <= self.budget:",

@@ -1,9 +1,12 @@
 """vLLM's request extensions over HTTP: allowed_token_ids, truncate_prompt_tokens with
 truncation_side, return_tokens_as_token_ids (per request or rlt-serve
---return-tokens-as-token-ids), use_beam_search with length_penalty, and POST /reset_prefix_cache. Outputs are compared with the offline engine given the same
-SamplingParams (or the truncated prompt itself); bad values are 400s naming the field."""
+--return-tokens-as-token-ids), use_beam_search with length_penalty, repetition_detection, the
+choices' stop_reason, and POST /reset_prefix_cache. Outputs are compared with the offline engine
+given the same SamplingParams (or the truncated prompt itself); bad values are 400s naming the field."""
 
 from __future__ import annotations
+
+import json
 
 import httpx
 import pytest
@@ -181,3 +184,22 @@ def test_repetition_detection_stops_a_repeating_output(server, offline, submitte
     _error(_post(server, "/v1/completions", both), "repetition_detection")
     bad = dict(prompt="Hi", repetition_detection={"max_pattern_size": 3, "min_count": 1})
     assert "at least 2" in _error(_post(server, "/v1/completions", bad), "repetition_detection.min_count")
+
+
+def test_choices_carry_vllms_stop_reason(server, offline):
+    """The stop string or stop token id that ended a choice, "repetition_detected", else null (EOS,
+    length); streamed, in the chunk that finishes the choice."""
+    plain = _offline(offline, PROMPT, max_tokens=12, temperature=0.0, ignore_eos=True).outputs[0]
+    stop_id, stop_text = plain.token_ids[3], offline.tokenizer.decode(plain.token_ids[2:4])
+    cases = [({"stop_token_ids": [stop_id]}, stop_id), ({"stop": [stop_text]}, stop_text),
+             ({"repetition_detection": {"max_pattern_size": 3, "min_count": 4}}, "repetition_detected"), ({}, None)]
+    for extra, want in cases:
+        body = dict(prompt=PROMPT, max_tokens=12, temperature=0, ignore_eos=True, **extra)
+        choice = _post(server, "/v1/completions", body).json()["choices"][0]
+        assert choice["stop_reason"] == want, (extra, choice)
+        events = httpx.post(server.url + "/v1/completions", json=dict(body, model=MODEL, stream=True), timeout=60)
+        chunks = [json.loads(line[6:]) for line in events.text.splitlines() if line.startswith("data: {")]
+        assert [c["choices"][0]["stop_reason"] for c in chunks if c["choices"][0]["finish_reason"]] == [want]
+    chat = _post(server, "/v1/chat/completions", dict(messages=[{"role": "user", "content": "Hi"}], max_tokens=30,
+                                                      temperature=0)).json()["choices"][0]
+    assert chat["stop_reason"] is None  # an end-of-turn token or the length limit ended it

@@ -770,6 +770,17 @@ class _Format:
         self.model = serving.model_name()
         self.tokens_as_ids = bool(getattr(body, "return_tokens_as_token_ids", None)
                                   or serving.config.return_tokens_as_token_ids)
+        engine = serving.engine()
+        turn_ends = engine.tokenizer.chat_stop_token_ids if engine.tokenizer is not None else ()
+        self.eos = frozenset(eos_token_ids(engine.tokenizer, engine.model_config)) | frozenset(turn_ends)
+
+    def stop_reason(self, c: CompletionOutput) -> Optional[Union[int, str]]:
+        """vLLM's stop_reason of a finished sample: the stop string or stop token id that ended it
+        (not an EOS or end-of-turn id: vLLM's models stop on those as EOS), or "repetition_detected";
+        None otherwise."""
+        if c.finish_reason != "stop" or c.stop_reason in self.eos:
+            return None
+        return c.stop_reason
 
     def token_str(self, token_id: int) -> tuple[str, int]:
         """`_Serving.token_str`, the token named "token_id:N" when the request or server asks for
@@ -932,7 +943,8 @@ class _CompletionFormat(_Format):
         echoed = out if opening and self.body.echo else None
         choice = CompletionChoice(index=index, text=head + text, logprobs=self.logprobs(c, first, end, st, echoed),
                                   prompt_logprobs=self.prompt_logprobs(out) if opening else None,
-                                  finish_reason=finish, exit_depths=c.exit_depths[first:end],
+                                  finish_reason=finish, stop_reason=self.stop_reason(c) if finish else None,
+                                  exit_depths=c.exit_depths[first:end],
                                   prompt_token_ids=self.token_ids(out.prompt_token_ids) if opening else None,
                                   token_ids=self.token_ids(c.token_ids[first:end]))
         return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=[choice])
@@ -953,7 +965,7 @@ class _CompletionFormat(_Format):
                     index=index, text=self.echo_text(pi) + c.text,
                     logprobs=self.logprobs(c, 0, len(c.token_ids), st, out if self.body.echo else None),
                     prompt_logprobs=self.prompt_logprobs(out), finish_reason=_finish(c.finish_reason),
-                    exit_depths=c.exit_depths, prompt_token_ids=self.token_ids(out.prompt_token_ids),
+                    stop_reason=self.stop_reason(c), exit_depths=c.exit_depths, prompt_token_ids=self.token_ids(out.prompt_token_ids),
                     token_ids=self.token_ids(c.token_ids)))
         choices.sort(key=lambda ch: ch.index)
         return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=choices,
@@ -1024,7 +1036,8 @@ class _ChatFormat(_Format):
         if self.tool is not None:
             finish = self.tool_delta(st, delta, text, finish)
         return self.chunk([ChatChunkChoice(index=index, delta=delta, logprobs=self.logprobs(c, first, end),
-                                           finish_reason=finish, exit_depths=c.exit_depths[first:end],
+                                           finish_reason=finish, stop_reason=self.stop_reason(c) if finish else None,
+                                           exit_depths=c.exit_depths[first:end],
                                            token_ids=self.token_ids(c.token_ids[first:end]))])
 
     def tool_delta(self, st: _Progress, delta: ChatDelta, text: str, finish: Optional[str]) -> Optional[str]:
@@ -1086,7 +1099,8 @@ class _ChatFormat(_Format):
         if self.tool in ("required", "auto") and message.tool_calls and finish == "stop":
             finish = "tool_calls"  # vLLM's reason ("stop" after a named function's call)
         return ChatChoice(index=c.index, message=message, logprobs=self.logprobs(c, 0, len(c.token_ids)),
-                          finish_reason=finish, exit_depths=c.exit_depths, token_ids=self.token_ids(c.token_ids))
+                          finish_reason=finish, stop_reason=self.stop_reason(c), exit_depths=c.exit_depths,
+                          token_ids=self.token_ids(c.token_ids))
 
     def response(self, outputs: list[RequestOutput]) -> ChatCompletionResponse:
         choices = [self.choice(c) for c in outputs[0].outputs]

@@ -638,6 +638,8 @@ class CompletionChoice(BaseModel):
     prompt_logprobs: Optional[PromptLogprobs] = Field(
         None, description="vLLM: per prompt token (null first) its token id -> log-probability and the top N")
     finish_reason: Optional[Literal["stop", "length"]] = None
+    stop_reason: Optional[Union[int, str]] = Field(
+        None, description="vLLM: the stop string or stop token id that ended the choice (null for EOS and the rest)")
     exit_depths: list[int] = Field(default_factory=list, description="rlt: loops each token of this choice ran")
     prompt_token_ids: Optional[list[int]] = Field(None, description="vLLM (return_token_ids): the prompt's token ids")
     token_ids: Optional[list[int]] = Field(None, description="vLLM (return_token_ids): the choice's generated ids")
@@ -696,6 +698,8 @@ class ChatChoice(BaseModel):
     message: ChatMessageOut
     logprobs: Optional[ChatLogprobs] = None
     finish_reason: Literal["stop", "length", "tool_calls"]
+    stop_reason: Optional[Union[int, str]] = Field(
+        None, description="vLLM: the stop string or stop token id that ended the choice (null for EOS and the rest)")
     exit_depths: list[int] = Field(default_factory=list, description="rlt: loops each token of this choice ran")
     token_ids: Optional[list[int]] = Field(None, description="vLLM (return_token_ids): the choice's generated ids")
 
@@ -732,6 +736,8 @@ class ChatChunkChoice(BaseModel):
     delta: ChatDelta
     logprobs: Optional[ChatLogprobs] = None
     finish_reason: Optional[Literal["stop", "length", "tool_calls"]] = None
+    stop_reason: Optional[Union[int, str]] = Field(
+        None, description="vLLM: the stop string or stop token id that ended the choice (null for EOS and the rest)")
     exit_depths: list[int] = Field(default_factory=list, description="rlt: loops each token of this choice ran")
     token_ids: Optional[list[int]] = Field(None, description="vLLM (return_token_ids): the chunk's new token ids")
 
