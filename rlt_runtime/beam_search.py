@@ -31,8 +31,9 @@ MAX_BEAM_WIDTH = MAX_LOGPROBS // 2  # each round asks for 2 x beam_width log-pro
 
 @dataclass
 class BeamSearchParams:
-    """vLLM's beam-search parameters. temperature is accepted for vLLM's signature: beams are
-    ranked by the raw log-probabilities, whatever it is. stop_token_ids (rlt's) end beams as the
+    """vLLM's beam-search parameters. temperature and include_stop_str_in_output are accepted for
+    vLLM's signature and change nothing: beams are ranked by the raw log-probabilities, and they
+    end on end-of-sequence tokens only. stop_token_ids (rlt's) end beams as the
     end-of-sequence tokens do (the server passes a chat template's end-of-turn tokens)."""
 
     beam_width: int
