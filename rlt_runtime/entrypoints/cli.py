@@ -54,6 +54,13 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     s.add_argument("--min-tokens", type=int, default=0)
     s.add_argument("--bad-words", action="append", default=None, help="a word never generated (repeatable)")
     s.add_argument("--best-of", type=int, default=None)
+    s.add_argument("--allowed-token-ids", type=int, nargs="+", default=None, help="the only token ids generated")
+    s.add_argument("--truncate-prompt-tokens", type=int, default=None,
+                   help="keep the last N prompt tokens (-1: as many as the context takes)")
+    s.add_argument("--thinking-token-budget", type=int, default=None,
+                   help="force </think> once the reasoning holds N tokens")
+    s.add_argument("--repetition-detection", type=_json_object, default=None,
+                   help='JSON {"max_pattern_size", "min_pattern_size", "min_count"}: stop on a repeated pattern')
 
 
 def _logit_bias(text: str) -> dict:
@@ -63,6 +70,17 @@ def _logit_bias(text: str) -> dict:
         return {int(k): v for k, v in bias.items()}
     except (json.JSONDecodeError, AttributeError, ValueError) as exc:
         raise argparse.ArgumentTypeError(f'expected a JSON object {{"token id": bias}}, got {text!r}') from exc
+
+
+def _json_object(text: str) -> dict:
+    """A flag's JSON object."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def read_prompt_file(path) -> list:
@@ -102,6 +120,8 @@ def sampling_params(args) -> SamplingParams:
         exit_threshold=args.exit_threshold, repetition_penalty=args.repetition_penalty,
         presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty, logit_bias=args.logit_bias,
         min_tokens=args.min_tokens, bad_words=args.bad_words, best_of=args.best_of,
+        allowed_token_ids=args.allowed_token_ids, truncate_prompt_tokens=args.truncate_prompt_tokens,
+        thinking_token_budget=args.thinking_token_budget, repetition_detection=args.repetition_detection,
     )
 
 

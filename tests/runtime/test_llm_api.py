@@ -275,6 +275,23 @@ def test_cli_json_and_errors(tmp_path):
     assert bad.returncode == 2 and "top_p" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
 
 
+def test_cli_sampling_flags_reach_the_params(capsys):
+    from rlt_runtime.entrypoints.cli import build_parser, main, sampling_params
+
+    args = build_parser().parse_args(["--allowed-token-ids", "17", "33", "--truncate-prompt-tokens", "4",
+                                      "--thinking-token-budget", "2", "--repetition-detection",
+                                      '{"max_pattern_size": 2, "min_count": 3}'])
+    p = sampling_params(args)
+    assert (p.allowed_token_ids, p.truncate_prompt_tokens, p.thinking_token_budget) == ([17, 33], 4, 2)
+    assert (p.repetition_detection.max_pattern_size, p.repetition_detection.min_count) == (2, 3)
+    assert main(["--prompt", "Hello", "--json", "--max-tokens", "4", "--temperature", "0", "--dtype", "float32",
+                 "--allowed-token-ids", "17", "33", "--truncate-prompt-tokens", "2"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert set(row["outputs"][0]["token_ids"]) <= {17, 33} and len(row["prompt_token_ids"]) == 2
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--repetition-detection", "[1]"])
+
+
 def test_profile_option_writes_a_trace(tmp_path):
     m = LLM("ouro-tiny", dtype="float32", max_num_seqs=2, profile_dir=str(tmp_path), profile_steps=(1, 2))
     m.generate(["profile me"], SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)
