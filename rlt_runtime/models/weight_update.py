@@ -1,8 +1,8 @@
 """New weights for a loaded model, written in place (`LLM.update_weights`, e.g. after a training step).
 
-The new weights are loaded as a checkpoint's are, into a second model of the same form (q/k/v and
-gate/up fused, FP8 quantized at load, a tensor-parallel rank's shard cut), then every tensor is
-copied into the live model's: the live tensors keep their storage, so CUDA graphs and compiled
+The new weights are loaded as a checkpoint's are, into a second model of the same form on the host
+(q/k/v and gate/up fused, FP8 quantized at load, a tensor-parallel rank's shard cut, as a rank
+loads), then every tensor is copied into the live model's: the live tensors keep their storage, so CUDA graphs and compiled
 programs, which captured those addresses, read the new values.
 """
 
