@@ -74,7 +74,7 @@ DEFAULTS = dict(
     preemption_mode="recompute", tiny_pool=0, max_num_seqs=4, max_num_batched_tokens=32, prefill_chunk_size=None,
     execution_mode="eager", async_scheduling=False, cuda_graph_sizes=[1, 2, 4], requests=3, max_tokens=8,
     max_model_len=256, gpu_memory_utilization=0.04, workload_seed=0, plant=None, time_limit_s=None,
-    features=[], quantization=None, kv_cache_dtype="auto", split_keys=None, alone=False,
+    features=[], quantization=None, kv_cache_dtype="auto", split_keys=None, alone=False, new_weights=False,
 )
 
 
@@ -116,6 +116,8 @@ def describe(c: dict) -> str:
         parts.append("loops2-3")
     if c["split_keys"]:
         parts.append(f"split{c['split_keys']}")
+    if c["new_weights"]:
+        parts.append("new-weights")
     if c["plant"]:
         parts.append(f"plant-{c['plant']}")
     return " ".join(parts)
@@ -177,6 +179,7 @@ def draw_case(index: int, seed: int, device: str) -> dict:
     if f["quantization"] is None and rng.random() < 0.15:
         f["quantization"] = "w8a8_fp8"  # FP8 input rows too
     f["features"] += [name for name in LATE_FEATURES if rng.random() < 0.25]
+    f["new_weights"] = rng.random() < 0.2  # LLM.update_weights after a warm-up run (graphs captured, prefixes cached)
     return complete(index, f)
 
 

@@ -31,6 +31,9 @@ Equalities checked (the ones docs/design.md and README.md promise):
   JSON of the schema; every unguided thinking-budget sample starts `</think>` by its budget;
 * with `split_keys` (64-key attention ranges and a shared preamble that carries every request past
   one range) the same equalities hold where decode and prefill attention split their keys;
+* with `new_weights` every engine of the case (the crowd after a two-token warm-up run, so its
+  graphs are captured and a prefix cached) switches to other weights by `LLM.update_weights`,
+  and the fp64 reference uses them too;
 * the block/slot invariants hold after every step, the KV pool is full again at the end, no graph
   capture failed (a mode that fell back to eager proves nothing), and fixed-K speculation ran rounds (when a request could draft).
 """
@@ -280,7 +283,7 @@ def reference_difference(case: dict, w: Work, keys: list[int], got: list[dict]) 
     from rlt_runtime.models.presets import preset_config
     from rlt_runtime.stable_hash import prompt_key
 
-    cfg, weights = _fp64_weights(case["model"])
+    cfg, weights = _fp64_weights(case["model"], NEW_WEIGHTS_SEED if case["new_weights"] else 0)
     p = w.params
     common = dict(min_loops=p.min_loops or 1, max_loops=p.max_loops)
     if cfg.family == "ouro":
@@ -373,17 +376,34 @@ def guided_problem(guided, sample: dict) -> str:
 
 
 _WEIGHTS: dict = {}
+NEW_WEIGHTS_SEED = 1  # the weights a case with new_weights switches to
 
 
-def _fp64_weights(preset: str):
+def _fp64_weights(preset: str, seed: int = 0):
     import torch
 
     from rlt_runtime.models.presets import preset_config, preset_weights
 
-    if preset not in _WEIGHTS:
+    if (preset, seed) not in _WEIGHTS:
         cfg = preset_config(preset)
-        _WEIGHTS[preset] = cfg, dict(preset_weights(cfg, seed=0, dtype=torch.float64))
-    return _WEIGHTS[preset]
+        _WEIGHTS[preset, seed] = cfg, dict(preset_weights(cfg, seed=seed, dtype=torch.float64))
+    return _WEIGHTS[preset, seed]
+
+
+def take_new_weights(llm, case: dict, warm_up=None) -> None:
+    """With case["new_weights"]: run `warm_up` (a Work, max 2 tokens: graphs get captured, its
+    prefix cached), then give the engine the preset's weights of NEW_WEIGHTS_SEED (update_weights)."""
+    if not case["new_weights"]:
+        return
+    import torch
+
+    from rlt_runtime import SamplingParams
+    from rlt_runtime.models.presets import preset_config, preset_weights
+
+    if warm_up is not None:
+        llm.generate([warm_up.prompt], SamplingParams(max_tokens=2, temperature=0.0, seed=1), use_tqdm=False)
+    cfg = preset_config(case["model"])
+    llm.update_weights(preset_weights(cfg, seed=NEW_WEIGHTS_SEED, dtype=torch.float32))
 
 
 def _graph_sets(stats: dict) -> dict:
@@ -441,6 +461,7 @@ def run_case(case: dict) -> dict:
         llm = LLM(case["model"], **opts)
     except ConfigError as exc:
         return {"status": "config-error", "detail": str(exc), "checks": [], "stats": {}}
+    take_new_weights(llm, case, work[0])
     _progress(f"engine built, {captures(llm.stats())}")
     if case.get("plant") == "hang" or (case.get("plant") == "hang-beside-others" and not case.get("alone")):
         time.sleep(3600)
@@ -472,6 +493,8 @@ def run_case(case: dict) -> dict:
     refs = {False: LLM(case["model"], **alone_options(case, device, False, ample, samples))}
     if sampled_spec:
         refs[True] = LLM(case["model"], **alone_options(case, device, True, ample, samples))
+    for ref in refs.values():
+        take_new_weights(ref, case)
     # One reference engine serves the requests one at a time, in the reverse of the crowd's admission
     # order: a request's result must depend neither on its arrival number nor on earlier requests.
     _progress(f"{len(refs)} alone engine(s) built")

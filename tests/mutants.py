@@ -64,7 +64,7 @@ class Mutant:
 # suite leaves them to `python -m pytest -m slow` (tests/test_mutants.py marks them), this script
 # runs them with the others.
 SLOW = frozenset({"conformance-never-reruns-alone", "pd-tp-heads-joined-in-reverse", "tp-ranks-drop-late-masks",
-                  "remote-roles-unchecked", "pd-tp-import-shares-reversed"})
+                  "remote-roles-unchecked", "pd-tp-import-shares-reversed", "conformance-crowd-keeps-old-weights"})
 
 MUTANTS = (
     Mutant(
@@ -1021,6 +1021,13 @@ MUTANTS = (
         "return None",
         ("tests/server/test_vllm_request_extensions.py::test_choices_carry_vllms_stop_reason",),
         "choices report no stop_reason, whatever stop string or stop token ended them",
+    ),
+    Mutant(
+        "conformance-crowd-keeps-old-weights", "perf/conformance_case.py",
+        "take_new_weights(llm, case, work[0])",
+        "None",
+        ("tests/runtime/test_conformance.py::test_runner_passes_real_cases_and_fails_on_planted_faults",),
+        "a new_weights case runs its crowd on the old weights (against references on the new ones)",
     ),
     Mutant(
         "thinking-budget-off-by-one", "rlt_runtime/engine/thinking_budget.py",
