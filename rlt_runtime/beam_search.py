@@ -11,8 +11,8 @@ best `beam_width` returned. Ties fall to the earlier beam, then the lower token 
 reproducible; each round's requests run through the scheduler with the others (prefix caching
 shares the beams' common blocks).
 
-`BeamSearch` holds one prompt's state; a driver (`LLM.beam_search`, the server) submits
-`pending()` with `round_params()` and feeds the outputs back to `advance()`.
+`BeamSearch` holds one prompt's state; a driver (`LLM.beam_search`, the server) submits each
+`next_round` of its searches with `round_params()` and hands the outputs to `take_round`.
 """
 
 from __future__ import annotations
@@ -77,6 +77,20 @@ class BeamSearchOutput:
     """The best `beam_width` beams of one prompt, best first."""
 
     sequences: list[BeamSearchSequence]
+
+
+def next_round(searches: list["BeamSearch"]) -> tuple[list[list[list[int]]], list[list[int]]]:
+    """(each search's pending beams, all of them in one list: the round's prompts; empty when done)."""
+    rounds = [s.pending() for s in searches]
+    return rounds, [ids for beams in rounds for ids in beams]
+
+
+def take_round(searches: list["BeamSearch"], rounds: list, outputs: list[RequestOutput]) -> None:
+    """Hand a round's outputs (one per prompt of `next_round`'s list, in order) to their searches."""
+    outs = iter(outputs)
+    for search, beams in zip(searches, rounds):
+        if beams:
+            search.advance([next(outs) for _ in beams])
 
 
 def round_params(params: BeamSearchParams) -> SamplingParams:

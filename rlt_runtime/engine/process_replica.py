@@ -32,7 +32,7 @@ from .. import errors
 from ..config import step_time_limit
 from ..outputs import RequestOutput
 from .heap import freeze_heap
-from .replica import ENGINE_CALLS, Replica
+from .replica import Replica, call_engine
 from .wire import output_from_dict, output_to_dict, params_from_dict, params_to_dict
 
 logger = logging.getLogger("rlt")
@@ -345,8 +345,8 @@ def _apply(engine, cmd: tuple) -> tuple:
         if kind == "abort":
             out = engine.abort_request(cmd[2])
             return ("reply", seq, None if out is None else output_to_dict(out), None)
-        if kind == "engine" and cmd[2] in ENGINE_CALLS:
-            return ("reply", seq, getattr(engine, cmd[2])(*cmd[3:]), None)
+        if kind == "engine":
+            return ("reply", seq, call_engine(engine, *cmd[2:]), None)
         raise ValueError(f"unknown replica command {kind!r}")
     except errors.RltError as exc:
         return ("reply", seq, None, (type(exc).__name__, str(exc)))

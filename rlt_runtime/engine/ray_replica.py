@@ -43,7 +43,7 @@ from .. import errors
 from ..config import EngineConfig, step_time_limit
 from ..outputs import RequestOutput
 from .process_replica import STATS_INTERVAL_S, _error
-from .replica import ENGINE_CALLS, Replica
+from .replica import Replica, call_engine
 from .wire import output_from_dict, output_to_dict, params_from_dict, params_to_dict
 
 logger = logging.getLogger("rlt")
@@ -177,12 +177,10 @@ class EngineActor:
 
     def call(self, method: str, args: tuple) -> tuple:
         """(the engine method's result, None), or (None, (error class, message)); method: one of ENGINE_CALLS."""
-        if method not in ENGINE_CALLS:
-            return None, ("ValueError", f"method must be one of {ENGINE_CALLS}, got {method!r}")
         with self._engine_lock:
             try:
-                return getattr(self._engine, method)(*args), None
-            except errors.RltError as exc:
+                return call_engine(self._engine, method, *args), None
+            except (errors.RltError, ValueError) as exc:  # (ValueError: a method not in ENGINE_CALLS)
                 return None, (type(exc).__name__, str(exc))
 
     def set_final_only(self, value: bool) -> None:

@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Mapping
 from typing import Optional, Sequence, Union
 
-from ..beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, round_params
+from ..beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, next_round, round_params, take_round
 from ..chat_messages import template_messages
 from ..engine.data_parallel import build_engine
 from ..engine.llm_engine import eos_token_ids, tokenize_prompt
@@ -129,14 +129,11 @@ class LLM:
         searches = [BeamSearch(tokenize_prompt(p, engine.tokenizer)[1], params, eos, engine.max_model_len)
                     for p in prompts]
         while True:
-            rounds = [s.pending() for s in searches]
-            batch = [{"prompt_token_ids": ids} for beams in rounds for ids in beams]
+            rounds, batch = next_round(searches)
             if not batch:
                 break
-            outs = iter(self.generate(batch, round_params(params), use_tqdm=False))
-            for search, beams in zip(searches, rounds):
-                if beams:
-                    search.advance([next(outs) for _ in beams])
+            take_round(searches, rounds, self.generate([{"prompt_token_ids": ids} for ids in batch],
+                                                       round_params(params), use_tqdm=False))
         decode = (lambda ids: engine.tokenizer.decode(ids)) if engine.tokenizer is not None else (lambda ids: None)
         return [s.result(decode) for s in searches]
 

@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ...beam_search import BeamSearch, BeamSearchParams, request_output, round_params
+from ...beam_search import BeamSearch, BeamSearchParams, next_round, request_output, round_params, take_round
 from ...engine.llm_engine import LLMEngine, eos_token_ids
 from ...errors import ConfigError, RequestError
 from ...outputs import CompletionOutput, RequestOutput
@@ -651,19 +651,16 @@ class _Serving:
         stream: Optional[GenerationStream] = None
         try:
             while True:
-                rounds = [s.pending() for s in searches]
-                batch = [{"prompt_token_ids": ids, "prompt": None} for beams in rounds for ids in beams]
+                rounds, batch = next_round(searches)
                 if not batch:
                     break
-                stream = self.submit(batch, round_params(params), arrival)
+                stream = self.submit([{"prompt_token_ids": ids, "prompt": None} for ids in batch],
+                                     round_params(params), arrival)
                 error = await stream.admitted
                 if error is not None:
                     raise error
                 await self.finish(request, stream)
-                outs = iter(stream.outputs)
-                for search, beams in zip(searches, rounds):
-                    if beams:
-                        search.advance([next(outs) for _ in beams])
+                take_round(searches, rounds, stream.outputs)
             decode = engine.tokenizer.decode
             outputs = [request_output(s.result(decode), fmt.id, p["prompt"], p["prompt_token_ids"])
                        for s, p in zip(searches, prompts)]
@@ -1189,7 +1186,7 @@ class _ResponsesFormat(_ChatFormat):
                     if self.named_call is not None:
                         events += streaming.feed_call(self.named_call, text) if text else []
                     elif self.tool == "required":
-                        st.tool_text = (st.tool_text or "") + text
+                        self.streamed_content(st, text)  # (keeps the text; a required answer streams none as content)
                         events += streaming.required_calls(st.required.feed(text))
                     else:
                         events += streaming.feed("message", self.streamed_content(st, text) if self.tool else text)
