@@ -32,7 +32,7 @@ Equalities checked (the ones docs/design.md and README.md promise):
 * with `split_keys` (64-key attention ranges and a shared preamble that carries every request past
   one range) the same equalities hold where decode and prefill attention split their keys;
 * with `new_weights` every engine of the case (the crowd after a two-token warm-up run, so its
-  graphs are captured and a prefix cached) switches to other weights by `LLM.update_weights`,
+  graphs are captured and a prefix cached) switches to other weights by `LLM.update_weights` (in two parts),
   and the fp64 reference uses them too;
 * the block/slot invariants hold after every step, the KV pool is full again at the end, no graph
   capture failed (a mode that fell back to eager proves nothing), and fixed-K speculation ran rounds (when a request could draft).
@@ -392,7 +392,8 @@ def _fp64_weights(preset: str, seed: int = 0):
 
 def take_new_weights(llm, case: dict, warm_up=None) -> None:
     """With case["new_weights"]: run `warm_up` (a Work, max 2 tokens: graphs get captured, its
-    prefix cached), then give the engine the preset's weights of NEW_WEIGHTS_SEED (update_weights)."""
+    prefix cached), then give the engine the preset's weights of NEW_WEIGHTS_SEED (update_weights,
+    every other tensor in one call, the rest in a second)."""
     if not case["new_weights"]:
         return
     import torch
@@ -403,7 +404,9 @@ def take_new_weights(llm, case: dict, warm_up=None) -> None:
     if warm_up is not None:
         llm.generate([warm_up.prompt], SamplingParams(max_tokens=2, temperature=0.0, seed=1), use_tqdm=False)
     cfg = preset_config(case["model"])
-    llm.update_weights(preset_weights(cfg, seed=NEW_WEIGHTS_SEED, dtype=torch.float32))
+    weights = list(preset_weights(cfg, seed=NEW_WEIGHTS_SEED, dtype=torch.float32))
+    llm.update_weights(weights[::2])  # in two parts, as trainers that gather module by module send them
+    llm.update_weights(weights[1::2])
 
 
 def _graph_sets(stats: dict) -> dict:

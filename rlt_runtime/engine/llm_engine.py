@@ -525,10 +525,11 @@ class LLMEngine:
     # ---- weights and the prefix cache ---------------------------------------------------------------
     @_on_device
     def update_weights(self, weights) -> None:
-        """Replace the model's weights in place (models/weight_update.py), e.g. after a training step:
-        `weights` are (hf_name, tensor) pairs of a whole checkpoint (every name, each shape, as a
-        checkpoint is checked; any dtype and device). Needs an engine without unfinished requests
-        (RequestError). The prefix cache is reset: its K/V came from the old weights."""
+        """Write new weights into the model in place (models/weight_update.py), e.g. after a training
+        step: `weights` are (hf_name, tensor) pairs, a whole checkpoint's or any part of it (names
+        and shapes checked before anything is written; any dtype and device); tensors not given keep
+        their values. Needs an engine without unfinished requests (RequestError). The prefix cache is
+        reset: its K/V came from the old weights."""
         if self.has_unfinished_requests():
             raise RequestError("update_weights needs an idle engine: finish or abort the running requests first")
         self.executor.update_weights(list(weights))

@@ -25,8 +25,8 @@ ENGINE_CALLS = ("update_weights", "reset_prefix_cache")  # LLMEngine methods `Re
 
 
 def update_weights(replicas: list["Replica"], busy: bool, weights) -> None:
-    """`LLMEngine.update_weights` on every live replica of a front end (each gets the whole set of
-    CPU tensors); RequestError while the front end has requests (`busy`)."""
+    """`LLMEngine.update_weights` on every live replica of a front end (each gets every tensor, on
+    the CPU); RequestError while the front end has requests (`busy`)."""
     if busy:
         raise RequestError("update_weights needs an idle engine: finish or abort the running requests first")
     weights = [(name, t.detach().cpu()) for name, t in weights]

@@ -138,9 +138,10 @@ class LLM:
         return [s.result(decode) for s in searches]
 
     def update_weights(self, weights) -> None:
-        """Replace the model's weights in place with a whole checkpoint's, e.g. after a training
-        step: `weights` are (hf_name, tensor) pairs (a state dict's `.items()`), checked as a
-        checkpoint's are. Call it between `generate` calls; the prefix cache is reset."""
+        """Write new weights into the model in place, e.g. after a training step: `weights` are
+        (hf_name, tensor) pairs, a state dict's `.items()` or any part of it (one layer, one tensor),
+        each name and shape checked before anything is written. Call it between `generate` calls;
+        the prefix cache is reset."""
         self.engine.update_weights(weights)
 
     def reset_prefix_cache(self) -> int:

@@ -46,7 +46,7 @@ class Executor:
         raise NotImplementedError
 
     def update_weights(self, weights: list) -> None:
-        """Every worker loads `weights` ((hf_name, tensor) pairs, a whole checkpoint's) in place of its own."""
+        """Every worker writes `weights` ((hf_name, tensor) pairs: a checkpoint's, whole or in part) into its own."""
         raise NotImplementedError
 
     def worker_processes(self) -> list[dict]:

@@ -288,7 +288,7 @@ class MultiprocExecutor(Executor):
         return self._call("graph_stats")[0]
 
     def update_weights(self, weights: list) -> None:
-        """Every rank gets the whole set (CPU tensors travel through shared memory) and keeps its shard."""
+        """Every rank gets every tensor whole (CPU tensors travel through shared memory) and keeps its shard."""
         self._call("update_weights", [(name, t.detach().cpu()) for name, t in weights])
 
     def export_swapped(self, step: StepInput) -> list:

@@ -94,22 +94,12 @@ class Worker:
         )
 
     def update_weights(self, weights: list) -> int:
-        """Load `weights` ((hf_name, tensor) pairs: a whole checkpoint's, checked as one) into a second
-        model of this one's form on the host (this rank's shard; the device never holds two copies),
-        then copy them into the live weights in place (models/weight_update.py). Returns the bytes
+        """Write `weights` ((hf_name, tensor) pairs: a whole checkpoint's or any part of it) into the
+        live weights in place, this rank's shard of each (models/weight_update.py). Returns the bytes
         written on this worker."""
-        from ..models import build_model
-        from ..models.configs import hf_weight_shapes
-        from ..models.weight_update import checked, copy_weights
+        from ..models.weight_update import write_weights
 
-        s = self.spec
-        fresh = build_model(s.model_config, s.layout, torch.device("cpu"), s.dtype, s.quantization)
-        fresh.load_weights(checked(weights, hf_weight_shapes(s.model_config)))
-        if self.tp is not None:
-            from ..models.tensor_parallel import shard_model
-
-            shard_model(fresh, self.tp)
-        written = copy_weights(self.model, fresh)
+        written = write_weights(self.model, weights)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return written

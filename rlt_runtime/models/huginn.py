@@ -23,7 +23,8 @@ from ..cache.layout import KVLayout, PlaneSpec
 from .configs import HuginnConfig, check_weight_names, check_weights_complete, hf_weight_shapes
 from .exit_rules import LOGIT_CRITERIA, ExitRule, ExitState, huginn_exit, init_huginn_state
 from .fp8_weights import linear_weight
-from .tensor_parallel import row_parallel_residual_norm
+from .tensor_parallel import RankSlices, row_parallel_residual_norm, shifted
+from .weight_update import Target
 
 
 @dataclass
@@ -144,6 +145,36 @@ class HuginnModel:
             mlp_proj=linear_weight(p["mlp.proj.weight"], q), norm_1=p["norm_1.weight"],
             norm_2=p["norm_2.weight"], norm_3=p["norm_3.weight"], norm_4=p["norm_4.weight"],
         )
+
+    def weight_targets(self) -> dict[str, tuple[Target, ...]]:
+        """Where each checkpoint tensor lives in this loaded model (this rank's shard): its heads' rows
+        of Wqkv and of the q/k bias halves, its MLP rows of fc's gate and up halves, its columns of
+        proj and mlp.proj (models/weight_update.py)."""
+        cfg = self.config
+        keep = RankSlices.of(self.tp, cfg.num_heads, cfg.kv_heads, cfg.head_dim, cfg.intermediate_size)
+        q, kv, f = (b - a for a, b in (keep.q, keep.kv, keep.mlp))
+        k0, v0 = cfg.num_heads * cfg.head_dim, (cfg.num_heads + cfg.kv_heads) * cfg.head_dim
+        targets = {"transformer.wte.weight": (Target(self.wte),), "transformer.ln_f.weight": (Target(self.ln_f),),
+                   "transformer.adapter.weight": (Target(self.adapter),)}
+        groups = (("prelude", self.prelude), ("core_block", self.core), ("coda", self.coda_blocks))
+        for group, blocks in groups:
+            for i, b in enumerate(blocks):
+                p = f"transformer.{group}.{i}."
+                targets.update({
+                    p + "attn.Wqkv.weight": (Target(b.wqkv, rows=keep.q),
+                                             Target(b.wqkv, rows=shifted(keep.kv, k0), at=q),
+                                             Target(b.wqkv, rows=shifted(keep.kv, v0), at=q + kv)),
+                    p + "attn.proj.weight": (Target(b.proj, cols=keep.q),),
+                    p + "mlp.fc.weight": (Target(b.fc, rows=keep.mlp),
+                                          Target(b.fc, rows=shifted(keep.mlp, cfg.intermediate_size), at=f)),
+                    p + "mlp.proj.weight": (Target(b.mlp_proj, cols=keep.mlp),),
+                    **{p + f"norm_{j}.weight": (Target(getattr(b, f"norm_{j}")),) for j in range(1, 5)},
+                })
+                if cfg.qk_bias:
+                    targets[p + "attn.qk_bias"] = (
+                        Target(b.q_bias, rows=keep.heads, pick=lambda bias: bias[0, 0]),
+                        Target(b.k_bias, rows=keep.kv_heads, pick=lambda bias: bias[1, 0, : cfg.num_key_value_heads]))
+        return targets
 
     # ---- stage functions ---------------------------------------------------------------------
     def _blocks(self, x, blocks, batch, spec: PlaneSpec, first_cache_layer: int, final_norm=None):

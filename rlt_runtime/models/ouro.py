@@ -21,7 +21,8 @@ from ..cache.layout import KVLayout
 from .configs import OuroConfig, check_weight_names, check_weights_complete, hf_weight_shapes
 from .exit_rules import GATE_MODES, ExitRule, ExitState, lookahead_logits, new_exit_state, ouro_exit
 from .fp8_weights import Fp8Rows, linear_weight
-from .tensor_parallel import row_parallel_residual_norm
+from .tensor_parallel import RankSlices, row_parallel_residual_norm
+from .weight_update import Target
 
 
 @dataclass
@@ -93,6 +94,33 @@ class OuroModel:
             post_norm=p["post_attention_layernorm.weight"],
             post_norm_2=p["post_attention_layernorm_2.weight"],
         )
+
+    def weight_targets(self) -> dict[str, tuple[Target, ...]]:
+        """Where each checkpoint tensor lives in this loaded model (this rank's shard): q/k/v rows of
+        wqkv, gate/up rows of w_gate_up, o and down columns (models/weight_update.py)."""
+        cfg = self.config
+        keep = RankSlices.of(self.tp, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                             cfg.intermediate_size)
+        q, kv, f = (b - a for a, b in (keep.q, keep.kv, keep.mlp))
+        targets = {"model.embed_tokens.weight": (Target(self.embed_tokens),), "model.norm.weight": (Target(self.norm),),
+                   "model.early_exit_gate.weight": (Target(self.gate_w),),
+                   "model.early_exit_gate.bias": (Target(self.gate_b),), "lm_head.weight": (Target(self.lm_head),)}
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            targets.update({
+                p + "self_attn.q_proj.weight": (Target(layer.wqkv, rows=keep.q),),
+                p + "self_attn.k_proj.weight": (Target(layer.wqkv, rows=keep.kv, at=q),),
+                p + "self_attn.v_proj.weight": (Target(layer.wqkv, rows=keep.kv, at=q + kv),),
+                p + "self_attn.o_proj.weight": (Target(layer.wo, cols=keep.q),),
+                p + "mlp.gate_proj.weight": (Target(layer.w_gate_up, rows=keep.mlp),),
+                p + "mlp.up_proj.weight": (Target(layer.w_gate_up, rows=keep.mlp, at=f),),
+                p + "mlp.down_proj.weight": (Target(layer.w_down, cols=keep.mlp),),
+                p + "input_layernorm.weight": (Target(layer.input_norm),),
+                p + "input_layernorm_2.weight": (Target(layer.input_norm_2),),
+                p + "post_attention_layernorm.weight": (Target(layer.post_norm),),
+                p + "post_attention_layernorm_2.weight": (Target(layer.post_norm_2),),
+            })
+        return targets
 
     # ---- stage functions ---------------------------------------------------------------------
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ tensor by size, which would change the order of additions with the batch).
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -74,6 +75,27 @@ def check_tensor_parallel(config, size: int) -> None:
                               f"choose a tensor_parallel_size that divides {value}")
 
 
+@dataclass(frozen=True)
+class RankSlices:
+    """What one rank of `size` keeps of a block, as [start, stop) ranges within each checkpoint
+    part: `q` (rows of q, and columns of the output projection), `kv` (rows of k and of v), `mlp`
+    (rows of gate and of up, columns of down), `heads` and `kv_heads` (of Huginn's q/k biases).
+    One rank (no tensor parallelism) keeps everything."""
+
+    q: tuple[int, int]
+    kv: tuple[int, int]
+    mlp: tuple[int, int]
+    heads: tuple[int, int]
+    kv_heads: tuple[int, int]
+
+    @classmethod
+    def of(cls, tp: Optional[TensorParallel], heads: int, kv_heads: int, head_dim: int, width: int) -> "RankSlices":
+        r, n = (tp.rank, tp.size) if tp is not None else (0, 1)
+        h, kvh, f = heads // n, kv_heads // n, width // n
+        return cls(q=(r * h * head_dim, (r + 1) * h * head_dim), kv=(r * kvh * head_dim, (r + 1) * kvh * head_dim),
+                   mlp=(r * f, (r + 1) * f), heads=(r * h, (r + 1) * h), kv_heads=(r * kvh, (r + 1) * kvh))
+
+
 def _rows(w, ranges):
     """The rows of a weight (tensor or Fp8Weight) in the given [start, stop) ranges, concatenated."""
     if isinstance(w, Fp8Weight):
@@ -81,31 +103,32 @@ def _rows(w, ranges):
     return torch.cat([w[a:b] for a, b in ranges]).contiguous()
 
 
-def _cols(w, a: int, b: int):
+def _cols(w, cols: tuple[int, int]):
     """Columns [a, b) of a weight (an Fp8Weight keeps its per-output-row scales)."""
+    a, b = cols
     if isinstance(w, Fp8Weight):
         return Fp8Weight(w.data[:, a:b].contiguous(), w.scale, w.w8a8)
     return w[:, a:b].contiguous()
 
 
+def shifted(span: tuple[int, int], offset: int) -> tuple[int, int]:
+    """[start, stop) moved by offset (a part's range within a fused weight)."""
+    return span[0] + offset, span[1] + offset
+
+
 def _shard_block(block, tp: TensorParallel, heads: int, kv_heads: int, head_dim: int, width: int, names) -> None:
     """Slice one attention + MLP block in place. names: the block's (qkv, out, gate_up, down) fields."""
-    r, n = tp.rank, tp.size
-    h, kvh, f = heads // n, kv_heads // n, width // n
+    keep = RankSlices.of(tp, heads, kv_heads, head_dim, width)
     qkv, out, gate_up, down = names
-    q0, k0, v0 = 0, heads * head_dim, (heads + kv_heads) * head_dim
-    setattr(block, qkv, _rows(getattr(block, qkv), [
-        (q0 + r * h * head_dim, q0 + (r + 1) * h * head_dim),
-        (k0 + r * kvh * head_dim, k0 + (r + 1) * kvh * head_dim),
-        (v0 + r * kvh * head_dim, v0 + (r + 1) * kvh * head_dim),
-    ]))
-    setattr(block, out, _cols(getattr(block, out), r * h * head_dim, (r + 1) * h * head_dim))
-    setattr(block, gate_up, _rows(getattr(block, gate_up), [(r * f, (r + 1) * f), (width + r * f, width + (r + 1) * f)]))
-    setattr(block, down, _cols(getattr(block, down), r * f, (r + 1) * f))
+    k0, v0 = heads * head_dim, (heads + kv_heads) * head_dim
+    setattr(block, qkv, _rows(getattr(block, qkv), [keep.q, shifted(keep.kv, k0), shifted(keep.kv, v0)]))
+    setattr(block, out, _cols(getattr(block, out), keep.q))
+    setattr(block, gate_up, _rows(getattr(block, gate_up), [keep.mlp, shifted(keep.mlp, width)]))
+    setattr(block, down, _cols(getattr(block, down), keep.mlp))
     if getattr(block, "q_bias", None) is not None:
-        block.q_bias = block.q_bias[r * h:(r + 1) * h].contiguous()
+        block.q_bias = block.q_bias[slice(*keep.heads)].contiguous()
     if getattr(block, "k_bias", None) is not None:
-        block.k_bias = block.k_bias[r * kvh:(r + 1) * kvh].contiguous()
+        block.k_bias = block.k_bias[slice(*keep.kv_heads)].contiguous()
 
 
 def shard_model(model, tp: TensorParallel) -> None:
