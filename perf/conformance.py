@@ -75,6 +75,7 @@ DEFAULTS = dict(
     execution_mode="eager", async_scheduling=False, cuda_graph_sizes=[1, 2, 4], requests=3, max_tokens=8,
     max_model_len=256, gpu_memory_utilization=0.04, workload_seed=0, plant=None, time_limit_s=None,
     features=[], quantization=None, kv_cache_dtype="auto", split_keys=None, alone=False, new_weights=False,
+    sleep=False,
 )
 
 
@@ -117,7 +118,7 @@ def describe(c: dict) -> str:
     if c["split_keys"]:
         parts.append(f"split{c['split_keys']}")
     if c["new_weights"]:
-        parts.append("new-weights")
+        parts.append("new-weights-asleep" if c["sleep"] else "new-weights")
     if c["plant"]:
         parts.append(f"plant-{c['plant']}")
     return " ".join(parts)
@@ -180,6 +181,9 @@ def draw_case(index: int, seed: int, device: str) -> dict:
         f["quantization"] = "w8a8_fp8"  # FP8 input rows too
     f["features"] += [name for name in LATE_FEATURES if rng.random() < 0.25]
     f["new_weights"] = rng.random() < 0.2  # LLM.update_weights after a warm-up run (graphs captured, prefixes cached)
+    # Half of those update while asleep (sleep level 2, weights woken, updated, then the KV cache
+    # woken: the graphs are captured again); not compiled engines, which have no sleep mode.
+    f["sleep"] = f["new_weights"] and f["execution_mode"] != "compile" and rng.random() < 0.5
     return complete(index, f)
 
 

@@ -32,8 +32,9 @@ Equalities checked (the ones docs/design.md and README.md promise):
 * with `split_keys` (64-key attention ranges and a shared preamble that carries every request past
   one range) the same equalities hold where decode and prefill attention split their keys;
 * with `new_weights` every engine of the case (the crowd after a two-token warm-up run, so its
-  graphs are captured and a prefix cached) switches to other weights by `LLM.update_weights` (in two parts),
-  and the fp64 reference uses them too;
+  graphs are captured and a prefix cached) switches to other weights by `LLM.update_weights` (in two parts;
+  with `sleep` the crowd does so asleep: level 2, the weights woken and refilled, then the KV
+  cache woken), and the fp64 reference uses them too;
 * the block/slot invariants hold after every step, the KV pool is full again at the end, no graph
   capture failed (a mode that fell back to eager proves nothing), and fixed-K speculation ran rounds (when a request could draft).
 """
@@ -161,7 +162,7 @@ def engine_options(case: dict, device: str) -> dict:
         prefill_chunk_size=case["prefill_chunk_size"], max_num_batched_tokens=case["max_num_batched_tokens"],
         max_num_seqs=case["max_num_seqs"], execution_mode=case["execution_mode"],
         async_scheduling=case["async_scheduling"], speculative_config=case["speculative_config"],
-        quantization=case["quantization"], kv_cache_dtype=case["kv_cache_dtype"],
+        quantization=case["quantization"], kv_cache_dtype=case["kv_cache_dtype"], enable_sleep_mode=case["sleep"],
     )
     if case["execution_mode"] != "eager":
         opts["cuda_graph_sizes"] = case["cuda_graph_sizes"]
@@ -405,8 +406,14 @@ def take_new_weights(llm, case: dict, warm_up=None) -> None:
         llm.generate([warm_up.prompt], SamplingParams(max_tokens=2, temperature=0.0, seed=1), use_tqdm=False)
     cfg = preset_config(case["model"])
     weights = list(preset_weights(cfg, seed=NEW_WEIGHTS_SEED, dtype=torch.float32))
+    asleep = case["sleep"] and warm_up is not None  # (the crowd: the reference engine stays awake)
+    if asleep:
+        llm.sleep(level=2)  # as beside a trainer: the weights discarded, then refilled
+        llm.wake_up(tags=["weights"])
     llm.update_weights(weights[::2])  # in two parts, as trainers that gather module by module send them
     llm.update_weights(weights[1::2])
+    if asleep:
+        llm.wake_up(tags=["kv_cache"])
 
 
 def _graph_sets(stats: dict) -> dict:

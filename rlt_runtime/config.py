@@ -146,6 +146,8 @@ class EngineConfig:
     # Penalties: the per-slot output-token counts and prompt-token mask ([max_num_seqs, vocab] each)
     # that repetition/presence/frequency penalties read; off: not allocated, such requests refused.
     enable_penalties: bool = True
+    # Sleep mode (`LLM.sleep` / `wake_up`, the server's /sleep and /wake_up): off, those calls are refused.
+    enable_sleep_mode: bool = False
     # Profiling.
     profile_dir: Optional[str] = None
     profile_steps: tuple = (2, 4)  # (first step to record, number of steps)
@@ -279,8 +281,12 @@ class EngineConfig:
             raise _fail("speculative_config", "a dict or SpeculativeConfig", self.speculative_config)
         _int(self.max_stop_strings, "max_stop_strings", 1)
         _int(self.max_stop_chars, "max_stop_chars", 1)
-        if not isinstance(self.enable_penalties, bool):
-            raise _fail("enable_penalties", "a boolean", self.enable_penalties)
+        for name in ("enable_penalties", "enable_sleep_mode"):
+            if not isinstance(getattr(self, name), bool):
+                raise _fail(name, "a boolean", getattr(self, name))
+        if self.enable_sleep_mode and self.execution_mode == "compile":
+            raise _fail("enable_sleep_mode", "False with execution_mode 'compile' (compiled programs keep the "
+                        "addresses of the weights and the KV cache, which sleep mode moves)", self.enable_sleep_mode)
         if (not isinstance(self.profile_steps, (list, tuple)) or len(self.profile_steps) != 2
                 or any(not isinstance(v, int) or v < 0 for v in self.profile_steps) or self.profile_steps[1] < 1):
             raise _fail("profile_steps", "(first_step >= 0, num_steps >= 1)", self.profile_steps)

@@ -29,7 +29,7 @@ from ..errors import ConfigError, ReplicaError, RequestError
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from .llm_engine import tokenize_prompt
-from .replica import InProcessReplica, Replica, reset_prefix_cache, update_weights
+from .replica import InProcessReplica, Replica, ReplicaEngineCalls
 from .routing import Router
 
 logger = logging.getLogger("rlt")
@@ -121,7 +121,7 @@ def error_output(request_id: str, tracked, message: str) -> RequestOutput:
                          prompt_logprobs=None if last is None else last.prompt_logprobs, error=message)
 
 
-class DataParallelEngine:
+class DataParallelEngine(ReplicaEngineCalls):
     """`data_parallel_size` LLMEngine replicas, one per device, behind one add/abort/step/stats surface.
 
     backend: "process" (each replica in its own process), "ray" (each replica a Ray actor:
@@ -296,13 +296,9 @@ class DataParallelEngine:
             outs.append(self._delta(tracked, out) if deltas else out)
         return outs
 
-    # ---- weights and the prefix cache ---------------------------------------------------------------
-    def update_weights(self, weights) -> None:
-        """`LLMEngine.update_weights` on every replica (replica.py)."""
-        update_weights(self.replicas, bool(self._tracked), weights)
-
-    def reset_prefix_cache(self) -> int:
-        return reset_prefix_cache(self.replicas)
+    @property
+    def call_targets(self) -> list[Replica]:
+        return self.replicas
 
     # ---- stats and lifecycle ------------------------------------------------------------------------
     def stats(self) -> dict:

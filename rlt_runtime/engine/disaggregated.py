@@ -49,7 +49,7 @@ from .kv_transfer import (
 )
 from .llm_engine import tokenize_prompt
 from .process_replica import STATS_INTERVAL_S, ChildHooks, ProcessReplica
-from .replica import Replica, call_engine, reset_prefix_cache, update_weights
+from .replica import Replica, ReplicaEngineCalls, call_engine
 from .wire import output_to_dict
 
 logger = logging.getLogger("rlt")
@@ -117,7 +117,7 @@ class _Tracked:
     prompt_logprobs_sent: int = 0
 
 
-class DisaggregatedEngine:
+class DisaggregatedEngine(ReplicaEngineCalls):
     """A prefill engine and a decode engine behind one add/abort/step/stats surface.
 
     backend: "process" (each engine in its own process, K/V over torch.distributed, the default)
@@ -146,16 +146,11 @@ class DisaggregatedEngine:
         self._failures_handled: set[str] = set()
         self.num_handoffs = 0
 
-    def update_weights(self, weights) -> None:
-        """`LLMEngine.update_weights` on both roles' engines (replica.py)."""
-        update_weights(self.workers, bool(self._tracked), weights)
-
-    def reset_prefix_cache(self) -> int:
-        return reset_prefix_cache(self.workers)
-
     @property
     def workers(self) -> list[Replica]:
         return [self.prefill, self.decode]
+
+    call_targets = workers  # (the engine calls reach both roles)
 
     @property
     def failure(self) -> Optional[str]:

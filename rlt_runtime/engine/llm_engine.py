@@ -27,6 +27,7 @@ from ..config import HUGINN_CRITERION_DEFAULTS, EngineConfig
 from ..errors import ConfigError, RequestError
 from ..executor.executor import build_executor
 from ..executor.model_runner import StepHandle
+from ..executor.sleep import check_tags
 from ..executor.token_mask import allowed_words, new_bitmask, restrict
 from ..executor.ops import check_flash_setup
 from ..executor.worker import WorkerSpec
@@ -207,6 +208,7 @@ class LLMEngine:
         if cfg.speculative_config is not None:
             self._init_speculation(cfg.speculative_config)
         self._groups: dict[str, list[Request]] = {}
+        self._asleep: list[str] = []  # sleep mode: what `sleep` gave back and `wake_up` has not taken again
         self._trackers: dict[int, TextTracker] = {}
         self._prompts: dict[str, Optional[str]] = {}
         self._arrivals = itertools.count()
@@ -264,6 +266,8 @@ class LLMEngine:
         arrival_index: the request's place in the arrival order (default: this engine's own count);
         it orders FCFS admission and keys the randomness of unseeded samples, so a front end over
         several engines gives it to keep their outputs those of one engine."""
+        if self._asleep:
+            raise RequestError(f"the engine is asleep ({', '.join(self._asleep)} given back): call wake_up() first")
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise RequestError("sampling_params must be a SamplingParams")
@@ -532,8 +536,46 @@ class LLMEngine:
         reset: its K/V came from the old weights."""
         if self.has_unfinished_requests():
             raise RequestError("update_weights needs an idle engine: finish or abort the running requests first")
+        if "weights" in self._asleep:
+            raise RequestError("update_weights needs the weights awake: call wake_up(tags=['weights']) first")
         self.executor.update_weights(list(weights))
-        self.reset_prefix_cache()
+        self.reset_prefix_cache()  # (its K/V came from the old weights)
+
+    @_on_device
+    def sleep(self, level: int = 1) -> int:
+        """Give back the device memory of the weights and the KV cache while the engine idles (e.g.
+        while a trainer uses the GPU; executor/sleep.py; needs enable_sleep_mode): level 1 keeps the weights in host memory,
+        level 2 discards them (`update_weights` refills them after `wake_up`). The prefix cache is
+        reset. Needs an idle engine (RequestError); returns the bytes given back."""
+        if not self.cfg.enable_sleep_mode:
+            raise RequestError("sleep mode is off: build the engine with enable_sleep_mode=True (--enable-sleep-mode)")
+        if level not in (1, 2):
+            raise RequestError(f"sleep level must be 1 (weights kept in host memory) or 2 (weights discarded), got {level!r}")
+        if self.has_unfinished_requests():
+            raise RequestError("sleep needs an idle engine: finish or abort the running requests first")
+        if self._asleep:
+            raise RequestError("the engine is already asleep: call wake_up() first")
+        self.reset_prefix_cache()  # (its K/V comes back as zeros)
+        given = self.executor.sleep(level)
+        self._asleep = ["weights", "kv_cache"]
+        return given
+
+    @_on_device
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """Take back the memory `sleep` gave: `tags` among "weights" and "kv_cache" (None: both; a
+        tag already awake is skipped). Requests are taken again once both are back."""
+        try:
+            tags = check_tags(tags)
+        except ValueError as exc:
+            raise RequestError(str(exc)) from None
+        waking = [t for t in tags if t in self._asleep]
+        if waking:
+            self.executor.wake_up(waking)
+            self._asleep = [t for t in self._asleep if t not in waking]
+
+    def is_sleeping(self) -> bool:
+        """Whether any memory `sleep` gave back is still away."""
+        return bool(self._asleep)
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prompt prefix (blocks in use are freed when released); returns the

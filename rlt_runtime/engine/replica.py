@@ -21,23 +21,48 @@ from ..errors import RequestError
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 
-ENGINE_CALLS = ("update_weights", "reset_prefix_cache")  # LLMEngine methods `Replica.call` runs
+ENGINE_CALLS = ("update_weights", "reset_prefix_cache", "sleep", "wake_up", "is_sleeping")  # LLMEngine methods `Replica.call` runs
 
 
-def update_weights(replicas: list["Replica"], busy: bool, weights) -> None:
-    """`LLMEngine.update_weights` on every live replica of a front end (each gets every tensor, on
-    the CPU); RequestError while the front end has requests (`busy`)."""
-    if busy:
-        raise RequestError("update_weights needs an idle engine: finish or abort the running requests first")
-    weights = [(name, t.detach().cpu()) for name, t in weights]
-    for replica in replicas:
-        if replica.alive:
+class ReplicaEngineCalls:
+    """The LLMEngine calls a front end over replicas passes on to every live replica (the
+    weights, the prefix cache, sleep mode). The front end sets `call_targets` (its replicas) and
+    `_tracked` (its requests in flight: while any, the calls that need an idle engine are refused)."""
+
+    call_targets: list["Replica"]
+    _tracked: dict
+
+    def _live(self) -> list["Replica"]:
+        return [r for r in self.call_targets if r.alive]
+
+    def _idle(self, what: str) -> None:
+        if self._tracked:
+            raise RequestError(f"{what} needs an idle engine: finish or abort the running requests first")
+
+    def update_weights(self, weights) -> None:
+        """`LLMEngine.update_weights` on every replica (each gets every tensor, on the CPU)."""
+        self._idle("update_weights")
+        weights = [(name, t.detach().cpu()) for name, t in weights]
+        for replica in self._live():
             replica.call("update_weights", weights)
 
+    def reset_prefix_cache(self) -> int:
+        """`LLMEngine.reset_prefix_cache` on every replica; the cached blocks dropped in all."""
+        return sum(r.call("reset_prefix_cache") for r in self._live())
 
-def reset_prefix_cache(replicas: list["Replica"]) -> int:
-    """`LLMEngine.reset_prefix_cache` on every live replica; the cached blocks dropped in all."""
-    return sum(r.call("reset_prefix_cache") for r in replicas if r.alive)
+    def sleep(self, level: int = 1) -> int:
+        """`LLMEngine.sleep` on every replica; the bytes given back by all."""
+        self._idle("sleep")
+        return sum(r.call("sleep", level) for r in self._live())
+
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """`LLMEngine.wake_up` on every replica."""
+        for replica in self._live():
+            replica.call("wake_up", tags)
+
+    def is_sleeping(self) -> bool:
+        """Whether any replica is asleep."""
+        return any(r.call("is_sleeping") for r in self._live())
 
 
 def call_engine(engine, method: str, *args):

@@ -144,6 +144,20 @@ class LLM:
         the prefix cache is reset."""
         self.engine.update_weights(weights)
 
+    def sleep(self, level: int = 1) -> int:
+        """Give back the device memory of the weights and the KV cache between `generate` calls (e.g.
+        while a trainer uses the GPU): level 1 keeps the weights in host memory, level 2 discards
+        them (refill them with `update_weights` after `wake_up(tags=["weights"])`). Returns the bytes
+        given back."""
+        return self.engine.sleep(level)
+
+    def wake_up(self, tags: Optional[list[str]] = None) -> None:
+        """Take back what `sleep` gave: tags among "weights" and "kv_cache" (None: both)."""
+        self.engine.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        return self.engine.is_sleeping()
+
     def reset_prefix_cache(self) -> int:
         """Forget every cached prompt prefix; returns the cached blocks dropped."""
         return self.engine.reset_prefix_cache()

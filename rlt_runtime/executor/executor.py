@@ -49,6 +49,15 @@ class Executor:
         """Every worker writes `weights` ((hf_name, tensor) pairs: a checkpoint's, whole or in part) into its own."""
         raise NotImplementedError
 
+    def sleep(self, level: int) -> int:
+        """Every worker gives back its weights' (level 1: kept on the host; 2: discarded) and KV
+        cache's device memory; returns the bytes given back by all."""
+        raise NotImplementedError
+
+    def wake_up(self, tags: list[str]) -> None:
+        """Every worker takes back the memory of `tags` ("weights", "kv_cache")."""
+        raise NotImplementedError
+
     def worker_processes(self) -> list[dict]:
         """The worker processes: [{"rank", "pid", "device"}], empty when the worker runs in the engine's process."""
         return []
@@ -93,6 +102,12 @@ class UniprocExecutor(Executor):
 
     def update_weights(self, weights: list) -> None:
         self.worker.update_weights(weights)
+
+    def sleep(self, level: int) -> int:
+        return self.worker.sleep(level)
+
+    def wake_up(self, tags: list[str]) -> None:
+        self.worker.wake_up(tags)
 
     def export_swapped(self, step: StepInput) -> list:
         return self.worker.export_swapped(step)

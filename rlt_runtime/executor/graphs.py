@@ -131,10 +131,19 @@ class DecodeGraphs:
                 return s
         return None
 
+    def drop(self) -> None:
+        """Forget every captured program, so its memory can go back (sleep mode: the tensors it read
+        move); the next run of a bucket captures it again."""
+        self._entries.clear()
+        self._failed.clear()
+        if self.mode == "graphs":
+            self._pool = torch.cuda.graph_pool_handle()
+
     def capture_all(self, variant: tuple) -> None:
-        """Capture every bucket for one variant, largest first (startup)."""
+        """Capture every bucket for one variant not captured yet, largest first (startup)."""
         for size in reversed(self.sizes):
-            self._capture(size, variant)
+            if (size, variant) not in self._entries:
+                self._capture(size, variant)
 
     def run(self, rows: int, variant: tuple) -> Optional[dict]:
         """Replay the bucket for `rows` live rows; None means the caller must run eagerly (counted)."""

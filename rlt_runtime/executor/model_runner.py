@@ -202,11 +202,24 @@ class ModelRunner:
         # Steps whose rows all run every loop take the fixed-depth program (`run_full_depth`); compile mode
         # keeps one program per bucket (each variant is another compilation of the whole model).
         self.fixed_steps = self.forward_only_steps = self.prompt_only_prefills = mode != "compile"
-        for fixed in self.startup_fixed_variants():
-            self.graphs.capture_all((False, 0, False, fixed, False))
         self.prefill_graphs = DecodeGraphs(self.prefill_program, [self.pre_in["counts"]], token_sizes, mode=mode,
                                            static_tensors=static)
+        self.capture_startup_graphs()
+
+    def capture_startup_graphs(self) -> None:
+        """Capture the programs every engine with graphs needs from its first step (decode at every
+        row bucket, prefill at every token bucket, and the speculative rounds), largest first."""
+        for fixed in self.startup_fixed_variants():
+            self.graphs.capture_all((False, 0, False, fixed, False))
         self.prefill_graphs.capture_all((False, 0, False, not self.prompt_only_prefills))
+        if self.spec is not None and self.spec.graphs is not None:
+            self.spec.capture_startup_graphs()
+
+    def drop_graphs(self) -> None:
+        """Forget every captured program (sleep mode; `capture_startup_graphs` takes them again)."""
+        for graphs in (self.graphs, self.prefill_graphs, self.spec.graphs if self.spec is not None else None):
+            if graphs is not None:
+                graphs.drop()
 
     # ---- swap preemption ----------------------------------------------------------------------
     def _kv_bits(self):

@@ -291,6 +291,12 @@ class MultiprocExecutor(Executor):
         """Every rank gets every tensor whole (CPU tensors travel through shared memory) and keeps its shard."""
         self._call("update_weights", [(name, t.detach().cpu()) for name, t in weights])
 
+    def sleep(self, level: int) -> int:
+        return sum(self._call("sleep", level))
+
+    def wake_up(self, tags: list[str]) -> None:
+        self._call("wake_up", tags)
+
     def export_swapped(self, step: StepInput) -> list:
         """Every rank swaps out its heads; each sequence's copies (K, V, key depths) come back whole:
         the ranks' K and V joined along the K/V heads (dim 3), as one engine would hold them."""

@@ -58,6 +58,9 @@ class SpeculativeRunner:
         static = persistent_tensors(self, self.runner, self.runner.model) if mode == "compile" else []
         self.graphs = DecodeGraphs(self.round_program, inert, [s for s in sizes if s <= self.runner.max_rows], mode=mode,
                                    static_tensors=static)
+        self.capture_startup_graphs()
+
+    def capture_startup_graphs(self) -> None:
         # Every draft count the adaptive policy may pick, greedy and sampling, at startup: a round
         # never waits on a capture. (Rounds that ask for logprobs capture on first use, and so do
         # the variants decode captures on first use.)

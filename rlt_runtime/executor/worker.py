@@ -59,6 +59,7 @@ class Worker:
         self.tp = tensor_parallel
         self.model = self.ops = self.runner = None
         self.weights_bytes = 0
+        self._asleep: dict = {}  # sleep mode: tag -> what `sleep` released and `wake_up` has not restored
 
     def load(self, weights=None) -> None:
         """Build the ops, the model (this rank's shard) and the runner. `weights`: an iterator of
@@ -103,6 +104,32 @@ class Worker:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return written
+
+    def sleep(self, level: int) -> int:
+        """Give back the device memory of the weights (level 1: kept in host memory; level 2:
+        discarded) and of the KV cache, dropping the captured graphs that read them
+        (executor/sleep.py). Returns the bytes given back."""
+        from .sleep import kv_tensors, release, weight_tensors
+
+        self.runner.drop_graphs()
+        self._asleep = {"weights": release(weight_tensors(self.model), keep=level == 1),
+                        "kv_cache": release(kv_tensors(self.runner.kv), keep=False)}
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+        return sum(r.nbytes for r in self._asleep.values())
+
+    def wake_up(self, tags: list[str]) -> None:
+        """Take back the memory of `tags` ("weights", "kv_cache"); once both are back, capture the
+        startup graphs again."""
+        from .sleep import restore
+
+        for tag in tags:
+            restore(self._asleep.pop(tag))
+        if not self._asleep and self.runner.graphs is not None:
+            self.runner.capture_startup_graphs()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def plan_memory(self, cfg, useful_blocks: int) -> MemoryPlan:
         """The KV pool size this device allows (profiling the largest steps on CUDA)."""

@@ -21,7 +21,7 @@ OURO = dict(model="ouro-tiny", sampling="mixed", logprobs=2, n=2, requests=4, ma
             features=[*FEATURES, *LATE_FEATURES], kv_cache_dtype="fp8", split_keys=64)
 HUGINN = dict(model="huginn-tiny", kv_layout="last_exited", last_exited_reads="copy", exit_mode="latent-diff",
               exit_criterion_threshold=1.2, exit_thresholds=[], requests=2, max_tokens=4, workload_seed=3,
-              features=["bias-min-bad", "penalties", "allowed-ids"], new_weights=True)
+              features=["bias-min-bad", "penalties", "allowed-ids"], new_weights=True, sleep=True)
 HANG_LIMIT_S = 15  # the planted hangs: about 3x the 5 s a case takes alone on a CPU (its engine is built at 3 s)
 
 

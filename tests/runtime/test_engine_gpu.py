@@ -260,3 +260,23 @@ def test_new_weights_reach_captured_graphs(tmp_path, quantization):
     want = outputs(engine(str(tmp_path), **opts), PROMPTS, params)
     assert want != before and outputs(llm, PROMPTS, params) == want
     assert llm.engine.executor.graph_stats()["graphs"]["replays"] > 0
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_sleep_gives_the_memory_back_and_the_graphs_are_captured_again(speculative):
+    """sleep(level=1) hands the weights' and the KV cache's device memory back (and the graphs');
+    after wake_up the engine captures its graphs again and gives the same outputs bit for bit."""
+    spec = {"speculative_config": {"num_speculative_tokens": 2, "draft_loops": 1}} if speculative else {}
+    llm = engine("ouro-tiny", dtype="bfloat16", execution_mode="graphs", kv_cache_dtype="fp8", enable_sleep_mode=True,
+                 **spec)
+    startup = llm.engine.executor.graph_stats()["graphs"]["captures"]
+    params = SamplingParams(max_tokens=8, temperature=0.0, seed=1, logprobs=2, ignore_eos=True)
+    before = outputs(llm, PROMPTS, params)
+    captured = llm.engine.executor.graph_stats()["graphs"]["captures"]  # (and the variants captured on first use)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    given = llm.sleep(level=1)
+    assert given > 0 and held - torch.cuda.memory_allocated() >= given
+    llm.wake_up()
+    assert startup > 0 and llm.engine.executor.graph_stats()["graphs"]["captures"] == captured + startup
+    assert outputs(llm, PROMPTS, params) == before

@@ -13,10 +13,12 @@ import random
 import pytest
 import torch
 
+from outputs_of import outputs_of
 from rlt_runtime import LLM, RequestError, SamplingParams
 from rlt_runtime.cache.block_pool import BlockPool
 from rlt_runtime.engine.data_parallel import DataParallelEngine
 from rlt_runtime.errors import CheckpointError
+from rlt_runtime.executor.sleep import weight_tensors
 from rlt_runtime.models import build_model
 from rlt_runtime.models.checkpoint import save_checkpoint
 from rlt_runtime.models.presets import preset_config, preset_weights
@@ -54,37 +56,8 @@ def built(tmp_path_factory):
 
 
 def _results(llm) -> list:
-    """PROMPTS under PARAMS on an LLM, or on an engine (stepped here)."""
-    if isinstance(llm, LLM):
-        outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
-    else:
-        for i, (prompt, params) in enumerate(zip(PROMPTS, PARAMS)):
-            llm.add_request(str(i), prompt, params)
-        done = {}
-        while llm.has_unfinished_requests():
-            done.update((int(o.request_id), o) for o in llm.step(final_only=True))
-        outs = [done[i] for i in range(len(PROMPTS))]
-    return [[(c.token_ids, c.exit_depths, None if c.logprobs is None else [(lp.logprob, sorted(lp.top.items()))
-                                                                            for lp in c.logprobs]) for c in o.outputs]
-            for o in outs]
-
-
-def _tensors(model) -> list[torch.Tensor]:
-    found = []
-
-    def walk(value):
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                walk(v)
-        elif hasattr(value, "__dataclass_fields__"):
-            for name in value.__dataclass_fields__:
-                walk(getattr(value, name))
-
-    for value in vars(model).values():
-        walk(value)
-    return found
+    """PROMPTS under PARAMS on an LLM, or on a front end (stepped here)."""
+    return outputs_of(llm, PROMPTS, PARAMS)
 
 
 def _loaded(model: str, weights: dict, quantization, rank, dtype=torch.bfloat16):
@@ -118,10 +91,10 @@ def test_any_part_written_gives_the_model_its_load_builds(model, quantization, r
     names = list(new)
     for part in _subsets(names, seed=len(names)):
         live = _loaded(model, old, quantization, rank)
-        addresses = [t.data_ptr() for t in _tensors(live)]
+        addresses = [t.data_ptr() for t in weight_tensors(live)]
         write_weights(live, [(name, new[name]) for name in part])
         want = _loaded(model, {name: new[name] if name in part else w for name, w in old.items()}, quantization, rank)
-        got, expected = _tensors(live), _tensors(want)
+        got, expected = weight_tensors(live), weight_tensors(want)
         assert [t.shape for t in got] == [t.shape for t in expected]
         assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(got, expected)), part
         assert [t.data_ptr() for t in got] == addresses  # written in place
@@ -129,7 +102,7 @@ def test_any_part_written_gives_the_model_its_load_builds(model, quantization, r
 
 def test_refused_sets_change_nothing():
     live = _loaded("ouro-tiny", _new_weights("ouro-tiny", seed=0), "fp8", 1)
-    before = [t.clone() for t in _tensors(live)]
+    before = [t.clone() for t in weight_tensors(live)]
     new = _new_weights("ouro-tiny", seed=1)
     norm = ("model.norm.weight", new["model.norm.weight"])
     bad = {"unexpected tensor 'model.layers.9.mlp.up_proj.weight' \\(not in a ouro checkpoint\\)":
@@ -140,7 +113,7 @@ def test_refused_sets_change_nothing():
     for message, weights in bad.items():
         with pytest.raises(CheckpointError, match=message):
             write_weights(live, weights)
-        assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(_tensors(live), before))
+        assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(weight_tensors(live), before))
 
 
 @pytest.mark.parametrize("model,quantization", [("ouro-tiny", None), ("huginn-tiny", None), ("ouro-tiny", "fp8")])
@@ -149,12 +122,12 @@ def test_new_weights_give_what_an_engine_built_with_them_gives(built, model, qua
     llm = LLM(model, **opts)
     before = _results(llm)  # also fills the prefix cache with the old weights' K/V
     live = llm.engine.executor.worker.model
-    addresses = [t.data_ptr() for t in _tensors(live)]
+    addresses = [t.data_ptr() for t in weight_tensors(live)]
     llm.update_weights(_new_weights(model).items())
     want = _results(LLM(built(model), **opts))
     assert want != before  # new weights change the outputs: the check has teeth
     assert _results(llm) == want
-    assert [t.data_ptr() for t in _tensors(live)] == addresses  # written in place
+    assert [t.data_ptr() for t in weight_tensors(live)] == addresses  # written in place
 
 
 def test_the_prefix_cache_is_reset():

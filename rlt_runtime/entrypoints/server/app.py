@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ...beam_search import BeamSearch, BeamSearchParams, next_round, request_output, round_params, take_round
 from ...engine.llm_engine import LLMEngine, eos_token_ids
 from ...errors import ConfigError, RequestError
+from ...executor.sleep import check_tags
 from ...outputs import CompletionOutput, RequestOutput
 from ...sampling_params import SamplingParams
 from .metrics import CONTENT_TYPE
@@ -51,7 +52,7 @@ from .responses import ResponseObject, Responses, ResponsesRequest
 from .tools import PARSERS, TOOL_CALL_PARSERS, RequiredCalls, call_id, split_calls
 from .worker import EngineWorker, GenerationStream, WorkerUnavailable
 
-PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/reset_prefix_cache")
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/reset_prefix_cache", "/sleep", "/wake_up", "/is_sleeping")
 ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 503, 504)}
 REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest)
 logger = logging.getLogger("rlt.server")
@@ -212,6 +213,33 @@ def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLM
         dropped = await asyncio.wrap_future(worker.call(lambda engine: engine.reset_prefix_cache()))
         return JSONResponse({"blocks_dropped": dropped})
 
+    @app.post("/sleep", responses=ERROR_RESPONSES)
+    async def sleep(request: Request) -> JSONResponse:
+        """vLLM's: give back the device memory of the weights and the KV cache (`?level=1`: weights
+        kept in host memory; `2`: discarded); generation requests get 503 until /wake_up. Needs
+        --enable-sleep-mode and an idle engine."""
+        serving.engine()
+        text = request.query_params.get("level", "1")
+        if text not in ("1", "2"):
+            raise ApiError(400, f"level must be 1 or 2, got {text!r}", "level", "invalid_value")
+        given = await serving.engine_call(worker.sleep(int(text)))
+        return JSONResponse({"is_sleeping": True, "bytes_released": given})
+
+    @app.post("/wake_up", responses=ERROR_RESPONSES)
+    async def wake_up(request: Request) -> JSONResponse:
+        """vLLM's: take back what /sleep gave (`?tags=weights&tags=kv_cache`; none: both)."""
+        serving.engine()
+        try:
+            tags = check_tags(request.query_params.getlist("tags") or None)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), "tags", "invalid_value") from None
+        return JSONResponse({"is_sleeping": await serving.engine_call(worker.wake_up(tags))})
+
+    @app.get("/is_sleeping", responses=ERROR_RESPONSES)
+    async def is_sleeping() -> JSONResponse:
+        serving.engine()
+        return JSONResponse({"is_sleeping": worker.asleep})
+
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> Response:
         if worker.ready:
@@ -294,6 +322,14 @@ class _Serving:
         self.stored_responses = ResponseStore(config.responses_store_size, config.responses_store_mib << 20)
 
     # ---- identity and access ---------------------------------------------------------------------
+    async def engine_call(self, future):
+        """The result of an engine call on the worker's thread; its RequestError (a refused call,
+        e.g. sleep mode off or requests in flight) is a 400 `invalid_request`."""
+        try:
+            return await asyncio.wrap_future(future)
+        except RequestError as exc:
+            raise ApiError(400, str(exc), None, "invalid_request") from None
+
     def engine(self) -> LLMEngine:
         if not self.worker.ready:
             raise ApiError(503, f"the engine is not ready ({self.worker.status})", None, "not_ready")

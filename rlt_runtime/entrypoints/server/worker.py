@@ -38,6 +38,9 @@ logger = logging.getLogger("rlt.server")
 _STOP = object()
 
 
+ASLEEP = "the engine is asleep (sleep mode): POST /wake_up to wake it"
+
+
 class WorkerUnavailable(RuntimeError):
     """The worker is not accepting requests (loading, failed or shutting down)."""
 
@@ -159,6 +162,7 @@ class EngineWorker:
         self._closing = False
         self.failure: Optional[BaseException] = None
         self._last_stats = 0.0
+        self.asleep = False  # sleep mode: the engine gave its memory back; new requests get 503 until it wakes
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> "EngineWorker":
@@ -219,8 +223,8 @@ class EngineWorker:
                arrival_time: float) -> GenerationStream:
         """Queue one engine request per prompt (each a token-id list or {"prompt_token_ids", "prompt"});
         params: one SamplingParams for all prompts or one per prompt."""
-        if not self.ready:
-            raise WorkerUnavailable(self.status)
+        if not self.ready or self.asleep:
+            raise WorkerUnavailable(ASLEEP if self.ready else self.status)
         base = uuid.uuid4().hex
         ids = [base] if len(prompts) == 1 else [f"{base}-{i}" for i in range(len(prompts))]
         stream = GenerationStream(ids, asyncio.get_running_loop())
@@ -236,6 +240,22 @@ class EngineWorker:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self._inbox.put(("call", fn, fut))
         return fut
+
+    def sleep(self, level: int) -> concurrent.futures.Future:
+        """`engine.sleep(level)` on the owner thread (the bytes given back); requests are then refused."""
+        def run(engine):
+            given = engine.sleep(level)
+            self.asleep = True
+            return given
+        return self.call(run)
+
+    def wake_up(self, tags: Optional[list[str]]) -> concurrent.futures.Future:
+        """`engine.wake_up(tags)` on the owner thread; requests are taken again once nothing is asleep."""
+        def run(engine):
+            engine.wake_up(tags)
+            self.asleep = engine.is_sleeping()
+            return self.asleep
+        return self.call(run)
 
     # ---- owner thread -------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -314,6 +334,9 @@ class EngineWorker:
     def _add(self, engine: LLMEngine, stream: GenerationStream, prompts: list,
              params: Union[SamplingParams, list[SamplingParams]], arrival: float) -> None:
         if stream.error is not None:  # timed out or disconnected while queued
+            return
+        if self.asleep:
+            self._post(stream, stream._admit, ApiError(503, ASLEEP, None, "not_ready"))
             return
         added = []
         for i, (rid, prompt) in enumerate(zip(stream.request_ids, prompts)):
