@@ -30,7 +30,9 @@ def quantize_weight_fp8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     if weight.dim() != 2:
         raise ValueError(f"weight must be [N, K], got {tuple(weight.shape)}")
     amax = weight.detach().float().abs().amax(dim=1)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    # A true division on every device (CUDA multiplies by the reciprocal of a Python scalar divisor,
+    # which rounds differently): weights quantized on the host and on the GPU get the same bits.
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax))
     return quantize_fp8(weight.detach(), scale[:, None]).contiguous(), scale.contiguous()
 
 

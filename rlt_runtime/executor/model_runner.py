@@ -216,10 +216,16 @@ class ModelRunner:
             self.spec.capture_startup_graphs()
 
     def drop_graphs(self) -> None:
-        """Forget every captured program (sleep mode; `capture_startup_graphs` takes them again)."""
-        for graphs in (self.graphs, self.prefill_graphs, self.spec.graphs if self.spec is not None else None):
+        """Forget every captured program (sleep mode; `capture_startup_graphs` takes them again) and
+        zero the programs' staged inputs, as they are at startup: a capture runs its program on
+        them, and the last step's rows would index past a smaller bucket."""
+        spec = self.spec
+        for graphs in (self.graphs, self.prefill_graphs, spec.graphs if spec is not None else None):
             if graphs is not None:
                 graphs.drop()
+        for staging in (self.dec_in, self.pre_in, spec.inp if spec is not None else None):
+            if staging is not None:
+                staging.dev.zero_()
 
     # ---- swap preemption ----------------------------------------------------------------------
     def _kv_bits(self):
