@@ -931,6 +931,13 @@ MUTANTS = (
         "update_weights checks the new weights but never writes them into the live model",
     ),
     Mutant(
+        "fp8-scales-by-a-reciprocal", "rlt_kernels/fp8.py",
+        "scale = torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax))",
+        "scale = torch.where(amax > 0, amax * (1.0 / FP8_MAX), torch.ones_like(amax))",
+        ("tests/kernels/test_fp8_linear.py::test_quantize_weight_per_channel",),
+        "FP8 weight scales multiply by the reciprocal of 448 (as CUDA does for a scalar divisor): not amax / 448",
+    ),
+    Mutant(
         "updated-k-rows-over-q", "rlt_runtime/models/ouro.py",
         "p + \"self_attn.k_proj.weight\": (Target(layer.wqkv, rows=keep.kv, at=q),),",
         "p + \"self_attn.k_proj.weight\": (Target(layer.wqkv, rows=keep.kv, at=0),),",
@@ -992,6 +999,13 @@ MUTANTS = (
         "None",
         ("tests/runtime/test_sleep_mode.py::test_level_1_gives_the_memory_back_and_wakes_to_the_same_outputs",),
         "sleep copies the weights out but keeps their device memory",
+    ),
+    Mutant(
+        "sleep-keeps-the-staged-step-inputs", "rlt_runtime/executor/model_runner.py",
+        "staging.dev.zero_()",
+        "None",
+        ("tests/runtime/test_sleep_mode.py::test_level_1_gives_the_memory_back_and_wakes_to_the_same_outputs",),
+        "graphs captured at wake-up run on the last step's staged rows (on the GPU: indices past a smaller bucket)",
     ),
     Mutant(
         "sleep-keeps-the-prefix-cache", "rlt_runtime/engine/llm_engine.py",

@@ -39,7 +39,10 @@ def test_quantize_weight_per_channel(device):
     amax = w.bfloat16().float().abs().amax(1)
     assert scale[5] == 1.0 and not w8[5].float().any()
     live = amax > 0
-    torch.testing.assert_close(scale[live], amax[live] / FP8_MAX)
+    # amax / 448 correctly rounded (the fp64 quotient rounded to fp32 is), on every device alike: a
+    # multiplication by the reciprocal, which CUDA does for a scalar divisor, rounds about half the rows
+    # differently, so weights quantized on the host and on the GPU would differ.
+    assert torch.equal(scale[live], (amax[live].double() / FP8_MAX).float())
     # Each row's largest element maps to the top of the range; e4m3 rounds to 3 mantissa bits.
     assert (w8.float().abs().amax(1)[live] == FP8_MAX).all()
     back = dequantize_weight_fp8(w8, scale)

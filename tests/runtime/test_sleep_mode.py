@@ -43,6 +43,8 @@ def test_level_1_gives_the_memory_back_and_wakes_to_the_same_outputs(model, quan
     held = sum(t.untyped_storage().nbytes() for t in {t.untyped_storage().data_ptr(): t for t in tensors}.values())
     assert llm.sleep(level=1) == held
     assert llm.is_sleeping() and all(t.untyped_storage().nbytes() == 0 for t in tensors)
+    runner = llm.engine.executor.worker.runner  # the staged step inputs are zero, as at startup (the graphs
+    assert not runner.pre_in.dev.any() and not runner.dec_in.dev.any()  # captured at wake-up run on them)
     llm.wake_up()
     assert not llm.is_sleeping()
     assert _results(llm) == before
