@@ -193,13 +193,21 @@ def test_ray_replicas_match_one_engine_bit_for_bit(ray_cluster):
 
 @pytest.mark.slow
 def test_ray_replicas_take_new_weights(ray_cluster):
-    """update_weights reaches every replica actor: greedy tokens of the engine built with the weights."""
+    """update_weights reaches every replica actor, asleep as beside a trainer (sleep level 2, the
+    weights woken and written in two parts, then the KV cache): greedy tokens of the engine built
+    with the weights."""
     from rlt_runtime.models.presets import preset_config, preset_weights
 
-    engine = DataParallelEngine("ouro-tiny", data_parallel_size=2, distributed_executor="ray", **OPTIONS)
+    engine = DataParallelEngine("ouro-tiny", data_parallel_size=2, distributed_executor="ray", enable_sleep_mode=True,
+                                **OPTIONS)
     try:
         weights = dict(preset_weights(preset_config("ouro-tiny"), seed=1, dtype=torch.float32))
-        engine.update_weights(weights.items())
+        assert engine.sleep(level=2) > 0 and engine.is_sleeping()
+        engine.wake_up(tags=["weights"])
+        engine.update_weights(list(weights.items())[::2])
+        engine.update_weights(list(weights.items())[1::2])
+        engine.wake_up(tags=["kv_cache"])
+        assert not engine.is_sleeping()
         params = SamplingParams(max_tokens=6, temperature=0, seed=2, ignore_eos=True)
         prompts = [[5, 6, 7, 8], list(range(20, 40))]
         for i, prompt in enumerate(prompts):
