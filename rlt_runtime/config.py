@@ -150,7 +150,7 @@ class EngineConfig:
     enable_sleep_mode: bool = False
     # Profiling.
     profile_dir: Optional[str] = None
-    profile_steps: tuple = (2, 4)  # (first step to record, number of steps)
+    profile_steps: tuple = (2, 4)  # (first step to record, number of steps; 0: none, only start_profile/stop_profile)
 
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -288,8 +288,8 @@ class EngineConfig:
             raise _fail("enable_sleep_mode", "False with execution_mode 'compile' (compiled programs keep the "
                         "addresses of the weights and the KV cache, which sleep mode moves)", self.enable_sleep_mode)
         if (not isinstance(self.profile_steps, (list, tuple)) or len(self.profile_steps) != 2
-                or any(not isinstance(v, int) or v < 0 for v in self.profile_steps) or self.profile_steps[1] < 1):
-            raise _fail("profile_steps", "(first_step >= 0, num_steps >= 1)", self.profile_steps)
+                or any(not isinstance(v, int) or v < 0 for v in self.profile_steps)):
+            raise _fail("profile_steps", "(first_step >= 0, num_steps >= 0)", self.profile_steps)
 
     def validate_for_model(self, family: str, depth: int) -> None:
         """Checks that depend on the model family and its depth."""

@@ -1001,6 +1001,13 @@ MUTANTS = (
         "sleep copies the weights out but keeps their device memory",
     ),
     Mutant(
+        "profile-window-records-without-start", "rlt_runtime/engine/llm_engine.py",
+        "if not self.cfg.profile_dir or not count or self._profile_manual:",
+        "if not self.cfg.profile_dir or self._profile_manual:",
+        ("tests/runtime/test_llm_api.py::test_start_and_stop_profile_write_a_trace_of_what_ran_between",),
+        "profile_steps with 0 steps still records an automatic trace from its first step",
+    ),
+    Mutant(
         "sleep-keeps-the-staged-step-inputs", "rlt_runtime/executor/model_runner.py",
         "staging.dev.zero_()",
         "None",

@@ -219,6 +219,7 @@ class LLMEngine:
         self._recorded_trace: dict[str, list[int]] = {}
         self.num_steps = 0
         self._profiler = None
+        self._profile_manual = False  # the recording trace was started by start_profile
         self.timings: Optional[list] = None  # set to [] to record (host_ms, device_ms) per processed step
 
     @staticmethod
@@ -834,18 +835,42 @@ class LLMEngine:
 
     # ---- profiling and stats -------------------------------------------------------------------
     def _profile_tick(self) -> None:
-        if not self.cfg.profile_dir:
-            return
+        """The automatic trace of `profile_steps` (none while `start_profile` records)."""
         first, count = self.cfg.profile_steps
+        if not self.cfg.profile_dir or not count or self._profile_manual:
+            return
         if self.num_steps == first and self._profiler is None:
             from ..executor.profiling import start_profiler
 
             self._profiler = start_profiler()
         elif self._profiler is not None and self.num_steps == first + count:
-            from ..executor.profiling import stop_profiler
+            self._stop_profiler()
 
-            stop_profiler(self._profiler, self.cfg.profile_dir, self.device)
-            self._profiler = None
+    def _stop_profiler(self) -> str:
+        from ..executor.profiling import stop_profiler
+
+        path = stop_profiler(self._profiler, self.cfg.profile_dir, self.device)
+        self._profiler, self._profile_manual = None, False
+        return path
+
+    def start_profile(self) -> None:
+        """Start a torch.profiler trace of the steps that follow (vLLM's `start_profile`); needs
+        profile_dir, where `stop_profile` writes it (RequestError otherwise, or while one records)."""
+        if not self.cfg.profile_dir:
+            raise RequestError("start_profile needs profile_dir (--profile-dir): the directory the trace is written to")
+        if self._profiler is not None:
+            raise RequestError("a profile is already recording: call stop_profile() first")
+        from ..executor.profiling import start_profiler
+
+        self._profiler, self._profile_manual = start_profiler(), True
+        logger.info("profiling started; stop_profile() writes the trace into %s", self.cfg.profile_dir)
+
+    def stop_profile(self) -> list[str]:
+        """Stop the trace `start_profile` began and write it (Chrome trace JSON) into profile_dir;
+        returns its path, in a list as the front ends over several engines return theirs."""
+        if self._profiler is None or not self._profile_manual:
+            raise RequestError("no profile started by start_profile() is recording")
+        return [self._stop_profiler()]
 
     def stats(self) -> dict:
         pool = self.kv.pool

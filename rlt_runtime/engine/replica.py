@@ -21,12 +21,13 @@ from ..errors import RequestError
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 
-ENGINE_CALLS = ("update_weights", "reset_prefix_cache", "sleep", "wake_up", "is_sleeping")  # LLMEngine methods `Replica.call` runs
+ENGINE_CALLS = ("update_weights", "reset_prefix_cache", "sleep", "wake_up", "is_sleeping", "start_profile",
+                "stop_profile")  # LLMEngine methods `Replica.call` runs
 
 
 class ReplicaEngineCalls:
     """The LLMEngine calls a front end over replicas passes on to every live replica (the
-    weights, the prefix cache, sleep mode). The front end sets `call_targets` (its replicas) and
+    weights, the prefix cache, sleep mode, profiling). The front end sets `call_targets` (its replicas) and
     `_tracked` (its requests in flight: while any, the calls that need an idle engine are refused)."""
 
     call_targets: list["Replica"]
@@ -63,6 +64,15 @@ class ReplicaEngineCalls:
     def is_sleeping(self) -> bool:
         """Whether any replica is asleep."""
         return any(r.call("is_sleeping") for r in self._live())
+
+    def start_profile(self) -> None:
+        """`LLMEngine.start_profile` on every replica (each writes into its own subdirectory)."""
+        for replica in self._live():
+            replica.call("start_profile")
+
+    def stop_profile(self) -> list[str]:
+        """`LLMEngine.stop_profile` on every replica: every trace's path."""
+        return [path for r in self._live() for path in r.call("stop_profile")]
 
 
 def call_engine(engine, method: str, *args):

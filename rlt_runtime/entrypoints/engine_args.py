@@ -87,7 +87,8 @@ HELP = {
     "enable_sleep_mode": "allow LLM.sleep / wake_up (and the server's POST /sleep, POST /wake_up, GET /is_sleeping): "
                          "the weights' and KV cache's device memory given back while idle; not with compile mode",
     "profile_dir": "write a torch.profiler trace of some steps here",
-    "profile_steps": "first step and number of steps to profile",
+    "profile_steps": "first step and number of steps to profile (COUNT 0: none; traces only between start_profile and "
+                     "stop_profile, e.g. the server's POST /start_profile and /stop_profile)",
 }
 
 

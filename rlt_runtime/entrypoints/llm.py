@@ -158,6 +158,14 @@ class LLM:
     def is_sleeping(self) -> bool:
         return self.engine.is_sleeping()
 
+    def start_profile(self) -> None:
+        """Start a torch.profiler trace of what runs next (needs profile_dir; vLLM's `start_profile`)."""
+        self.engine.start_profile()
+
+    def stop_profile(self) -> list[str]:
+        """Stop it and write the trace into profile_dir: the paths written (one per engine)."""
+        return self.engine.stop_profile()
+
     def reset_prefix_cache(self) -> int:
         """Forget every cached prompt prefix; returns the cached blocks dropped."""
         return self.engine.reset_prefix_cache()

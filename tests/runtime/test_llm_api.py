@@ -297,3 +297,35 @@ def test_profile_option_writes_a_trace(tmp_path):
     m.generate(["profile me"], SamplingParams(max_tokens=6, ignore_eos=True), use_tqdm=False)
     traces = list(tmp_path.glob("rlt-trace-*.json"))
     assert len(traces) == 1 and json.loads(traces[0].read_text())["traceEvents"]
+
+
+def test_start_and_stop_profile_write_a_trace_of_what_ran_between(tmp_path):
+    """vLLM's start_profile / stop_profile: with profile_steps (0, 0) only they record; the trace
+    holds the steps run between them; misuse is refused by name."""
+    with pytest.raises(RequestError, match="start_profile needs profile_dir"):
+        LLM("ouro-tiny", dtype="float32", max_num_seqs=2).start_profile()
+    m = LLM("ouro-tiny", dtype="float32", max_num_seqs=2, profile_dir=str(tmp_path), profile_steps=(0, 0))
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    m.generate(["not recorded"], params, use_tqdm=False)
+    assert not list(tmp_path.glob("rlt-trace-*.json"))  # (no automatic window)
+    with pytest.raises(RequestError, match="no profile started by start_profile"):
+        m.stop_profile()
+    m.start_profile()
+    with pytest.raises(RequestError, match="already recording"):
+        m.start_profile()
+    m.generate(["recorded"], params, use_tqdm=False)
+    (path,) = m.stop_profile()
+    events = json.loads(open(path).read())["traceEvents"]
+    assert path.startswith(str(tmp_path)) and any("step" in str(e.get("name", "")) for e in events)
+
+
+def test_data_parallel_replicas_profile_into_their_own_directories(tmp_path):
+    m = LLM("ouro-tiny", dtype="float32", device="cpu", max_num_seqs=2, data_parallel_size=2,
+            profile_dir=str(tmp_path), profile_steps=(0, 0))
+    try:
+        m.start_profile()
+        m.generate(["one", "two", "three"], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+        paths = m.stop_profile()
+        assert sorted(p.split("/")[-2] for p in paths) == ["replica-0", "replica-1"]
+    finally:
+        m.engine.shutdown()

@@ -52,7 +52,8 @@ from .responses import ResponseObject, Responses, ResponsesRequest
 from .tools import PARSERS, TOOL_CALL_PARSERS, RequiredCalls, call_id, split_calls
 from .worker import EngineWorker, GenerationStream, WorkerUnavailable
 
-PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/reset_prefix_cache", "/sleep", "/wake_up", "/is_sleeping")
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/reset_prefix_cache", "/sleep", "/wake_up", "/is_sleeping",
+                      "/start_profile", "/stop_profile")
 ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 503, 504)}
 REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest)
 logger = logging.getLogger("rlt.server")
@@ -239,6 +240,21 @@ def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLM
     async def is_sleeping() -> JSONResponse:
         serving.engine()
         return JSONResponse({"is_sleeping": worker.asleep})
+
+    @app.post("/start_profile", responses=ERROR_RESPONSES)
+    async def start_profile() -> JSONResponse:
+        """vLLM's (`vllm bench serve --profile` calls it): a torch.profiler trace of the steps that
+        follow; needs --profile-dir (400 otherwise, or while one records)."""
+        serving.engine()
+        await serving.engine_call(worker.call(lambda engine: engine.start_profile()))
+        return JSONResponse({"profiling": True})
+
+    @app.post("/stop_profile", responses=ERROR_RESPONSES)
+    async def stop_profile() -> JSONResponse:
+        """Stop the trace /start_profile began and write it into --profile-dir: the paths written."""
+        serving.engine()
+        traces = await serving.engine_call(worker.call(lambda engine: engine.stop_profile()))
+        return JSONResponse({"profiling": False, "traces": traces})
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> Response:
