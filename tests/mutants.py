@@ -1008,6 +1008,13 @@ MUTANTS = (
         "profile_steps with 0 steps still records an automatic trace from its first step",
     ),
     Mutant(
+        "only-the-first-served-name-answers", "rlt_runtime/entrypoints/server/app.py",
+        "if name is not None and name not in self.model_names():",
+        "if name is not None and name != self.model_name():",
+        ("tests/server/test_served_model_names.py::test_every_served_name_is_a_card_and_answers_as_the_first",),
+        "a request naming the second --served-model-name gets a 404",
+    ),
+    Mutant(
         "sleep-keeps-the-staged-step-inputs", "rlt_runtime/executor/model_runner.py",
         "staging.dev.zero_()",
         "None",

@@ -63,7 +63,9 @@ logger = logging.getLogger("rlt.server")
 class ServerConfig:
     """HTTP-side limits and identity. The engine's own options live in EngineConfig."""
 
-    served_model_name: Optional[str] = None  # default: the engine's model name
+    # The model id(s) requests may name, the first in responses (vLLM's --served-model-name, which
+    # takes several); default: the engine's model name.
+    served_model_name: Optional[Union[str, list[str]]] = None
     api_key: Optional[str] = None  # required as "Authorization: Bearer <key>" on /v1/*, /tokenize, /detokenize
     max_concurrent_requests: int = 1024  # generation requests in flight; more get 429 + Retry-After
     max_concurrent_sequences: int = 4096  # engine sequences (prompts x n) in flight; more get 429 + Retry-After
@@ -115,6 +117,11 @@ class ServerConfig:
                               f"max_concurrent_sequences ({self.max_concurrent_sequences})")
         if self.api_key is not None and not self.api_key:
             raise ConfigError("api_key must be a non-empty string or None")
+        names = self.served_model_name
+        if names is not None and not (isinstance(names, str) and names or isinstance(names, (list, tuple)) and names
+                                      and all(isinstance(n, str) and n for n in names)):
+            raise ConfigError(f"served_model_name must be None, a non-empty string or a non-empty list of them, "
+                              f"got {names!r}")
         if self.chat_template is not None:
             check_chat_template(self.chat_template)
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
@@ -188,12 +195,12 @@ def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLM
 
     @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
     async def models() -> ModelList:
-        return ModelList(data=[serving.model_card()])
+        return ModelList(data=serving.model_cards())
 
     @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=ERROR_RESPONSES)
     async def model(model_id: str) -> ModelCard:
         serving.check_model(model_id)
-        return serving.model_card()
+        return next(card for card in serving.model_cards() if card.id == model_id)
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=ERROR_RESPONSES,
               openapi_extra=_json_body(TokenizeRequest))
@@ -351,17 +358,24 @@ class _Serving:
             raise ApiError(503, f"the engine is not ready ({self.worker.status})", None, "not_ready")
         return self.worker.engine
 
-    def model_name(self) -> str:
-        return self.config.served_model_name or self.engine().model_name
+    def model_names(self) -> list[str]:
+        """The ids requests may name; responses carry the first."""
+        names = self.config.served_model_name or self.engine().model_name
+        return [names] if isinstance(names, str) else list(names)
 
-    def model_card(self) -> ModelCard:
+    def model_name(self) -> str:
+        return self.model_names()[0]
+
+    def model_cards(self) -> list[ModelCard]:
         engine = self.engine()
-        return ModelCard(id=self.model_name(), created=self.created, root=engine.model_name,
-                         max_model_len=engine.max_model_len)
+        return [ModelCard(id=name, created=self.created, root=engine.model_name, max_model_len=engine.max_model_len)
+                for name in self.model_names()]
 
     def check_model(self, name: Optional[str]) -> None:
-        if name != self.model_name():
-            raise ApiError(404, f"the model {name!r} does not exist; this server serves {self.model_name()!r}",
+        """404 `model_not_found` unless `name` is a served id; no name (vLLM's rule) means the first."""
+        if name is not None and name not in self.model_names():
+            served = ", ".join(repr(n) for n in self.model_names())
+            raise ApiError(404, f"the model {name!r} does not exist; this server serves {served}",
                            "model", "model_not_found")
 
     def tokenizer(self, what: str):
@@ -620,8 +634,7 @@ class _Serving:
         return entry
 
     def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
-        if body.model is not None:
-            self.check_model(body.model)
+        self.check_model(body.model)
         tok = self.tokenizer("/tokenize")
         if (body.prompt is None) == (body.messages is None):
             raise ApiError(400, "give exactly one of prompt and messages", "prompt")
@@ -635,8 +648,7 @@ class _Serving:
         return TokenizeResponse(count=len(ids), max_model_len=self.engine().max_model_len, tokens=ids)
 
     def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
-        if body.model is not None:
-            self.check_model(body.model)
+        self.check_model(body.model)
         tok = self.tokenizer("/detokenize")
         vocab = self.engine().model_config.vocab_size
         bad = [t for t in body.tokens if not 0 <= t < vocab]

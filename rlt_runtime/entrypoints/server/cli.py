@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="checkpoint directory, Hugging Face Hub name (e.g. ByteDance/Ouro-1.4B) or preset name (e.g. ouro-1.4b)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: local only)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None, help="model id clients send (default: --model)")
+    p.add_argument("--served-model-name", default=None, nargs="+",
+                   help="model id(s) clients may send, the first in responses (default: --model)")
     keys = p.add_mutually_exclusive_group()
     keys.add_argument("--api-key", default=None,
                       help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize, /detokenize (visible in ps: "

@@ -91,7 +91,7 @@ class _LoopFields(_Strict):
 class _SamplingFields(_LoopFields):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
-    model: str
+    model: Optional[str] = Field(None, description="a served model id; null or absent: the first (vLLM's rule)")
     n: Optional[int] = Field(1, ge=1, le=64)
     temperature: Optional[float] = Field(None, ge=0.0, le=100.0, description="default 1.0; 0 is greedy")
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)

@@ -55,7 +55,7 @@ class ResponsesRequest(_ToolFields, _LoopFields):
     """POST /v1/responses (with rlt's loop controls: min_loops, max_loops, exit_threshold, speculative,
     priority)."""
 
-    model: str
+    model: Optional[str] = Field(None, description="a served model id; null or absent: the first (vLLM's rule)")
     input: Union[str, list[dict[str, Any]]]
     instructions: Optional[str] = None
     max_output_tokens: Optional[int] = Field(None, ge=1, description="null: up to the end of the context")
