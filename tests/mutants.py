@@ -1008,6 +1008,13 @@ MUTANTS = (
         "profile_steps with 0 steps still records an automatic trace from its first step",
     ),
     Mutant(
+        "invocations-route-chat-as-completions", "rlt_runtime/entrypoints/server/app.py",
+        "if isinstance(body, dict) and \"messages\" in body:",
+        "if False:",
+        ("tests/server/test_invocations.py::test_invocations_answer_as_the_endpoint_their_body_is_for",),
+        "an /invocations chat body is refused instead of answered as a chat completion",
+    ),
+    Mutant(
         "only-the-first-served-name-answers", "rlt_runtime/entrypoints/server/app.py",
         "if name is not None and name not in self.model_names():",
         "if name is not None and name != self.model_name():",

@@ -53,7 +53,7 @@ from .tools import PARSERS, TOOL_CALL_PARSERS, RequiredCalls, call_id, split_cal
 from .worker import EngineWorker, GenerationStream, WorkerUnavailable
 
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/reset_prefix_cache", "/sleep", "/wake_up", "/is_sleeping",
-                      "/start_profile", "/stop_profile")
+                      "/start_profile", "/stop_profile", "/invocations")
 ERROR_RESPONSES = {status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 503, 504)}
 REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest)
 logger = logging.getLogger("rlt.server")
@@ -172,6 +172,18 @@ def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLM
               openapi_extra=_json_body(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         return await serving.chat(request)
+
+    @app.post("/invocations", response_model=None, responses=ERROR_RESPONSES)
+    async def invocations(request: Request) -> Response:
+        """SageMaker's inference route, as vLLM routes it: a body with `messages` is a chat completion,
+        one with `prompt` a completion (answered as those endpoints answer)."""
+        body = await serving.parse(request, None)
+        if isinstance(body, dict) and "messages" in body:
+            return await serving.chat(request)
+        if isinstance(body, dict) and "prompt" in body:
+            return await serving.completions(request)
+        raise ApiError(400, "an /invocations body needs 'messages' (a chat completion) or 'prompt' (a completion)",
+                       None, "invalid_request")
 
     @app.post("/v1/responses", response_model=None, responses=ERROR_RESPONSES,
               openapi_extra=_json_body(ResponsesRequest))
@@ -478,8 +490,9 @@ class _Serving:
         return per_prompt[0] if len(per_prompt) == 1 else per_prompt
 
     # ---- admission ---------------------------------------------------------------------------------
-    async def parse(self, request: Request, model: type[BaseModel]):
-        """The validated request body (JSON parsing and validation run on the preparation pool)."""
+    async def parse(self, request: Request, model: Optional[type[BaseModel]]):
+        """The validated request body (JSON parsing and validation run on the preparation pool); with
+        no model, the parsed JSON itself."""
         content_type = request.headers.get("content-type", "")
         if not _is_json(content_type):
             raise ApiError(400, f"send the body as JSON with 'Content-Type: application/json' (got {content_type!r})",
@@ -488,6 +501,8 @@ class _Serving:
 
     def _validate(self, raw: bytes, model: type[BaseModel]):
         data = parse_json_body(raw, self.config.max_json_depth)
+        if model is None:
+            return data
         if model in (CompletionRequest, ChatCompletionRequest, ResponsesRequest):
             data = apply_field_policy(data, model.model_fields)
         try:
