@@ -146,6 +146,9 @@ class EngineConfig:
     # Penalties: the per-slot output-token counts and prompt-token mask ([max_num_seqs, vocab] each)
     # that repetition/presence/frequency penalties read; off: not allocated, such requests refused.
     enable_penalties: bool = True
+    # Default sampling parameters (models/generation_defaults.py): "auto" the model's generation_config.json,
+    # "vllm" none, or a directory holding one.
+    generation_config: str = "auto"
     # Sleep mode (`LLM.sleep` / `wake_up`, the server's /sleep and /wake_up): off, those calls are refused.
     enable_sleep_mode: bool = False
     # Profiling.
@@ -281,6 +284,9 @@ class EngineConfig:
             raise _fail("speculative_config", "a dict or SpeculativeConfig", self.speculative_config)
         _int(self.max_stop_strings, "max_stop_strings", 1)
         _int(self.max_stop_chars, "max_stop_chars", 1)
+        if not isinstance(self.generation_config, str) or not self.generation_config:
+            raise _fail("generation_config", "'auto', 'vllm' or a directory holding generation_config.json",
+                        self.generation_config)
         for name in ("enable_penalties", "enable_sleep_mode"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(name, "a boolean", getattr(self, name))

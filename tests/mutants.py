@@ -1008,6 +1008,20 @@ MUTANTS = (
         "profile_steps with 0 steps still records an automatic trace from its first step",
     ),
     Mutant(
+        "server-ignores-generation-defaults", "rlt_runtime/entrypoints/server/protocol.py",
+        "return defaults.get(name, neutral) if value is None else value",
+        "return neutral if value is None else value",
+        ("tests/server/test_generation_defaults.py::test_server_requests_take_the_defaults_for_what_they_leave_out",),
+        "a server request that leaves out temperature samples at 1.0 although the model's generation_config.json says 0",
+    ),
+    Mutant(
+        "generation-defaults-override-given-values", "rlt_runtime/entrypoints/server/protocol.py",
+        "return defaults.get(name, neutral) if value is None else value",
+        "return defaults.get(name, neutral if value is None else value)",
+        ("tests/server/test_generation_defaults.py::test_server_requests_take_the_defaults_for_what_they_leave_out",),
+        "the model's defaults replace values the request gave",
+    ),
+    Mutant(
         "invocations-route-chat-as-completions", "rlt_runtime/entrypoints/server/app.py",
         "if isinstance(body, dict) and \"messages\" in body:",
         "if False:",

@@ -26,6 +26,7 @@ import torch
 
 from ..config import EngineConfig, SpeculativeConfig
 from ..errors import ConfigError, ReplicaError, RequestError
+from ..models.generation_defaults import generation_defaults
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from .llm_engine import tokenize_prompt
@@ -147,6 +148,7 @@ class DataParallelEngine(ReplicaEngineCalls):
         self.cfg = cfg
         self.model_name = model
         self.model_config, self.tokenizer = _config_and_tokenizer(model, cfg)
+        self.generation_defaults = generation_defaults(model, cfg)
         self.replicas: list[Replica] = _start_replicas(model, cfg, devices, backend)
         self._shutdown = weakref.finalize(self, _shutdown_all, self.replicas)
         info = self.replicas[0].info

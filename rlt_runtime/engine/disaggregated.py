@@ -38,6 +38,7 @@ import torch
 from .. import errors
 from ..config import EngineConfig
 from ..errors import ConfigError, ReplicaError, RequestError
+from ..models.generation_defaults import generation_defaults
 from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from .data_parallel import (
@@ -137,6 +138,7 @@ class DisaggregatedEngine(ReplicaEngineCalls):
         self.cfg = cfg
         self.model_name = model
         self.model_config, self.tokenizer = _config_and_tokenizer(model, cfg)
+        self.generation_defaults = generation_defaults(model, cfg)
         self.prefill, self.decode = _start_roles(model, cfg, devices, backend)
         info = self.prefill.info
         self.max_model_len, self.depth = info["max_model_len"], info["depth"]

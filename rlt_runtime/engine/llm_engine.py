@@ -32,6 +32,7 @@ from ..executor.token_mask import allowed_words, new_bitmask, restrict
 from ..executor.ops import check_flash_setup
 from ..executor.worker import WorkerSpec
 from ..models import load_model
+from ..models.generation_defaults import generation_defaults
 from ..models.configs import hf_weight_shapes
 from ..outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 from ..sampling_params import SamplingParams
@@ -137,6 +138,7 @@ class LLMEngine:
                                                                tokenizer=cfg.tokenizer, revision=cfg.revision,
                                                                download_dir=cfg.download_dir)
         mc = self.model_config
+        self.generation_defaults = generation_defaults(model, cfg)  # sampling defaults of requests that omit them
         self._eos = eos_token_ids(self.tokenizer, mc)
         self.family = mc.family
         depth = cfg.num_loops or mc.num_loops

@@ -84,6 +84,8 @@ HELP = {
     "max_stop_chars": "most characters one request's stop strings may hold in all (default 4096)",
     "enable_penalties": "keep the per-slot state of repetition/presence/frequency penalties (max_num_seqs x vocab "
                         "x 5 bytes); off: those fields are a 400",
+    "generation_config": "default sampling parameters: 'auto' (the model's generation_config.json: temperature, top_p, "
+                         "top_k, min_p, repetition_penalty, max_new_tokens), 'vllm' (none), or a directory holding one",
     "enable_sleep_mode": "allow LLM.sleep / wake_up (and the server's POST /sleep, POST /wake_up, GET /is_sleeping): "
                          "the weights' and KV cache's device memory given back while idle; not with compile mode",
     "profile_dir": "write a torch.profiler trace of some steps here",

@@ -50,7 +50,7 @@ class LLM:
         prompt's SamplingParams.trace_id: the exit-trace entry it replays or is recorded under.
         """
         prompts = _prompt_list(prompts)
-        params = _per_prompt(sampling_params, len(prompts))
+        params = _per_prompt(sampling_params, len(prompts), self.get_default_sampling_params())
         if trace_ids is not None:
             if isinstance(trace_ids, str) or len(trace_ids) != len(prompts):
                 raise RequestError(f"trace_ids must be a list of one trace id per prompt ({len(prompts)}), got {trace_ids!r}")
@@ -115,7 +115,7 @@ class LLM:
         stops = tok.chat_stop_token_ids
         params = [p if p.ignore_eos else dataclasses.replace(
             p, stop_token_ids=list(p.stop_token_ids or ()) + [t for t in stops if t not in (p.stop_token_ids or ())])
-                  for p in _per_prompt(sampling_params, len(prompts))]
+                  for p in _per_prompt(sampling_params, len(prompts), self.get_default_sampling_params())]
         return self.generate(prompts, params, use_tqdm=use_tqdm)
 
     def beam_search(self, prompts: Union[PromptType, Sequence[PromptType]], params: BeamSearchParams) -> list[
@@ -136,6 +136,11 @@ class LLM:
                                                        round_params(params), use_tqdm=False))
         decode = (lambda ids: engine.tokenizer.decode(ids)) if engine.tokenizer is not None else (lambda ids: None)
         return [s.result(decode) for s in searches]
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `generate` and `chat` use without SamplingParams (vLLM's): the defaults of the model's
+        generation_config.json (engine option generation_config), else SamplingParams()."""
+        return SamplingParams(**self.engine.generation_defaults)
 
     def update_weights(self, weights) -> None:
         """Write new weights into the model in place, e.g. after a training step: `weights` are
@@ -174,11 +179,11 @@ class LLM:
         return self.engine.stats()
 
 
-def _per_prompt(sampling_params, count: int) -> list[SamplingParams]:
-    """One SamplingParams per prompt from None, one for all, or a list of `count` (RequestError
-    naming sampling_params otherwise)."""
+def _per_prompt(sampling_params, count: int, default: SamplingParams) -> list[SamplingParams]:
+    """One SamplingParams per prompt from None (`default`), one for all, or a list of `count`
+    (RequestError naming sampling_params otherwise)."""
     if sampling_params is None or isinstance(sampling_params, SamplingParams):
-        return [sampling_params or SamplingParams()] * count
+        return [sampling_params or default] * count
     if not isinstance(sampling_params, (list, tuple)) or not all(isinstance(p, SamplingParams) for p in sampling_params):
         raise RequestError("sampling_params must be None, a SamplingParams or a list of them (one per prompt); "
                            f"got {type(sampling_params).__name__}")

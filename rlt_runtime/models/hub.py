@@ -20,8 +20,8 @@ from ..errors import CheckpointError
 # What a snapshot download fetches: everything the loader and the tokenizer read, nothing else.
 ALLOW_PATTERNS = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json",
                   "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
-                  "chat_template.json"]
-TOKENIZER_PATTERNS = [p for p in ALLOW_PATTERNS if "safetensors" not in p and p != "config.json"]
+                  "chat_template.json", "generation_config.json"]
+TOKENIZER_PATTERNS = [p for p in ALLOW_PATTERNS if "safetensors" not in p and p not in ("config.json", "generation_config.json")]
 _TRUE = {"1", "ON", "YES", "TRUE"}
 # namespace/name: what a Hub model id looks like (huggingface_hub validates it further).
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")

@@ -563,7 +563,8 @@ class _Serving:
 
     def _prepare_completion(self, body: CompletionRequest) -> tuple[list[dict], object]:
         params = self.sampling_params(lambda: body.sampling_params(body.engine_max_tokens, body.logprobs,
-                                                                   prompt_logprobs=body.engine_prompt_logprobs))
+                                                                   prompt_logprobs=body.engine_prompt_logprobs,
+                                                                   defaults=self.engine().generation_defaults))
         prompts = [self.prompt(p, params, with_text=body.echo, add_special_tokens=body.add_special_tokens)
                    for p in body.prompts()]
         self.check_room(prompts, body.engine_max_tokens, "max_tokens")
@@ -598,7 +599,8 @@ class _Serving:
         text = self._render(tok, body.template_messages(), body.add_generation_prompt, body.continue_final_message,
                             body.chat_template_kwargs, body.rendered_tools(), body.chat_template, body.documents)
         extra_stops = () if body.ignore_eos else tuple(tok.chat_stop_token_ids)
-        params = self.sampling_params(lambda: body.sampling_params(body.output_limit, body.logprobs_count, extra_stops))
+        params = self.sampling_params(lambda: body.sampling_params(body.output_limit, body.logprobs_count, extra_stops,
+                                                                   defaults=self.engine().generation_defaults))
         prompts = self._rendered_prompt(tok, text, "messages", params, body.add_special_tokens)
         limit_field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
         self.check_room(prompts, body.output_limit, limit_field)
@@ -622,7 +624,8 @@ class _Serving:
                                "recent, and none across restarts)", "previous_response_id",
                                "previous_response_not_found")
         text = self._render(tok, body.messages(earlier), True, False, None, body.rendered_tools())
-        params = self.sampling_params(lambda: body.sampling_params(tuple(tok.chat_stop_token_ids)))
+        params = self.sampling_params(lambda: body.sampling_params(tuple(tok.chat_stop_token_ids),
+                                                                   self.engine().generation_defaults))
         prompts = self._rendered_prompt(tok, text, "input", params)
         self.check_room(prompts, body.max_output_tokens, "max_output_tokens")
         return prompts, self.conversation_params(body, params, text)

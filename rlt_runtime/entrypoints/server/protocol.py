@@ -88,6 +88,23 @@ class _LoopFields(_Strict):
                     speculative=True if self.speculative is None else self.speculative)
 
 
+def sampling_fields(body, max_tokens: Optional[int], defaults: Optional[dict]) -> dict:
+    """SamplingParams' max_tokens, temperature, top_p, top_k, min_p and repetition_penalty from a
+    request `body`: its values, else `defaults` (the model's generation_config.json), else the
+    neutral ones. top_k 0 (either source) is -1, off."""
+    defaults = defaults or {}
+
+    def pick(name: str, neutral):
+        value = getattr(body, name)
+        return defaults.get(name, neutral) if value is None else value
+
+    top_k = pick("top_k", -1)
+    return dict(max_tokens=defaults.get("max_tokens") if max_tokens is None else max_tokens,
+                temperature=float(pick("temperature", 1.0)), top_p=float(pick("top_p", 1.0)),
+                top_k=-1 if top_k == 0 else top_k, min_p=float(pick("min_p", 0.0)),
+                repetition_penalty=float(pick("repetition_penalty", 1.0)))
+
+
 class _SamplingFields(_LoopFields):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -211,25 +228,22 @@ class _SamplingFields(_LoopFields):
         return self.include_usage and bool(self.stream_options.continuous_usage_stats)
 
     def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int], extra_stop_token_ids: tuple = (),
-                        prompt_logprobs: Optional[int] = None) -> SamplingParams:
-        """The engine's SamplingParams (raises ConfigError naming the field)."""
+                        prompt_logprobs: Optional[int] = None, defaults: Optional[dict] = None) -> SamplingParams:
+        """The engine's SamplingParams (raises ConfigError naming the field); `defaults` (the model's
+        generation_config.json, models/generation_defaults.py) fill the sampling fields left out."""
         stop_ids = list(self.stop_token_ids or ())
         stop_ids += [t for t in extra_stop_token_ids if t not in stop_ids]
-        top_k = self.top_k if self.top_k not in (None, 0) else -1
         return SamplingParams(
-            repetition_penalty=1.0 if self.repetition_penalty is None else float(self.repetition_penalty),
             presence_penalty=float(self.presence_penalty or 0.0), frequency_penalty=float(self.frequency_penalty or 0.0),
             logit_bias=self.token_bias(), min_tokens=self.min_tokens or 0, bad_words=self.bad_words,
-            n=self.n, max_tokens=max_tokens, temperature=1.0 if self.temperature is None else float(self.temperature),
-            top_p=1.0 if self.top_p is None else float(self.top_p), top_k=top_k,
-            min_p=0.0 if self.min_p is None else float(self.min_p), seed=self.seed, stop=self.stop,
+            n=self.n, seed=self.seed, stop=self.stop,
             stop_token_ids=stop_ids or None, ignore_eos=self.ignore_eos, logprobs=logprobs,
             prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens, include_stop_str_in_output=self.include_stop_str_in_output,
             best_of=self.best_of, guided=self.guided(), allowed_token_ids=self.allowed_token_ids,
             truncate_prompt_tokens=self.truncate_prompt_tokens, truncation_side=self.truncation_side or "left",
             thinking_token_budget=self.thinking_token_budget, repetition_detection=self.repetition(),
-            **self.loop_controls(),
+            **sampling_fields(self, max_tokens, defaults), **self.loop_controls(),
         )
 
     def repetition(self) -> Optional[dict]:

@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ...chat_messages import MessageError, template_message
 from ...guided_decoding import GuidedDecoding
 from ...sampling_params import MAX_INT32, SamplingParams
-from .protocol import ApiError, _LoopFields, _ToolFields, response_format_constraint, unsupported
+from .protocol import ApiError, _LoopFields, _ToolFields, response_format_constraint, sampling_fields, unsupported
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -215,14 +215,11 @@ class ResponsesRequest(_ToolFields, _LoopFields):
             raise ApiError(400, exc.message.replace("response_format", "text.format"), "text", exc.code) from None
         return None if given is None else GuidedDecoding(**given, origin="text")
 
-    def sampling_params(self, stop_token_ids: tuple) -> SamplingParams:
-        """The engine's SamplingParams (ConfigError naming the field)."""
+    def sampling_params(self, stop_token_ids: tuple, defaults: Optional[dict] = None) -> SamplingParams:
+        """The engine's SamplingParams (ConfigError naming the field); `defaults` as chat completions take them."""
         return SamplingParams(
-            max_tokens=self.max_output_tokens, temperature=1.0 if self.temperature is None else float(self.temperature),
-            top_p=1.0 if self.top_p is None else float(self.top_p),
-            top_k=self.top_k if self.top_k not in (None, 0) else -1, min_p=float(self.min_p or 0.0),
-            repetition_penalty=1.0 if self.repetition_penalty is None else float(self.repetition_penalty),
-            seed=self.seed, stop_token_ids=list(stop_token_ids) or None, guided=self.guided(), **self.loop_controls())
+            seed=self.seed, stop_token_ids=list(stop_token_ids) or None, guided=self.guided(),
+            **sampling_fields(self, self.max_output_tokens, defaults), **self.loop_controls())
 
 
 def _reasoning_text(item: dict, where: str) -> str:
