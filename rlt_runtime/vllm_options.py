@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from .errors import ConfigError
 
-VLLM_OPTIONS = ("enforce_eager", "disable_log_stats", "trust_remote_code", "swap_space")
+VLLM_OPTIONS = ("enforce_eager", "disable_log_stats", "trust_remote_code", "swap_space", "load_format", "tokenizer_mode")
+# vLLM values rlt's loading already is (anything else is a ConfigError naming them).
+ACCEPTED_VALUES = {"load_format": ("auto", "safetensors"), "tokenizer_mode": ("auto",)}
+WHY_NOT = {"load_format": "rlt reads safetensors checkpoints (random weights: a preset, e.g. ouro-1.4b)",
+           "tokenizer_mode": "rlt reads the checkpoint's tokenizer.json with the tokenizers library"}
 
 
 def _bool(name: str, value) -> bool:
@@ -33,6 +37,10 @@ def translate_vllm_options(kwargs: dict) -> dict:
         out["execution_mode"] = "eager"
     _bool("disable_log_stats", kwargs.get("disable_log_stats", False))  # rlt logs no periodic stats
     _bool("trust_remote_code", kwargs.get("trust_remote_code", False))  # rlt never runs checkpoint code
+    for name, accepted in ACCEPTED_VALUES.items():
+        if name in kwargs and kwargs[name] not in accepted:
+            raise ConfigError(f"{name} (vLLM option) must be {' or '.join(map(repr, accepted))} or left out, got "
+                              f"{kwargs[name]!r}: {WHY_NOT[name]}")
     swap = kwargs.get("swap_space", 0)
     if not isinstance(swap, (int, float)) or isinstance(swap, bool) or swap != 0:
         raise ConfigError(f"swap_space (vLLM option) must be 0 or left out, got {swap!r}: rlt has no CPU swap budget; "

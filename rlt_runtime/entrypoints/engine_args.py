@@ -103,6 +103,8 @@ VLLM_FLAGS = {
     "disable_log_stats": (None, "vLLM name: accepted; rlt logs no periodic stats (see /metrics, LLM.stats())"),
     "trust_remote_code": (None, "vLLM name: accepted; rlt never runs code from a checkpoint"),
     "swap_space": (float, "vLLM name: only 0 (no CPU swap budget; see --preemption-mode)"),
+    "load_format": (str, "vLLM name: 'auto' or 'safetensors' (rlt reads safetensors checkpoints)"),
+    "tokenizer_mode": (str, "vLLM name: 'auto' (rlt reads tokenizer.json with the tokenizers library)"),
 }
 
 

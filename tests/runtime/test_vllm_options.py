@@ -48,6 +48,20 @@ def test_swap_space_zero_means_recompute_else_error():
         EngineConfig.from_kwargs(swap_space=0, preemption_mode="swap")
 
 
+def test_load_format_and_tokenizer_mode_take_what_rlt_loads():
+    base = EngineConfig.from_kwargs()
+    for kw in (dict(load_format="auto"), dict(load_format="safetensors"), dict(tokenizer_mode="auto")):
+        assert EngineConfig.from_kwargs(**kw) == base
+    with pytest.raises(ConfigError, match=r"load_format \(vLLM option\) must be 'auto' or 'safetensors' or left out, "
+                                          r"got 'pt': rlt reads safetensors"):
+        EngineConfig.from_kwargs(load_format="pt")
+    with pytest.raises(ConfigError, match=r"tokenizer_mode \(vLLM option\) must be 'auto' or left out, got 'mistral'"):
+        EngineConfig.from_kwargs(tokenizer_mode="mistral")
+    args = serve_cli.build_parser().parse_args(["--model", "m", "--load-format", "safetensors", "--tokenizer-mode",
+                                                 "auto"])
+    assert EngineConfig.from_kwargs(**engine_kwargs(args)) == EngineConfig.from_kwargs()
+
+
 def test_kv_cache_dtype_and_quantization():
     """Both are rlt options (FP8, tests/runtime/test_fp8_engine.py); other values name the allowed ones."""
     assert EngineConfig.from_kwargs(kv_cache_dtype="auto", quantization=None) == EngineConfig.from_kwargs()

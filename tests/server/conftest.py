@@ -105,9 +105,9 @@ def start_server():
     return live_server
 
 
-def serve_process(log: Path, *flags: str, preexec_fn=None) -> tuple[subprocess.Popen, str]:
+def serve_process(log: Path, *flags: str, preexec_fn=None, https_ca: Optional[str] = None) -> tuple[subprocess.Popen, str]:
     """Start `rlt-serve --model ouro-tiny` (CPU, fp32) on a free port with `flags`, output to `log`;
-    return (the process, its url) once /health answers 200."""
+    return (the process, its url) once /health answers 200 (over HTTPS, trusting `https_ca`, when given)."""
     import httpx
 
     with socket.socket() as s:
@@ -117,12 +117,12 @@ def serve_process(log: Path, *flags: str, preexec_fn=None) -> tuple[subprocess.P
         [sys.executable, "-m", "rlt_runtime.entrypoints.server.cli", "--model", MODEL, "--port", str(port),
          "--dtype", "float32", "--device", "cpu", "--num-blocks", "256", *flags],
         cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT, preexec_fn=preexec_fn)
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if https_ca else 'http'}://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
         assert proc.poll() is None, log.read_text()
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
+            if httpx.get(url + "/health", timeout=2, verify=https_ca or True).status_code == 200:
                 return proc, url
         except httpx.TransportError:
             pass

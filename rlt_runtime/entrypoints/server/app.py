@@ -85,6 +85,8 @@ class ServerConfig:
     chat_template: Optional[str] = None  # a Jinja chat template used instead of the checkpoint's own
     trust_request_chat_template: bool = False  # requests may bring their own chat_template (else 400)
     return_tokens_as_token_ids: bool = False  # logprobs name tokens as "token_id:N" for every request
+    log_requests: bool = False  # log each engine request: id, prompt (clipped to max_log_len), SamplingParams
+    max_log_len: Optional[int] = None  # characters or token ids of a logged prompt (None: all)
     responses_store_size: int = 1024  # stored responses (previous_response_id, GET /v1/responses/{id}); 0: none
     responses_store_mib: int = 256  # ... and at most this many MiB of their JSON
     reasoning_parser: Optional[str] = None  # think, deepseek_r1 or none; None: think if the template writes <think>
@@ -115,6 +117,9 @@ class ServerConfig:
         if self.max_sequences_per_request > self.max_concurrent_sequences:
             raise ConfigError(f"max_sequences_per_request ({self.max_sequences_per_request}) must not exceed "
                               f"max_concurrent_sequences ({self.max_concurrent_sequences})")
+        if self.max_log_len is not None and (not isinstance(self.max_log_len, int) or isinstance(self.max_log_len, bool)
+                                             or self.max_log_len < 0):
+            raise ConfigError(f"max_log_len must be a non-negative integer or None, got {self.max_log_len!r}")
         if self.api_key is not None and not self.api_key:
             raise ConfigError("api_key must be a non-empty string or None")
         names = self.served_model_name
@@ -758,6 +763,13 @@ class _Serving:
         except WorkerUnavailable as exc:
             raise ApiError(503, f"the engine is not accepting requests ({exc})", None, "not_ready") from None
         stream.set_deadline(max(self.config.request_timeout - (time.monotonic() - arrival), 0.0))
+        if self.config.log_requests:
+            for i, (request_id, prompt) in enumerate(zip(stream.request_ids, prompts)):
+                shown = prompt.get("prompt") or prompt["prompt_token_ids"]
+                if self.config.max_log_len is not None:
+                    shown = shown[: self.config.max_log_len]
+                logger.info("request %s: prompt %r, %d prompt tokens, %s", request_id, shown,
+                            len(prompt["prompt_token_ids"]), params[i] if isinstance(params, list) else params)
         return stream
 
     async def finish(self, request: Request, stream: GenerationStream) -> None:

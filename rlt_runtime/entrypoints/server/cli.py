@@ -96,8 +96,26 @@ def build_parser() -> argparse.ArgumentParser:
                    "'required' and a named function work either way")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="vLLM's switch for tool_choice 'auto': accepted with --tool-call-parser, which enables it")
-    p.add_argument("--cors-origins", nargs="*", default=[], help="allowed CORS origins (default: no CORS)")
+    p.add_argument("--cors-origins", "--allowed-origins", nargs="*", default=[],
+                   help="allowed CORS origins (default: no CORS; --allowed-origins is vLLM's name)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--uvicorn-log-level", default=None, choices=("debug", "info", "warning", "error", "critical",
+                                                                 "trace"),
+                   help="the HTTP server's (uvicorn's) log level (default: --log-level)")
+    logs = p.add_mutually_exclusive_group()
+    logs.add_argument("--enable-log-requests", action="store_true",
+                      help="log each engine request: id, prompt, SamplingParams (vLLM's)")
+    logs.add_argument("--disable-log-requests", action="store_true",
+                      help="vLLM's; requests are not logged unless --enable-log-requests")
+    p.add_argument("--max-log-len", type=int, default=None,
+                   help="characters or token ids of a logged prompt (default: all)")
+    p.add_argument("--ssl-keyfile", default=None, help="serve HTTPS with this private key (with --ssl-certfile)")
+    p.add_argument("--ssl-certfile", default=None, help="the HTTPS certificate (with --ssl-keyfile)")
+    p.add_argument("--ssl-ca-certs", default=None, help="a CA certificates file for HTTPS (uvicorn's ssl_ca_certs)")
+    p.add_argument("--root-path", default=None, help="the path prefix a proxy serves the app under (ASGI root_path)")
+    for flag in ("--disable-fastapi-docs", "--disable-frontend-multiprocessing"):
+        p.add_argument(flag, action="store_true", help="vLLM's; no effect (rlt serves no docs pages, and runs its "
+                                                       "front end in the server's process)")
     p.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=False,
                    help="log every HTTP request (default off)")
     add_engine_args(p)
@@ -189,7 +207,10 @@ def main(argv=None) -> int:
             trust_request_chat_template=args.trust_request_chat_template,
             responses_store_size=args.responses_store_size, responses_store_mib=args.responses_store_mib,
             return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+            log_requests=args.enable_log_requests, max_log_len=args.max_log_len,
         )
+        if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
+            raise ConfigError("--ssl-keyfile and --ssl-certfile go together: give both to serve HTTPS")
         if args.enable_auto_tool_choice and args.tool_call_parser is None:
             raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser (one of "
                               f"{', '.join(TOOL_CALL_PARSERS)})")
@@ -205,7 +226,9 @@ def main(argv=None) -> int:
 
     worker = EngineWorker(start_engine)
     app = create_app(worker, config)
-    server = build_server(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
+    server = build_server(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level or args.log_level,
+                          access_log=args.access_log, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
+                          ssl_ca_certs=args.ssl_ca_certs, root_path=args.root_path or "")
 
     def stop_if_load_fails() -> None:
         worker.start()
