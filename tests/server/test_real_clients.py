@@ -10,6 +10,7 @@ the same prompt tokens; usage equals the tokens the server counts. Install the c
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -211,13 +212,19 @@ def test_openai_agents_sdk_calls_a_function_tool(server, api):
         calls.append(zone)
         return f"noon {zone}"
 
-    client = AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
-    model = (agents.OpenAIResponsesModel if api == "responses" else agents.OpenAIChatCompletionsModel)(
-        model=MODEL, openai_client=client)
-    agent = agents.Agent(name="clock", instructions="Tell the time.", tools=[get_time], model=model,
-                         tool_use_behavior="stop_on_first_tool",
-                         model_settings=agents.ModelSettings(tool_choice="required", max_tokens=60, temperature=0))
-    result = agents.Runner.run_sync(agent, "What time is it?", max_turns=2)
+    async def run():
+        # The client closes on the loop it ran on (left to the garbage collector, it would log an
+        # error on a closed loop in whichever later test collects it).
+        async with AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as client:
+            model = (agents.OpenAIResponsesModel if api == "responses" else agents.OpenAIChatCompletionsModel)(
+                model=MODEL, openai_client=client)
+            agent = agents.Agent(name="clock", instructions="Tell the time.", tools=[get_time], model=model,
+                                 tool_use_behavior="stop_on_first_tool",
+                                 model_settings=agents.ModelSettings(tool_choice="required", max_tokens=60,
+                                                                     temperature=0))
+            return await agents.Runner.run(agent, "What time is it?", max_turns=2)
+
+    result = asyncio.run(run())
     assert len(calls) >= 1 and calls[0] in ("utc", "cet") and result.final_output == f"noon {calls[0]}"
 
 
