@@ -1008,6 +1008,13 @@ MUTANTS = (
         "profile_steps with 0 steps still records an automatic trace from its first step",
     ),
     Mutant(
+        "request-id-header-ignores-the-requests-own", "rlt_runtime/entrypoints/server/app.py",
+        "request_id = (_header(scope, b\"x-request-id\")[:128] or uuid.uuid4().hex).encode(\"latin-1\")",
+        "request_id = uuid.uuid4().hex.encode(\"latin-1\")",
+        ("tests/server/test_vllm_server_flags.py::test_request_id_headers",),
+        "X-Request-Id answers with a new id although the request sent its own",
+    ),
+    Mutant(
         "server-ignores-generation-defaults", "rlt_runtime/entrypoints/server/protocol.py",
         "return defaults.get(name, neutral) if value is None else value",
         "return neutral if value is None else value",

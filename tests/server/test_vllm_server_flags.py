@@ -1,10 +1,12 @@
 """vLLM's `vllm serve` flags users type by habit, on a real rlt-serve process: HTTPS
 (--ssl-keyfile/--ssl-certfile), --enable-log-requests with --max-log-len, --allowed-origins (CORS),
 --uvicorn-log-level, --root-path, and the ones that change nothing here (--disable-log-requests,
---disable-fastapi-docs, --disable-frontend-multiprocessing); half of an HTTPS pair is refused."""
+--disable-fastapi-docs, --disable-frontend-multiprocessing), --enable-request-id-headers; half of
+an HTTPS pair is refused."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -14,9 +16,6 @@ import pytest
 
 from conftest import MODEL, REPO
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-
-
 def _certificate(tmp_path) -> tuple[str, str]:
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
@@ -25,6 +24,7 @@ def _certificate(tmp_path) -> tuple[str, str]:
     return str(key), str(cert)
 
 
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 def test_https_request_logs_cors_and_quiet_flags(start_process, tmp_path):
     key, cert = _certificate(tmp_path)
     log = tmp_path / "serve.log"
@@ -58,3 +58,20 @@ def test_half_an_https_pair_and_log_flag_conflicts_are_refused(tmp_path):
     assert out.returncode == 2 and "not allowed with argument" in out.stderr
     out = subprocess.run(cmd + ["--max-log-len", "-1"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "max_log_len must be a non-negative integer" in out.stderr
+
+
+def test_request_id_headers(start_server):
+    """--enable-request-id-headers: every answer carries X-Request-Id, the request's own or a new
+    one, refusals too (a 401 behind the API key); off, none."""
+    with start_server(request_id_headers=True, api_key="k") as live:
+        auth = {"Authorization": "Bearer k"}
+        own = httpx.post(live.url + "/v1/completions", json=dict(prompt="Hi", max_tokens=1), timeout=60,
+                         headers=dict(auth, **{"X-Request-Id": "trace-42"}))
+        assert own.status_code == 200 and own.headers["x-request-id"] == "trace-42"
+        new = httpx.get(live.url + "/v1/models", headers=auth, timeout=60).headers["x-request-id"]
+        refused = httpx.get(live.url + "/v1/models", timeout=60)
+        assert refused.status_code == 401
+        assert re.fullmatch("[0-9a-f]{32}", new) and re.fullmatch("[0-9a-f]{32}", refused.headers["x-request-id"])
+        assert new != refused.headers["x-request-id"]  # (a new one for each request)
+    with start_server() as live:
+        assert "x-request-id" not in httpx.get(live.url + "/v1/models", timeout=60).headers

@@ -86,6 +86,7 @@ class ServerConfig:
     trust_request_chat_template: bool = False  # requests may bring their own chat_template (else 400)
     return_tokens_as_token_ids: bool = False  # logprobs name tokens as "token_id:N" for every request
     log_requests: bool = False  # log each engine request: id, prompt (clipped to max_log_len), SamplingParams
+    request_id_headers: bool = False  # every response carries X-Request-Id (the request's own, or a new one)
     max_log_len: Optional[int] = None  # characters or token ids of a logged prompt (None: all)
     responses_store_size: int = 1024  # stored responses (previous_response_id, GET /v1/responses/{id}); 0: none
     responses_store_mib: int = 256  # ... and at most this many MiB of their JSON
@@ -304,6 +305,8 @@ def create_app(engine_or_worker: Union[LLMEngine, EngineWorker, Callable[[], LLM
     if config.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST", "DELETE"],
                            allow_headers=["*"])
+    if config.request_id_headers:  # outermost: every answer carries it, refusals included
+        app.add_middleware(_RequestIdHeader)
     return app
 
 
@@ -1431,6 +1434,27 @@ class _StreamedItems:
 
 
 # ---- ASGI guard: API key and body size --------------------------------------------------------------
+
+class _RequestIdHeader:
+    """vLLM's --enable-request-id-headers: every response carries X-Request-Id, the request's own
+    (its X-Request-Id header, at most 128 characters) or a new one."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = (_header(scope, b"x-request-id")[:128] or uuid.uuid4().hex).encode("latin-1")
+
+        async def send_with_id(message) -> None:
+            if message["type"] == "http.response.start":
+                message = dict(message, headers=[*message.get("headers", []), (b"x-request-id", request_id)])
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
 
 class _Guard:
     """Answers 401 (missing/wrong API key on protected paths; the scheme "Bearer" in any case), 413

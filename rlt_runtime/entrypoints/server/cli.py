@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ssl-certfile", default=None, help="the HTTPS certificate (with --ssl-keyfile)")
     p.add_argument("--ssl-ca-certs", default=None, help="a CA certificates file for HTTPS (uvicorn's ssl_ca_certs)")
     p.add_argument("--root-path", default=None, help="the path prefix a proxy serves the app under (ASGI root_path)")
+    p.add_argument("--enable-request-id-headers", action="store_true",
+                   help="every response carries X-Request-Id: the request's own, or a new one (vLLM's)")
     for flag in ("--disable-fastapi-docs", "--disable-frontend-multiprocessing"):
         p.add_argument(flag, action="store_true", help="vLLM's; no effect (rlt serves no docs pages, and runs its "
                                                        "front end in the server's process)")
@@ -208,6 +210,7 @@ def main(argv=None) -> int:
             responses_store_size=args.responses_store_size, responses_store_mib=args.responses_store_mib,
             return_tokens_as_token_ids=args.return_tokens_as_token_ids,
             log_requests=args.enable_log_requests, max_log_len=args.max_log_len,
+            request_id_headers=args.enable_request_id_headers,
         )
         if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
             raise ConfigError("--ssl-keyfile and --ssl-certfile go together: give both to serve HTTPS")
