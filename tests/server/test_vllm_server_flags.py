@@ -1,8 +1,8 @@
 """vLLM's `vllm serve` flags users type by habit, on a real rlt-serve process: HTTPS
 (--ssl-keyfile/--ssl-certfile), --enable-log-requests with --max-log-len, --allowed-origins (CORS),
 --uvicorn-log-level, --root-path, and the ones that change nothing here (--disable-log-requests,
---disable-fastapi-docs, --disable-frontend-multiprocessing), --enable-request-id-headers; half of
-an HTTPS pair is refused."""
+--disable-fastapi-docs, --disable-frontend-multiprocessing), --enable-request-id-headers, --uds (a
+Unix domain socket); half of an HTTPS pair is refused."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -75,3 +76,28 @@ def test_request_id_headers(start_server):
         assert new != refused.headers["x-request-id"]  # (a new one for each request)
     with start_server() as live:
         assert "x-request-id" not in httpx.get(live.url + "/v1/models", timeout=60).headers
+
+
+def test_unix_domain_socket(tmp_path):
+    """--uds: the server listens on a Unix socket file instead of a TCP port, and answers there."""
+    path = tmp_path / "rlt.sock"
+    log = tmp_path / "serve.log"
+    proc = subprocess.Popen([sys.executable, "-m", "rlt_runtime.entrypoints.server.cli", "--model", MODEL, "--device",
+                             "cpu", "--dtype", "float32", "--num-blocks", "64", "--uds", str(path)], cwd=REPO,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(path)), base_url="http://rlt", timeout=5) as client:
+            deadline = time.monotonic() + 120
+            while True:
+                assert proc.poll() is None, log.read_text()
+                try:
+                    if client.get("/health").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    assert time.monotonic() < deadline, log.read_text()
+                    time.sleep(0.2)
+            out = client.post("/v1/completions", json=dict(prompt="Hi", max_tokens=2), timeout=60)
+            assert out.status_code == 200 and out.json()["usage"]["completion_tokens"] == 2
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ssl-certfile", default=None, help="the HTTPS certificate (with --ssl-keyfile)")
     p.add_argument("--ssl-ca-certs", default=None, help="a CA certificates file for HTTPS (uvicorn's ssl_ca_certs)")
     p.add_argument("--root-path", default=None, help="the path prefix a proxy serves the app under (ASGI root_path)")
+    p.add_argument("--uds", default=None, help="listen on this Unix domain socket instead of --host/--port (vLLM's)")
     p.add_argument("--enable-request-id-headers", action="store_true",
                    help="every response carries X-Request-Id: the request's own, or a new one (vLLM's)")
     for flag in ("--disable-fastapi-docs", "--disable-frontend-multiprocessing"):
@@ -221,7 +222,8 @@ def main(argv=None) -> int:
     except ConfigError as exc:
         print(f"rlt-serve: error: {exc}", file=sys.stderr)
         return 2
-    warn_if_exposed(args.host, config.api_key)
+    if args.uds is None:  # (a Unix socket is reachable through the file system only)
+        warn_if_exposed(args.host, config.api_key)
     def start_engine():
         engine = build_engine(args.model, **options)
         freeze_heap()
@@ -231,7 +233,7 @@ def main(argv=None) -> int:
     app = create_app(worker, config)
     server = build_server(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level or args.log_level,
                           access_log=args.access_log, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
-                          ssl_ca_certs=args.ssl_ca_certs, root_path=args.root_path or "")
+                          ssl_ca_certs=args.ssl_ca_certs, root_path=args.root_path or "", uds=args.uds)
 
     def stop_if_load_fails() -> None:
         worker.start()

@@ -54,14 +54,14 @@ class DrainingServer(uvicorn.Server):
 
 def build_server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
                  access_log: bool = False, ssl_keyfile: Optional[str] = None, ssl_certfile: Optional[str] = None,
-                 ssl_ca_certs: Optional[str] = None, root_path: str = "") -> DrainingServer:
+                 ssl_ca_certs: Optional[str] = None, root_path: str = "", uds: Optional[str] = None) -> DrainingServer:
     """The server for `app` (from create_app): limits from app.state.config, draining app.state.worker;
     HTTPS with ssl_keyfile and ssl_certfile (and ssl_ca_certs, uvicorn's); root_path: the prefix a
-    proxy serves the app under."""
+    proxy serves the app under; uds: a Unix domain socket path to listen on instead of host:port."""
     config = app.state.config
     uv_config = uvicorn.Config(
         app, host=host, port=port, log_level=log_level, access_log=access_log, log_config=None, lifespan="on",
-        ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile, ssl_ca_certs=ssl_ca_certs, root_path=root_path,
+        ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile, ssl_ca_certs=ssl_ca_certs, root_path=root_path, uds=uds,
         http=bounded_protocol(config.keep_alive_timeout, config.header_timeout, config.connection_limit()),
         timeout_keep_alive=config.keep_alive_timeout, timeout_graceful_shutdown=FLUSH_SECONDS,
         backlog=descriptor_budget()[1],
