@@ -32,8 +32,8 @@ from ..executor.token_mask import allowed_words, new_bitmask, restrict
 from ..executor.ops import check_flash_setup
 from ..executor.worker import WorkerSpec
 from ..models import load_model
-from ..models.generation_defaults import generation_defaults
 from ..models.configs import hf_weight_shapes
+from ..models.generation_defaults import generation_defaults
 from ..outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 from ..sampling_params import SamplingParams
 from ..stable_hash import prompt_key, sample_key, stable_hash, unseeded_key
@@ -547,9 +547,10 @@ class LLMEngine:
     @_on_device
     def sleep(self, level: int = 1) -> int:
         """Give back the device memory of the weights and the KV cache while the engine idles (e.g.
-        while a trainer uses the GPU; executor/sleep.py; needs enable_sleep_mode): level 1 keeps the weights in host memory,
-        level 2 discards them (`update_weights` refills them after `wake_up`). The prefix cache is
-        reset. Needs an idle engine (RequestError); returns the bytes given back."""
+        while a trainer uses the GPU; executor/sleep.py; needs enable_sleep_mode): level 1 keeps
+        the weights in host memory, level 2 discards them (`update_weights` refills them after
+        `wake_up`). The prefix cache is reset. Needs an idle engine (RequestError); returns the
+        bytes given back."""
         if not self.cfg.enable_sleep_mode:
             raise RequestError("sleep mode is off: build the engine with enable_sleep_mode=True (--enable-sleep-mode)")
         if level not in (1, 2):

@@ -27,8 +27,9 @@ ENGINE_CALLS = ("update_weights", "reset_prefix_cache", "sleep", "wake_up", "is_
 
 class ReplicaEngineCalls:
     """The LLMEngine calls a front end over replicas passes on to every live replica (the
-    weights, the prefix cache, sleep mode, profiling). The front end sets `call_targets` (its replicas) and
-    `_tracked` (its requests in flight: while any, the calls that need an idle engine are refused)."""
+    weights, the prefix cache, sleep mode, profiling). The front end sets `call_targets` (its
+    replicas) and `_tracked` (its requests in flight: while any, the calls that need an idle engine
+    are refused)."""
 
     call_targets: list["Replica"]
     _tracked: dict

@@ -12,7 +12,6 @@ comes back as zeros, as a newly allocated pool is.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
@@ -71,27 +70,6 @@ def restore(released: Released) -> None:
 def _bytes(storage) -> torch.Tensor:
     """A uint8 tensor over the whole storage."""
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-
-
-def weight_tensors(model) -> list[torch.Tensor]:
-    """Every tensor a loaded model holds: its attributes' tensors, and those inside lists and
-    dataclasses (`Fp8Weight`s, layers, blocks)."""
-    found: list[torch.Tensor] = []
-
-    def walk(value) -> None:
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                walk(v)
-        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-            for f in dataclasses.fields(value):
-                walk(getattr(value, f.name))
-
-    for name, value in vars(model).items():
-        if name not in ("config", "layout", "tp"):
-            walk(value)
-    return found
 
 
 def kv_tensors(kv) -> list[torch.Tensor]:

@@ -109,7 +109,8 @@ class Worker:
         """Give back the device memory of the weights (level 1: kept in host memory; level 2:
         discarded) and of the KV cache, dropping the captured graphs that read them
         (executor/sleep.py). Returns the bytes given back."""
-        from .sleep import kv_tensors, release, weight_tensors
+        from ..models.tensor_parallel import weight_tensors
+        from .sleep import kv_tensors, release
 
         self.runner.drop_graphs()
         self._asleep = {"weights": release(weight_tensors(self.model), keep=level == 1),

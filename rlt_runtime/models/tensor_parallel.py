@@ -144,6 +144,30 @@ def shard_model(model, tp: TensorParallel) -> None:
     model.heads, model.kv_heads, model.tp = cfg.num_heads // tp.size, cfg.kv_heads // tp.size, tp
 
 
+NOT_WEIGHTS = ("config", "layout", "tp")  # model attributes that hold no tensors
+
+
+def weight_tensors(model) -> list[torch.Tensor]:
+    """Every tensor a loaded model holds: its attributes' tensors, and those inside lists and
+    dataclasses (`Fp8Weight`s, layers, blocks)."""
+    found: list[torch.Tensor] = []
+
+    def walk(value) -> None:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            for f in dataclasses.fields(value):
+                walk(getattr(value, f.name))
+
+    for name, value in vars(model).items():
+        if name not in NOT_WEIGHTS:
+            walk(value)
+    return found
+
+
 def move_model(model, device) -> None:
     """Move a model's weights (tensors, `Fp8Weight`s, blocks, lists of blocks) to `device`: a rank
     loads and slices on the CPU, so its GPU only ever holds its shard."""
@@ -162,6 +186,6 @@ def move_model(model, device) -> None:
         return value
 
     for name, value in vars(model).items():
-        if name not in ("config", "layout", "tp"):
+        if name not in NOT_WEIGHTS:
             setattr(model, name, move(value))
     model.device = device

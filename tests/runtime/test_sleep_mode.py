@@ -12,9 +12,10 @@ from outputs_of import outputs_of
 from rlt_runtime import LLM, ConfigError, RequestError, SamplingParams
 from rlt_runtime.config import EngineConfig
 from rlt_runtime.engine.data_parallel import DataParallelEngine
-from rlt_runtime.executor.sleep import kv_tensors, weight_tensors
+from rlt_runtime.executor.sleep import kv_tensors
 from rlt_runtime.models.checkpoint import save_checkpoint
 from rlt_runtime.models.presets import preset_config, preset_weights
+from rlt_runtime.models.tensor_parallel import weight_tensors
 from rlt_runtime.models.tokenizer import builtin_tokenizer
 
 OPTIONS = dict(dtype="float32", device="cpu", max_num_seqs=4, block_size=16, seed=0, enable_sleep_mode=True)

@@ -15,8 +15,8 @@ from rlt_runtime import LLM, ConfigError, SamplingParams
 from rlt_runtime.executor.worker import WorkerSpec
 from rlt_runtime.models import build_model
 from rlt_runtime.models.presets import preset_config, preset_weights
-from rlt_runtime.models.fp8_weights import Fp8Weight
-from rlt_runtime.models.tensor_parallel import TensorParallel, check_tensor_parallel, move_model, shard_model
+from rlt_runtime.models.tensor_parallel import (TensorParallel, check_tensor_parallel, move_model, shard_model,
+                                               weight_tensors)
 
 TP = dict(device="cpu", seed=0, tensor_parallel_size=2, max_num_seqs=4, enable_prefix_caching=False)
 
@@ -263,23 +263,7 @@ def test_a_shard_moves_to_its_device_whole(preset, quantization):
     model.load_weights(preset_weights(cfg, seed=0, device="cpu", dtype=torch.float32))
     shard_model(model, TensorParallel(1, 2))
     move_model(model, "meta")
-    tensors = []
-
-    def collect(value):
-        if isinstance(value, torch.Tensor):
-            tensors.append(value)
-        elif isinstance(value, Fp8Weight):
-            tensors.extend([value.data, value.scale])
-        elif isinstance(value, list):
-            for v in value:
-                collect(v)
-        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-            for f in dataclasses.fields(value):
-                collect(getattr(value, f.name))
-
-    for name, value in vars(model).items():
-        if name not in ("config", "layout", "tp"):
-            collect(value)
+    tensors = weight_tensors(model)
     assert len(tensors) > 10 and all(t.device.type == "meta" for t in tensors)
     assert model.device.type == "meta"
 

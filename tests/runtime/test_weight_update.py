@@ -18,11 +18,10 @@ from rlt_runtime import LLM, RequestError, SamplingParams
 from rlt_runtime.cache.block_pool import BlockPool
 from rlt_runtime.engine.data_parallel import DataParallelEngine
 from rlt_runtime.errors import CheckpointError
-from rlt_runtime.executor.sleep import weight_tensors
 from rlt_runtime.models import build_model
 from rlt_runtime.models.checkpoint import save_checkpoint
 from rlt_runtime.models.presets import preset_config, preset_weights
-from rlt_runtime.models.tensor_parallel import TensorParallel, shard_model
+from rlt_runtime.models.tensor_parallel import TensorParallel, shard_model, weight_tensors
 from rlt_runtime.models.tokenizer import builtin_tokenizer
 from rlt_runtime.models.weight_update import write_weights
 
