@@ -16,6 +16,7 @@ Triton version cannot lower is caught before any GPU time is spent.
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import subprocess
@@ -41,21 +42,38 @@ OURO_WEIGHTS = [("qkv", 6144, 2048, None), ("o", 2048, 2048, None), ("gate_up", 
                 ("down", 2048, 5632, None), ("lm_head", 49152, 2048, None)]
 
 
-def _resources(cubin: bytes) -> dict:
+def _cuobjdump(cubin: bytes, option: str) -> str:
+    """The output of the `cuobjdump` that ships with Triton, run with `option` on `cubin`."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        text = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    found = re.search(r"REG:(\d+) STACK:(\d+)", text)
+        return subprocess.run([tool, option, f.name], capture_output=True, text=True).stdout
+
+
+def _resources(cubin: bytes) -> dict:
+    found = re.search(r"REG:(\d+) STACK:(\d+)", _cuobjdump(cubin, "--dump-resource-usage"))
     return {"registers": int(found.group(1)), "stack_bytes": int(found.group(2))} if found else {}
 
 
-def compile_sm90(fn, pointers: dict, constexprs: dict, floats=(), target=TARGET, **options) -> dict:
+def _innermost_loop(cubin: bytes) -> dict:
+    """The SASS of the innermost loop of more than 50 instructions (a backward branch's span):
+    its instruction count and its 12 most frequent opcodes (predicates dropped)."""
+    sass = [(int(m.group(1), 16), m.group(2).strip())
+            for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", _cuobjdump(cubin, "-sass"))]
+    loops = [(int(m.group(1), 16), addr) for addr, text in sass
+             for m in [re.search(r"BRA.*?0x([0-9a-f]+)", text)] if m and int(m.group(1), 16) < addr]
+    start, end = min((loop for loop in loops if (loop[1] - loop[0]) // 16 > 50), key=lambda loop: loop[1] - loop[0])
+    body = [re.sub(r"^@!?U?P\w+\s+", "", text).split()[0] for addr, text in sass if start <= addr <= end]
+    return {"instructions": len(body), "ops": collections.Counter(body).most_common(12)}
+
+
+def compile_sm90(fn, pointers: dict, constexprs: dict, floats=(), target=TARGET, key_loop=False, **options) -> dict:
     """Compile `fn` for sm_90: `pointers` maps pointer arguments to Triton types; every other
     non-constexpr argument is i32 (fp32 if in `floats`) and, like pointers, 16-byte divisible
     unless the kernel opts out of specialising it (`do_not_specialize`). FMA contraction is on, as
-    rlt launches every kernel but those that round as their references (pass enable_fp_fusion=False)."""
+    rlt launches every kernel but those that round as their references (pass enable_fp_fusion=False).
+    `key_loop`: the report also reads the innermost loop's SASS (`_innermost_loop`)."""
     names = fn.arg_names
     signature = {n: pointers.get(n) or ("constexpr" if n in constexprs else "fp32" if n in floats else "i32")
                  for n in names}
@@ -70,7 +88,8 @@ def compile_sm90(fn, pointers: dict, constexprs: dict, floats=(), target=TARGET,
     ptx = kernel.asm["ptx"]
     return {"shared_bytes": kernel.metadata.shared, "wgmma": "wgmma" in ptx, "cp_async": "cp.async" in ptx,
             "loads": {op: ptx.count(op) for op in GLOBAL_LOADS}, "widening": {op: ptx.count(op) for op in WIDENING},
-            **_resources(kernel.asm["cubin"])}
+            **_resources(kernel.asm["cubin"]),
+            **({"key_loop": _innermost_loop(kernel.asm["cubin"])} if key_loop else {})}
 
 
 def linear_report(n: int, k: int, activation, rows: int, weight: str = "bf16", target=TARGET,
@@ -148,17 +167,42 @@ def linear_reports() -> dict:
     return out
 
 
+def _attention_signature(cache: str) -> tuple[dict, dict]:
+    """Pointer types and flags of the attention kernels over a bf16 or FP8 ("fp8") cache, as the
+    engine launches them for Ouro (block size 16, key-depth table, slots, tensor depths); the
+    pointers include the decode kernel's RoPE inputs."""
+    kv = "*fp8e4nv" if cache == "fp8" else "*bf16"
+    ptrs = {"q_ptr": "*bf16", "out_ptr": "*bf16", "k_ptr": kv, "v_ptr": kv}
+    ptrs.update({n: "*i32" for n in ("tables_ptr", "seq_lens_ptr", "qsl_ptr", "slots_ptr", "qdepth_ptr",
+                                     "key_depth_ptr", "active_ptr", "decode_from_ptr")},
+                ws_ptr="*fp32", k_scale_ptr="*fp32", v_scale_ptr="*fp32", counters_ptr="*i32",
+                rope_k_ptr="*bf16", rope_v_ptr="*bf16", pos_ptr="*i64", cos_sin_ptr="*fp32", write_slot_ptr="*i64",
+                q_bias_ptr="*bf16", k_bias_ptr="*bf16")
+    flags = dict(BLOCK_SIZE=16, HAS_ACTIVE=True, HAS_SLOTS=True, QDEPTH_TENSOR=True, HAS_KEY_DEPTH=True,
+                 DECODE_FROM_TENSOR=True, KV_FP8=cache == "fp8", PDL=True, KV_ALIGNED=True)
+    return ptrs, flags
+
+
+def decode_attention_report(cache: str, split: bool, rope: bool = False, warps: int | None = None,
+                            tiles: int | None = None, key_loop: bool = False) -> dict:
+    """The decode kernel at Ouro's shape (16 heads of 128, MHA) over a bf16 or FP8 cache, split (as
+    at batch 1) or not (as at batch 256), with or without RoPE and the K/V write; warps and key
+    tiles in flight default to the launcher's."""
+    ptrs, flags = _attention_signature(cache)
+    cfg = attention._decode_shape(16, 16, 128)
+    default_warps = cfg.pop("num_warps")
+    tiles = attention.decode_tiles(cache == "fp8", small=split) if tiles is None else tiles
+    const = dict(cfg, SPLIT=split, TILES=tiles, MERGE_IN_PLACE=split, WIDEN_INLINE=True, **flags, ROPE=rope,
+                 GPTJ=False, HAS_Q_BIAS=False, HAS_K_BIAS=False, UNFUSED=rope)
+    return compile_sm90(attention._decode_attention_kernel, ptrs, const, floats=("qk_scale",),
+                        num_warps=warps or default_warps, num_stages=attention.DECODE_STAGES, key_loop=key_loop)
+
+
 def attention_reports() -> dict:
     """The tile kernel and the decode kernel, on bf16 and FP8 (kv_cache_dtype="fp8") caches."""
     out = {}
     for cache in ("bf16", "fp8"):
-        ptrs = {"q_ptr": "*bf16", "out_ptr": "*bf16", "k_ptr": "*fp8e4nv" if cache == "fp8" else "*bf16",
-                "v_ptr": "*fp8e4nv" if cache == "fp8" else "*bf16"}
-        ptrs.update({n: "*i32" for n in ("tables_ptr", "seq_lens_ptr", "qsl_ptr", "slots_ptr", "qdepth_ptr",
-                                         "key_depth_ptr", "active_ptr", "decode_from_ptr")},
-                    ws_ptr="*fp32", k_scale_ptr="*fp32", v_scale_ptr="*fp32", counters_ptr="*i32")
-        flags = dict(BLOCK_SIZE=16, HAS_ACTIVE=True, HAS_SLOTS=True, QDEPTH_TENSOR=True, HAS_KEY_DEPTH=True,
-                     DECODE_FROM_TENSOR=True, KV_FP8=cache == "fp8", PDL=True, KV_ALIGNED=True)
+        ptrs, flags = _attention_signature(cache)
         for warps, few_queries in ((4, False), (4, True), (8, False)):
             cfg = attention._tile_shape(16, 16, 128, torch.bfloat16, few_queries)  # Ouro: 16 heads of 128, MHA
             cfg.pop("num_warps")
@@ -168,21 +212,12 @@ def attention_reports() -> dict:
             out[f"paged_attention {cache} depth-aware, {warps} warps, {stages} stages"] = compile_sm90(
                 attention._paged_attention_kernel, ptrs, const, floats=("qk_scale",), num_warps=warps,
                 num_stages=stages)
-        cfg = attention._decode_shape(16, 16, 128)
-        warps = cfg.pop("num_warps")
-        rope_ptrs = dict(ptrs, rope_k_ptr="*bf16", rope_v_ptr="*bf16", pos_ptr="*i64", cos_sin_ptr="*fp32",
-                         write_slot_ptr="*i64", q_bias_ptr="*bf16", k_bias_ptr="*bf16")
-        rope_off = dict(ROPE=False, GPTJ=False, HAS_Q_BIAS=False, HAS_K_BIAS=False, UNFUSED=False)
+        warps = attention._decode_shape(16, 16, 128)["num_warps"]
         for split in (True, False):  # a split launch as at batch 1 (small), an unsplit one as at batch 256
-            tiles = attention.decode_tiles(cache == "fp8", small=split)
             for rope in (False, True):
                 name = (f"decode attention {cache} depth-aware, {warps} warps, {'split' if split else 'unsplit'}"
                         + (", RoPE + K/V write" if rope else ""))
-                out[name] = compile_sm90(
-                    attention._decode_attention_kernel, rope_ptrs,
-                    dict(cfg, SPLIT=split, TILES=tiles, MERGE_IN_PLACE=split, WIDEN_INLINE=True, **flags,
-                         **dict(rope_off, ROPE=rope, UNFUSED=rope)),
-                    floats=("qk_scale",), num_warps=warps, num_stages=attention.DECODE_STAGES)
+                out[name] = decode_attention_report(cache, split, rope)
     return out
 
 

@@ -37,6 +37,8 @@ _CALLS = {
     # Ouro's weights at the middle and prefill tiles (bf16), and down over FP8 weights at the prefill tile.
     "tma_linear": "{f'{name} {w} {rows}': s.linear_report(n, k, a, rows, w)[1] for name, n, k, a in s.OURO_WEIGHTS[:4] "
                   "for w in ('bf16', 'fp8') for rows in (256, 2048) if w == 'bf16' or (name, rows) == ('down', 2048)}",
+    # The unsplit FP8 decode kernel's key loop (the SASS read by docs/perf/fp8.md's instruction counts).
+    "decode_key_loop": "s.decode_attention_report('fp8', split=False, key_loop=True)['key_loop']",
     # Ouro's four layer weights at the 16- and 64-row transposed decode tiles, bf16 and FP8.
     "decode_linear": "{f'{name} {w} {rows}': s.linear_report(n, k, a, rows, w)[1] for name, n, k, a in "
                      "s.OURO_WEIGHTS[:4] for w in ('bf16', 'fp8') for rows in (1, 64)}",
@@ -98,6 +100,19 @@ def tma_linear(compiled) -> dict:
 @pytest.fixture(scope="module")
 def decode_linear(compiled) -> dict:
     return compiled("decode_linear")
+
+
+@pytest.fixture(scope="module")
+def decode_key_loop(compiled) -> dict:
+    return compiled("decode_key_loop")
+
+
+def test_decode_key_loop_is_found_in_the_sass(decode_key_loop):
+    """The SASS reader finds the FP8 decode kernel's key loop: the innermost loop, whose
+    instructions widen FP8 words (`F2FP` unpacks) and multiply-add them, not the outer range loop."""
+    ops = dict(decode_key_loop["ops"])
+    assert 50 < decode_key_loop["instructions"] < 2000
+    assert ops.get("F2FP.F16.E4M3.UNPACK_B", 0) > 0 and ops.get("FFMA", 0) > 0
 
 
 def test_decode_tiles_fit_an_sm(decode_linear):
