@@ -184,11 +184,13 @@ def _attention_signature(cache: str) -> tuple[dict, dict]:
 
 
 def decode_attention_report(cache: str, split: bool, rope: bool = False, warps: int | None = None,
-                            tiles: int | None = None, key_loop: bool = False) -> dict:
+                            tiles: int | None = None, key_loop: bool = False, key_depth: bool = True) -> dict:
     """The decode kernel at Ouro's shape (16 heads of 128, MHA) over a bf16 or FP8 cache, split (as
-    at batch 1) or not (as at batch 256), with or without RoPE and the K/V write; warps and key
-    tiles in flight default to the launcher's."""
+    at batch 1) or not (as at batch 256), with or without RoPE and the K/V write, with or without
+    the key-depth table (without: the engine's fixed-depth steps); warps and key tiles in flight
+    default to the launcher's."""
     ptrs, flags = _attention_signature(cache)
+    flags["HAS_KEY_DEPTH"] = key_depth
     cfg = attention._decode_shape(16, 16, 128)
     default_warps = cfg.pop("num_warps")
     tiles = attention.decode_tiles(cache == "fp8", small=split) if tiles is None else tiles
