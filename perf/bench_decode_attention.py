@@ -4,7 +4,7 @@
 
 Engine-shaped calls: Ouro-1.4B heads (16 x 128, MHA, bf16), 4 K/V planes, a key-depth table
 (every key at full depth, query at loop 3: the key-depth lookups run, every read lands in the
-query's plane), block size 16, block tables as wide as Ouro's 64K context limit (as the engine's
+query's plane; ``--no-key-depth`` drops it, as the engine's fixed-depth steps do), block size 16, block tables as wide as Ouro's 64K context limit (as the engine's
 graphs capture them; `--context-limits` times every case with tables of other widths too, in the
 same run), pages scattered at random. For each (batch, keys) case it times, in CUDA graphs:
 
@@ -44,9 +44,11 @@ CONTEXT_LIMIT = 65536  # Ouro-1.4B's max_position_embeddings: the engine's block
 CASES = [(1, 192), (16, 192), (64, 192), (256, 192), (64, 1024), (256, 1024), (64, 4096), (16, 32768), (64, 32768)]
 
 
-def engine_case(batch: int, keys: int, seed: int = 0, context_limit: int = CONTEXT_LIMIT) -> dict:
+def engine_case(batch: int, keys: int, seed: int = 0, context_limit: int = CONTEXT_LIMIT,
+                key_depth: bool = True) -> dict:
     """Inputs of one engine-shaped decode call (see the module docstring); block tables cover
-    `context_limit` keys."""
+    `context_limit` keys. key_depth=False: no key-depth table, as the engine's fixed-depth steps
+    (no request may leave early) launch the kernel."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     per_seq = -(-keys // BLOCK)
     width = max(per_seq, context_limit // BLOCK)
@@ -61,7 +63,8 @@ def engine_case(batch: int, keys: int, seed: int = 0, context_limit: int = CONTE
         seq_lens=torch.full((batch,), keys, dtype=torch.int32, device="cuda"),
         qsl=torch.arange(batch + 1, dtype=torch.int32, device="cuda"),
         kw=dict(query_depth=torch.full((batch,), PLANES - 1, dtype=torch.int32, device="cuda"),
-                key_depth=torch.full((num_blocks, BLOCK), PLANES - 1, dtype=torch.int8, device="cuda")),
+                **({"key_depth": torch.full((num_blocks, BLOCK), PLANES - 1, dtype=torch.int8, device="cuda")}
+                   if key_depth else {})),
         workspace=new_attention_workspace(batch, HEADS, HEAD_DIM, width * BLOCK, device="cuda"),
     )
 
@@ -144,10 +147,11 @@ def cudnn_paged(c: dict, keys: int):
         return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
-def measure_case(batch: int, keys: int, roof: dict, context_limit: int = CONTEXT_LIMIT) -> dict:
+def measure_case(batch: int, keys: int, roof: dict, context_limit: int = CONTEXT_LIMIT,
+                 key_depth: bool = True) -> dict:
     from torch.nn.attention import SDPBackend
 
-    c = engine_case(batch, keys, context_limit=context_limit)
+    c = engine_case(batch, keys, context_limit=context_limit, key_depth=key_depth)
     nbytes = kv_bytes(batch, keys)
     gbps = lambda ms: nbytes / (ms * 1e-3) / 1e9 if ms else None  # noqa: E731
     frac = lambda ms: gbps(ms) / roof["copy_gbps"] if ms else None  # noqa: E731
@@ -157,7 +161,8 @@ def measure_case(batch: int, keys: int, roof: dict, context_limit: int = CONTEXT
     k, v = dense_kv(c, keys)
     q4 = c["q"].view(batch, HEADS, 1, HEAD_DIM)
     ref = F.scaled_dot_product_attention(q4.float(), k.float(), v.float()).view(batch, HEADS, HEAD_DIM)
-    row = {"batch": batch, "keys": keys, "context_limit": context_limit, "kv_mb": nbytes / 1e6,
+    row = {"batch": batch, "keys": keys, "context_limit": context_limit, "key_depth": key_depth,
+           "kv_mb": nbytes / 1e6,
            "decode_us": decode_ms * 1e3, "decode_gbps": gbps(decode_ms), "decode_frac": frac(decode_ms),
            "decode_max_err": (out_d.float() - ref).abs().max().item(),
            "tile_us": tile_ms * 1e3, "tile_frac": frac(tile_ms), "tile_max_err": (out_t.float() - ref).abs().max().item()}
@@ -250,6 +255,8 @@ def main() -> None:
                     help="comma-separated BATCHxKEYS cases (default: every case of CASES)")
     ap.add_argument("--context-limits", default=str(CONTEXT_LIMIT),
                     help="comma-separated keys the block tables cover, each a table of every case (e.g. 4096,65536)")
+    ap.add_argument("--no-key-depth", action="store_true",
+                    help="no key-depth table: the kernel as the engine's fixed-depth steps launch it")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     roof = measure()
@@ -262,7 +269,7 @@ def main() -> None:
         res["cudnn"] = None
     for limit in (int(x) for x in args.context_limits.split(",")):
         for batch, keys in (tuple(int(x) for x in case.split("x")) for case in args.cases.split(",")):
-            res["cases"].append(measure_case(batch, keys, roof, limit))
+            res["cases"].append(measure_case(batch, keys, roof, limit, key_depth=not args.no_key_depth))
             print(json.dumps(res["cases"][-1]), flush=True)
             torch.cuda.empty_cache()
     if args.sweep:

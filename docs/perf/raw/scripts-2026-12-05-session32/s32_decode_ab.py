@@ -42,11 +42,9 @@ rows = []
 for cache in ("fp8", "bf16"):
     for key_depth in (False, True):
         for batch, keys in SHAPES:
-            c = B.engine_case(batch, keys)
+            c = B.engine_case(batch, keys, key_depth=key_depth)
             if cache == "fp8":
                 c = B.fp8_case(c)
-            if not key_depth:
-                c = dict(c, kw={k: v for k, v in c["kw"].items() if k != "key_depth"})
             bits = {}
             for code in ("main", "addr", "pairs", "main", "addr", "pairs"):
                 mod = CODES[code]
