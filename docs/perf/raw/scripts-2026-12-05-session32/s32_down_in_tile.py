@@ -26,6 +26,7 @@ for m in (128, 192, 256, 384, 512):
     outs = {}
     for in_tile in (False, True, False, True):
         gemm.W8A8_MIDDLE_IN_TILE = in_tile
+        gemm.linear_config.cache_clear()  # (configurations are cached)
         cfg = gemm.linear_config(2048, 5632, FP8_DTYPE, None, m)
         call = lambda: linear_residual_norm(xq, w8, residual, post_w, next_w, 1e-6, weight_scale=ws, x_scale=xs)  # noqa: E731
         ms = cuda_time_ms(call)

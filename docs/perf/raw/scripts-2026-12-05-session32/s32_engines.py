@@ -13,4 +13,5 @@ from rlt_kernels import attention, gemm
 
 attention.FUSED_ROPE_BELOW_PROGRAMS_PER_SM_FP8 = int(sys.argv[1])
 gemm.W8A8_MIDDLE_IN_TILE = bool(int(sys.argv[2]))
+gemm.linear_config.cache_clear()  # (configurations are cached)
 bench_fp8.main(sys.argv[3:])
