@@ -4,9 +4,10 @@
 
 Engine-shaped calls: Ouro-1.4B heads (16 x 128, MHA, bf16), 4 K/V planes, a key-depth table
 (every key at full depth, query at loop 3: the key-depth lookups run, every read lands in the
-query's plane; ``--no-key-depth`` drops it, as the engine's fixed-depth steps do), block size 16, block tables as wide as Ouro's 64K context limit (as the engine's
-graphs capture them; `--context-limits` times every case with tables of other widths too, in the
-same run), pages scattered at random. For each (batch, keys) case it times, in CUDA graphs:
+query's plane; ``--no-key-depth`` drops it, as the engine's fixed-depth steps do), block size 16,
+block tables as wide as Ouro's 64K context limit (as the engine's graphs capture them;
+`--context-limits` times every case with tables of other widths too, in the same run), pages
+scattered at random. For each (batch, keys) case it times, in CUDA graphs:
 
 * rlt's decode arithmetic (``decode_from=0``, what decode, speculative drafts and verification run)
   and the tile arithmetic (``decode_from=None``, prompt rows; what decode ran before);
