@@ -201,7 +201,9 @@ def test_idle_sockets_cannot_exhaust_descriptors(start_process, tmp_path):
     (256 - 64 - 2 * 32) are turned away at once, the rest are closed after the idle limit, and ordinary
     requests work again; the server never runs out of descriptors."""
     log = tmp_path / "serve.log"
-    idle_limit = 10.0  # long enough to open all 300 (the small listen backlog delays a burst) before one is closed
+    # Long enough to open all 300 before one is closed: a burst overflows the small listen backlog
+    # (32), and a dropped SYN is retried after 1, 3, 7, 15 s; a loaded CI machine reached the third retry.
+    idle_limit = 20.0
     proc, url = start_process(log, "--keep-alive-timeout", str(idle_limit),
                               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)))
     idle = []
