@@ -202,7 +202,7 @@ def test_idle_sockets_cannot_exhaust_descriptors(start_process, tmp_path):
     requests work again; the server never runs out of descriptors."""
     log = tmp_path / "serve.log"
     # Long enough to open all 300 before one is closed: a burst overflows the small listen backlog
-    # (32), and a dropped SYN is retried after 1, 3, 7, 15 s; a loaded CI machine reached the third retry.
+    # (32), and a dropped SYN is retried after 1, 3, 7, 15 s; a loaded 2-core machine reached the third retry.
     idle_limit = 20.0
     proc, url = start_process(log, "--keep-alive-timeout", str(idle_limit),
                               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)))
