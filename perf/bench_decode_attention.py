@@ -15,6 +15,9 @@ scattered at random. For each (batch, keys) case it times, in CUDA graphs:
   (reads only K/V, no page table: a library's best case);
 * cuDNN's paged SDPA through ``nvidia-cudnn-frontend`` on rlt's own cache (one plane, no
   key-depth indirection), where the package imports;
+* FlashInfer's paged decode (``BatchDecodeWithPagedKVCacheWrapper``, CUDA-core decode as for MHA,
+  CUDA-graph mode, its own split-KV plan) on the same plane of rlt's cache, bf16 and FP8 (one scale
+  per tensor: FlashInfer takes scalar K/V scales), where ``flashinfer`` imports;
 * rlt's decode arithmetic over the same cache in FP8 (``kv_cache_dtype="fp8"``: one scale per KV
   head), read as int32 words (the kernel's path for aligned caches), and through the per-byte cast
   that unaligned caches take; their fraction counts the FP8 bytes (half the K/V bytes).
@@ -148,6 +151,37 @@ def cudnn_paged(c: dict, keys: int):
         return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
+def flashinfer_paged(c: dict, keys: int, fp8: bool):
+    """A callable running FlashInfer's paged decode on the query plane of rlt's cache (an FP8 copy
+    with one scale per tensor when fp8), with its output, or an error string."""
+    try:
+        import flashinfer
+    except Exception as exc:  # noqa: BLE001 - a missing or broken install is a result to report
+        return f"flashinfer not importable: {type(exc).__name__}: {str(exc)[:200]}"
+    b, per_seq = c["q"].shape[0], -(-keys // BLOCK)
+    indices = c["tables"][PLANES - 1][:, :per_seq].contiguous().flatten()
+    indptr = torch.arange(b + 1, dtype=torch.int32, device="cuda") * per_seq
+    last = torch.full((b,), keys - (per_seq - 1) * BLOCK, dtype=torch.int32, device="cuda")
+    k, v, k_scale, v_scale = c["k"], c["v"], None, None
+    if fp8:
+        k_scale, v_scale = (t.float().abs().amax().item() / FP8_MAX for t in (k, v))
+        k, v = quantize_fp8(k, torch.tensor(k_scale, device="cuda")), quantize_fp8(v, torch.tensor(v_scale, device="cuda"))
+    try:
+        workspace = torch.zeros(128 * 1024 * 1024, dtype=torch.uint8, device="cuda")
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            workspace, "NHD", use_cuda_graph=True, paged_kv_indptr_buffer=indptr.clone(),
+            paged_kv_indices_buffer=indices.clone(), paged_kv_last_page_len_buffer=last.clone())
+        wrapper.plan(indptr, indices, last, HEADS, HEADS, HEAD_DIM, BLOCK,
+                     q_data_type=c["q"].dtype, kv_data_type=k.dtype)
+        out = torch.empty_like(c["q"])
+        fn = lambda: wrapper.run(c["q"], (k, v), k_scale=k_scale, v_scale=v_scale, out=out)  # noqa: E731
+        fn()
+        torch.cuda.synchronize()
+        return fn, out
+    except Exception as exc:  # noqa: BLE001 - an unsupported configuration is a result to report
+        return f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
 def measure_case(batch: int, keys: int, roof: dict, context_limit: int = CONTEXT_LIMIT,
                  key_depth: bool = True) -> dict:
     from torch.nn.attention import SDPBackend
@@ -192,6 +226,16 @@ def measure_case(batch: int, keys: int, roof: dict, context_limit: int = CONTEXT
         fn, got = paged
         ms = cuda_time_ms(fn)
         row.update(cudnn_paged_us=ms * 1e3, cudnn_paged_frac=frac(ms), cudnn_paged_max_err=(got.float() - ref).abs().max().item())
+    for name, fp8 in (("flashinfer", False), ("flashinfer_fp8", True)):
+        paged = flashinfer_paged(c, keys, fp8)
+        if isinstance(paged, str):
+            row[f"{name}_error"] = paged
+            continue
+        fn, got = paged
+        ms = cuda_time_ms(fn)
+        row.update({f"{name}_us": ms * 1e3, f"{name}_frac": frac(ms) / (2 if fp8 else 1),
+                    f"{name}_max_err": (got.float() - ref).abs().max().item()})
+        del paged, fn, got
     return row
 
 
@@ -235,16 +279,18 @@ def markdown(res: dict) -> str:
     lines = [f"{res['date']}, {roof['gpu']}, torch {roof['torch']}, Triton {roof['triton']}; copy "
              f"{roof['copy_gbps']:.0f} GB/s. µs per call (share of the copy bandwidth reading K/V once).", "",
              "| tables cover | batch | keys | K/V MB | rlt decode | rlt tile (prompt rows) | SDPA cuDNN, dense | SDPA FA2, dense | cuDNN paged "
-             "| rlt decode, FP8 cache (words) | FP8, per-byte cast |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| FlashInfer paged | rlt decode, FP8 cache (words) | FP8, per-byte cast | FlashInfer paged, FP8 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["cases"]:
         lines.append(f"| {r['context_limit']} | {r['batch']} | {r['keys']} | {r['kv_mb']:.1f} | "
                      f"{us(r['decode_us'])} ({pct(r['decode_frac'])}) | "
                      f"{us(r['tile_us'])} ({pct(r['tile_frac'])}) | {us(r['sdpa_cudnn_us'])} ({pct(r['sdpa_cudnn_frac'])}) | "
                      f"{us(r['sdpa_flash_us'])} ({pct(r['sdpa_flash_frac'])}) | "
                      f"{us(r.get('cudnn_paged_us'))} ({pct(r.get('cudnn_paged_frac'))}) | "
+                     f"{us(r.get('flashinfer_us'))} ({pct(r.get('flashinfer_frac'))}) | "
                      f"{us(r['fp8_decode_us'])} ({pct(r['fp8_decode_frac'])}) | "
-                     f"{us(r['fp8_byte_path_us'])} ({pct(r['fp8_byte_path_frac'])}) |")
+                     f"{us(r['fp8_byte_path_us'])} ({pct(r['fp8_byte_path_frac'])}) | "
+                     f"{us(r.get('flashinfer_fp8_us'))} ({pct(r.get('flashinfer_fp8_frac'))}) |")
     return "\n".join(lines)
 
 
@@ -268,6 +314,12 @@ def main() -> None:
         res["cudnn"] = {"frontend": getattr(cudnn, "__version__", "?"), "backend": cudnn.backend_version()}
     except ImportError:
         res["cudnn"] = None
+    try:
+        import flashinfer
+
+        res["flashinfer"] = flashinfer.__version__
+    except Exception:  # noqa: BLE001 - reported per case
+        res["flashinfer"] = None
     for limit in (int(x) for x in args.context_limits.split(",")):
         for batch, keys in (tuple(int(x) for x in case.split("x")) for case in args.cases.split(",")):
             res["cases"].append(measure_case(batch, keys, roof, limit, key_depth=not args.no_key_depth))

@@ -10,6 +10,13 @@ plain-torch layer (matmul, plus silu * up for swiglu), and the launch config.
 Weights are rotated through enough copies to exceed the L2 cache, so small weights are read
 from HBM as in a real forward pass.
 
+`test_bench_linear_fp8` times the FP8 weights (`quantization="fp8"`) at the same shapes: W8A16
+(bf16 rows) and W8A8 (FP8 rows from `quantize_rows`), each against cuBLASLt's FP8 GEMM with row and
+channel scales (`torch._scaled_mm`, the library kernel for the job; it takes FP8 rows only, so the
+W8A16 entries name it as the nearest), the plain-torch layer (W8A16: the weight cast to bf16 and
+scaled on every call, then matmul; W8A8: `_scaled_mm` plus the activation) and the bf16 layer of
+the same shape (`vs_bf16`). Its bandwidth fraction counts FP8 weight bytes.
+
     pytest perf/test_bench_gemm.py --benchmark-json=out/gemm.json
     RLT_GEMM_SWEEP=1 pytest perf/test_bench_gemm.py -k sweep   # candidate configs, for tuning
     RLT_GEMM_SWEEP=1 pytest perf/test_bench_gemm.py -k skinny_sweep   # the transposed decode tiles
@@ -29,6 +36,8 @@ from triton.runtime.errors import OutOfResources
 
 from perf.conftest import cuda_time_ms, record, requires_cuda
 from rlt_kernels import gemm
+from rlt_kernels.fp8 import dequantize_weight_fp8, quantize_weight_fp8
+from rlt_kernels.fp8_rows import quantize_rows
 
 pytestmark = requires_cuda
 
@@ -62,12 +71,15 @@ def _cycling(calls):
     return lambda: next(it)()
 
 
+def _swiglu(y, activation):
+    if activation != "swiglu":
+        return y
+    f = y.shape[1] // 2
+    return torch.nn.functional.silu(y[:, :f]) * y[:, f:]
+
+
 def _torch_layer(x, w, activation, mm_out):
-    y = torch.matmul(x, w.T, out=mm_out)
-    if activation == "swiglu":
-        f = w.shape[0] // 2
-        return torch.nn.functional.silu(y[:, :f]) * y[:, f:]
-    return y
+    return _swiglu(torch.matmul(x, w.T, out=mm_out), activation)
 
 
 def _sync(fn):
@@ -103,6 +115,72 @@ def test_bench_linear(benchmark, roofline, name, n, k, activation, m):
         weight_gbps=weight_gbps, frac_bandwidth_weights=weight_gbps / roofline["copy_gbps"],
         m=m, n=n, k=k, activation=activation, regime="decode (bandwidth)" if m <= 16 else "compute",
         config=dataclasses.asdict(gemm.linear_config(n, k, DTYPE, activation, m)),
+    )
+    benchmark.pedantic(_sync(kernel), rounds=10, warmup_rounds=1)
+
+
+@functools.lru_cache(maxsize=1)
+def _fp8_weights(n: int, k: int) -> tuple:
+    """(FP8 weight [N, K], fp32 channel scales [N]) of every rotated copy of `_weights(n, k)`."""
+    return tuple(quantize_weight_fp8(w) for w in _weights(n, k))
+
+
+def _cublaslt_fp8_layer(xq, x_scale, w, w_scale, activation):
+    """cuBLASLt's FP8 GEMM with row and channel scales (FP8 rows, FP8 weight), then the activation."""
+    y = torch._scaled_mm(xq, w.T, scale_a=x_scale[:, None], scale_b=w_scale[None, :], out_dtype=DTYPE)
+    return _swiglu(y, activation)
+
+
+def _torch_w8a16_layer(x, w, w_scale, activation):
+    """The plain-torch W8A16 layer: the weight widened and scaled on every call, then matmul."""
+    return _swiglu(torch.matmul(x, dequantize_weight_fp8(w, w_scale, DTYPE).T), activation)
+
+
+FP8_WEIGHTS = [w for w in WEIGHTS if w[0] != "ouro.lm_head"]  # the LM head stays bf16 under quantization="fp8"
+
+
+@pytest.mark.parametrize("name,n,k,activation,m,mode",
+                         [(*w, m, mode) for w in FP8_WEIGHTS for m in ROWS for mode in ("w8a16", "w8a8")],
+                         ids=[f"{w[0]}-M{m}-{mode}" for w in FP8_WEIGHTS for m in ROWS for mode in ("w8a16", "w8a8")])
+def test_bench_linear_fp8(benchmark, roofline, name, n, k, activation, m, mode):
+    pairs = _fp8_weights(n, k)
+    n_out = n // 2 if activation == "swiglu" else n
+    x = torch.randn(m, k, dtype=DTYPE, device="cuda")
+    xq, x_scale = quantize_rows(x)
+    rows, rows_scale = (xq, x_scale) if mode == "w8a8" else (x, None)
+    out = torch.empty(m, n_out, dtype=DTYPE, device="cuda")
+    kernel = _cycling([functools.partial(gemm.linear, rows, w, out=out, activation=activation, weight_scale=s,
+                                         x_scale=rows_scale) for w, s in pairs])
+    # cuBLASLt wants at least 16 FP8 rows on some versions: pad the rows if it refuses fewer.
+    lib_rows = m
+    try:
+        _cublaslt_fp8_layer(xq, x_scale, *pairs[0], activation)
+    except RuntimeError:
+        lib_rows = 16 * -(-m // 16)
+    lib_x, lib_scale = quantize_rows(torch.nn.functional.pad(x, (0, 0, 0, lib_rows - m)))
+    library = _cycling([functools.partial(_cublaslt_fp8_layer, lib_x, lib_scale, w, s, activation) for w, s in pairs])
+    if mode == "w8a8":
+        layer = library
+    else:
+        layer = _cycling([functools.partial(_torch_w8a16_layer, x, w, s, activation) for w, s in pairs])
+    mm_out = torch.empty(m, n, dtype=DTYPE, device="cuda")
+    bf16_layer = _cycling([functools.partial(_torch_layer, x, w, activation, mm_out) for w in _weights(n, k)])
+    ms, library_ms, layer_ms, bf16_ms = (cuda_time_ms(f) for f in (kernel, library, layer, bf16_layer))
+
+    got = gemm.linear(rows, pairs[0][0], activation=activation, weight_scale=pairs[0][1], x_scale=rows_scale)
+    lib_got = _cublaslt_fp8_layer(lib_x, lib_scale, *pairs[0], activation)[:m]
+    x_bytes = m * k * (1 if mode == "w8a8" else DTYPE.itemsize)
+    weight_gbps = n * k / (ms * 1e-3) / 1e9
+    record(
+        benchmark, roofline, name=f"linear fp8 {mode} {name} M={m}", ms=ms,
+        bytes_moved=n * k + x_bytes + m * n_out * DTYPE.itemsize, flops=2 * m * n * k,
+        baseline_ms=layer_ms, library_ms=library_ms, vs_library=library_ms / ms, library_rows=lib_rows,
+        library="cuBLASLt FP8 (torch._scaled_mm, row x channel scales)" + (" on FP8 rows" if mode == "w8a16" else ""),
+        bf16_layer_ms=bf16_ms, vs_bf16=bf16_ms / ms,
+        weight_gbps=weight_gbps, frac_bandwidth_weights=weight_gbps / roofline["copy_gbps"],
+        max_abs_diff_vs_library=(got.float() - lib_got.float()).abs().max().item(),
+        m=m, n=n, k=k, activation=activation, mode=mode,
+        regime="decode (bandwidth)" if m <= 16 else "compute",
     )
     benchmark.pedantic(_sync(kernel), rounds=10, warmup_rounds=1)
 
