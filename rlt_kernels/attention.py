@@ -583,26 +583,37 @@ def _slot_fetch(k_head, v_head, table, own_plane_table, key_depth_ptr, blk, kd, 
 
 
 @triton.jit
-def _slot_open(k_head, v_head, table, own_plane_table, key_depth_ptr, qd, start, lap, range_end, offs_n, offs_d,
-               plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb, stride_kdo,
-               BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr, HAS_KEY_DEPTH: tl.constexpr,
-               KV_ALIGNED: tl.constexpr):
-    """A prefetch slot's first `_slot_fetch`, its block ids looked up here: (K, V, next block ids)."""
-    blk, kd = _tile_keys(own_plane_table, table, key_depth_ptr, start, range_end, offs_n, BLOCK_SIZE, stride_tb,
-                         stride_kdb, stride_kdo, HAS_KEY_DEPTH)
-    return _slot_fetch(k_head, v_head, table, own_plane_table, key_depth_ptr, blk, kd, qd, start, lap, range_end,
-                       offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb,
-                       stride_kdb, stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+def _range_keys(own_plane_table, table, key_depth_ptr, range_start, range_end, offs_n, stride_tb, stride_kdb,
+                stride_kdo, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, HAS_KEY_DEPTH: tl.constexpr,
+                TILES: tl.constexpr):
+    """Block ids and key depths (`_tile_keys`) of the first TILES key tiles of the range starting at
+    range_start, one (blk, kd) pair per prefetch slot of `_decode_range` (slots past TILES repeat the
+    first and go unused). Table reads only: they may precede the program's own K/V write."""
+    blk_a, kd_a = _tile_keys(own_plane_table, table, key_depth_ptr, range_start, range_end, offs_n, BLOCK_SIZE,
+                             stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+    blk_b, kd_b, blk_c, kd_c, blk_d, kd_d = blk_a, kd_a, blk_a, kd_a, blk_a, kd_a
+    if TILES >= 2:
+        blk_b, kd_b = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + BLOCK_N, range_end, offs_n,
+                                 BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+    if TILES >= 3:
+        blk_c, kd_c = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + 2 * BLOCK_N, range_end, offs_n,
+                                 BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+    if TILES >= 4:
+        blk_d, kd_d = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + 3 * BLOCK_N, range_end, offs_n,
+                                 BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+    return blk_a, kd_a, blk_b, kd_b, blk_c, kd_c, blk_d, kd_d
 
 
 @triton.jit
 def _decode_range(q, k_head, v_head, table, qd, own_plane_table, key_depth_ptr, range_start, range_end, offs_n, offs_d,
                   plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb, stride_kdo,
+                  blk_a, kd_a, blk_b, kd_b, blk_c, kd_c, blk_d, kd_d,
                   GP: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr,
                   BLOCK_SIZE: tl.constexpr, HAS_KEY_DEPTH: tl.constexpr, KV_ALIGNED: tl.constexpr,
                   TILES: tl.constexpr, WIDEN_INLINE: tl.constexpr):
     """Softmax state (m [GP], l [GP], acc [GP, DP], fp32) of one decode row's GP heads over keys
-    [range_start, range_end): per-lane online softmax, lanes folded at the end."""
+    [range_start, range_end): per-lane online softmax, lanes folded at the end. blk_a .. kd_d: the
+    range's first block ids and key depths (`_range_keys`)."""
     m_i = tl.full([GP, BLOCK_N], float("-inf"), tl.float32)
     l_i = tl.zeros([GP, BLOCK_N], tl.float32)
     acc = tl.zeros([GP, BLOCK_N, DP], tl.float32)
@@ -611,25 +622,25 @@ def _decode_range(q, k_head, v_head, table, qd, own_plane_table, key_depth_ptr, 
     # depths two laps ahead. An iteration applies its tiles in key order, so a row's bits do not
     # depend on TILES.
     lap = TILES * BLOCK_N
-    k_a, v_a, blk_a, kd_a = _slot_open(k_head, v_head, table, own_plane_table, key_depth_ptr, qd, range_start, lap,
-                                       range_end, offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co,
-                                       stride_tp, stride_tb, stride_kdb, stride_kdo, BLOCK_SIZE, HEAD_DIM, DP,
-                                       HAS_KEY_DEPTH, KV_ALIGNED)
+    k_a, v_a, blk_a, kd_a = _slot_fetch(
+        k_head, v_head, table, own_plane_table, key_depth_ptr, blk_a, kd_a, qd, range_start, lap, range_end,
+        offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb,
+        stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
     if TILES >= 2:
-        k_b, v_b, blk_b, kd_b = _slot_open(k_head, v_head, table, own_plane_table, key_depth_ptr, qd,
-                                           range_start + BLOCK_N, lap, range_end, offs_n, offs_d, plane_offset,
-                                           plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb,
-                                           stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+        k_b, v_b, blk_b, kd_b = _slot_fetch(
+            k_head, v_head, table, own_plane_table, key_depth_ptr, blk_b, kd_b, qd, range_start + BLOCK_N, lap,
+            range_end, offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb,
+            stride_kdb, stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
     if TILES >= 3:
-        k_c, v_c, blk_c, kd_c = _slot_open(k_head, v_head, table, own_plane_table, key_depth_ptr, qd,
-                                           range_start + 2 * BLOCK_N, lap, range_end, offs_n, offs_d, plane_offset,
-                                           plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb,
-                                           stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+        k_c, v_c, blk_c, kd_c = _slot_fetch(
+            k_head, v_head, table, own_plane_table, key_depth_ptr, blk_c, kd_c, qd, range_start + 2 * BLOCK_N, lap,
+            range_end, offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb,
+            stride_kdb, stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
     if TILES >= 4:
-        k_d, v_d, blk_d, kd_d = _slot_open(k_head, v_head, table, own_plane_table, key_depth_ptr, qd,
-                                           range_start + 3 * BLOCK_N, lap, range_end, offs_n, offs_d, plane_offset,
-                                           plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb,
-                                           stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+        k_d, v_d, blk_d, kd_d = _slot_fetch(
+            k_head, v_head, table, own_plane_table, key_depth_ptr, blk_d, kd_d, qd, range_start + 3 * BLOCK_N, lap,
+            range_end, offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb,
+            stride_kdb, stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
     for start in range(range_start, range_end, lap):
         ahead = start + lap
         k_next, v_next, blk_a, kd_a = _slot_fetch(
@@ -760,7 +771,15 @@ def _decode_attention_kernel(
         c_step = tl.num_programs(2)
     else:
         c_step = 1  # (compile time: one plain loop)
+    table, qd, own_plane_table, k_head, v_head = _sequence_planes(
+        seq, kvh, tables_ptr, slots_ptr, qdepth_ptr, k_ptr, v_ptr, qdepth_value, plane_offset, plane_modulus,
+        stride_ts, stride_tp, stride_ch, HAS_SLOTS, QDEPTH_TENSOR)
     if ROPE:
+        # The first range's block ids are table reads: they go out before the prologue's K/V write
+        # and barrier, so its own latency hides theirs (later ranges': at the end of the range before).
+        blk_a, kd_a, blk_b, kd_b, blk_c, kd_c, blk_d, kd_d = _range_keys(
+            own_plane_table, table, key_depth_ptr, c_lo * split_size, tl.minimum((c_lo + 1) * split_size, limit),
+            offs_n, stride_tb, stride_kdb, stride_kdo, BLOCK_N, BLOCK_SIZE, HAS_KEY_DEPTH, TILES)
         partner, cos, signed_sin = rope_angles(cos_sin_ptr + tl.load(pos_ptr + token).to(tl.int64) * stride_cs,
                                                offs_d, HEAD_DIM, GPTJ)
         q = rotate_heads(q_ptr, q_bias_ptr, token, head, n_heads, stride_qt, stride_qh, stride_qbh, offs_d, partner,
@@ -777,21 +796,27 @@ def _decode_attention_kernel(
         qk_scale = qk_scale * tl.load(k_scale_ptr + kvh)
     q = (q.to(tl.float32) * qk_scale)[:, None, :]  # [GP, 1, DP]
 
-    table, qd, own_plane_table, k_head, v_head = _sequence_planes(
-        seq, kvh, tables_ptr, slots_ptr, qdepth_ptr, k_ptr, v_ptr, qdepth_value, plane_offset, plane_modulus,
-        stride_ts, stride_tp, stride_ch, HAS_SLOTS, QDEPTH_TENSOR)
-
     m_run = tl.full([GP], float("-inf"), tl.float32)
     l_run = tl.zeros([GP], tl.float32)
     acc_run = tl.zeros([GP, DP], tl.float32)
     many = n_ranges > 1  # a split row of several ranges: each goes to the workspace, merged once all are there
     for c in range(c_lo, n_ranges, c_step):
         range_start = c * split_size
+        range_end = tl.minimum(range_start + split_size, limit)
+        if not ROPE:  # (compile time) looked up here, the loop carries no block ids between ranges
+            blk_a, kd_a, blk_b, kd_b, blk_c, kd_c, blk_d, kd_d = _range_keys(
+                own_plane_table, table, key_depth_ptr, range_start, range_end, offs_n, stride_tb, stride_kdb,
+                stride_kdo, BLOCK_N, BLOCK_SIZE, HAS_KEY_DEPTH, TILES)
         m_c, l_c, acc_c = _decode_range(
-            q, k_head, v_head, table, qd, own_plane_table, key_depth_ptr, range_start,
-            tl.minimum(range_start + split_size, limit), offs_n, offs_d, plane_offset, plane_modulus, stride_cb,
-            stride_co, stride_tp, stride_tb, stride_kdb, stride_kdo, GP, BLOCK_N, HEAD_DIM, DP, BLOCK_SIZE,
-            HAS_KEY_DEPTH, KV_ALIGNED, TILES, WIDEN_INLINE)
+            q, k_head, v_head, table, qd, own_plane_table, key_depth_ptr, range_start, range_end, offs_n, offs_d,
+            plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb, stride_kdo, blk_a,
+            kd_a, blk_b, kd_b, blk_c, kd_c, blk_d, kd_d, GP, BLOCK_N, HEAD_DIM, DP, BLOCK_SIZE, HAS_KEY_DEPTH,
+            KV_ALIGNED, TILES, WIDEN_INLINE)
+        if ROPE:  # the program's next range's block ids
+            next_start = range_start + c_step * split_size
+            blk_a, kd_a, blk_b, kd_b, blk_c, kd_c, blk_d, kd_d = _range_keys(
+                own_plane_table, table, key_depth_ptr, next_start, tl.minimum(next_start + split_size, limit),
+                offs_n, stride_tb, stride_kdb, stride_kdo, BLOCK_N, BLOCK_SIZE, HAS_KEY_DEPTH, TILES)
         if SPLIT and many:  # the range's own state (merged into an empty one, as the combine reads it)
             m_p, l_p, acc_p = _merge(tl.full([GP], float("-inf"), tl.float32), tl.zeros([GP], tl.float32),
                                      tl.zeros([GP, DP], tl.float32), m_c, l_c, acc_c)
@@ -907,6 +932,29 @@ DECODE_TILES = 1
 DECODE_TILES_FP8 = 2
 
 
+# Full FP8 decode launches (at least this many (token, KV head) programs per SM, unsplit, one query
+# head per KV head) cap the decode kernel at DECODE_FP8_MAX_REGISTERS registers: five programs an SM
+# instead of four (Triton 3.6 gives it 114 at Ouro's shape, 121 at Huginn's; 95-96 with the cap, no
+# spill, same instructions). A cap changes the
+# register allocation, never an instruction, so the bits are the same. H100, Ouro decode without
+# key depths, us per call, uncapped -> 96: 256 x 192 keys 95.3 -> 91.0, 256 x 1024 400.6 -> 400.8,
+# 64 x 192 28.8 -> 29.0, 64 x 4096 393.3 -> 402.3 (hence the threshold); the W8A8 + FP8 K/V engine at
+# batch 256 15.94 / 15.76 -> 15.55 / 15.44 ms a step. 80 registers spill and lose everywhere.
+DECODE_FP8_MAX_REGISTERS = 96
+DECODE_FP8_CAP_FROM_PROGRAMS_PER_SM = 16
+
+
+def decode_register_cap(kv_fp8: bool, split: bool, programs: int, sms: int, group_heads: int) -> int | None:
+    """The decode launch's register cap (Triton's ``maxnreg``), or None: full unsplit launches
+    (``programs`` (token, KV head) programs on ``sms`` SMs) over an FP8 cache, with one query head
+    per KV head (``group_heads``, the padded group GP). Grouped heads hold GP accumulators a lane:
+    capped at 96 registers a GP-4 kernel spills 656 bytes (sm_90, Triton 3.6)."""
+    if (kv_fp8 and not split and group_heads == 1 and sms > 0
+            and programs >= DECODE_FP8_CAP_FROM_PROGRAMS_PER_SM * sms):
+        return DECODE_FP8_MAX_REGISTERS
+    return None
+
+
 def decode_tiles(kv_fp8: bool, small: bool) -> int:
     """Key tiles the decode kernel keeps in flight: over an FP8 cache, in a small launch (at most
     one (token, KV head) row per SM), or in a fuller one."""
@@ -917,12 +965,14 @@ def decode_tiles(kv_fp8: bool, small: bool) -> int:
 # 1553); batch 1 x 192 keys 7.1 -> 6.4, x 4096 32.2 -> 23.2, x 32K 74 -> 82.
 DECODE_RANGE_PROGRAMS_PER_SM = 2
 # `rope_paged_attention` rotates q and writes the token's K/V inside the decode launch only while the
-# launch has fewer (token, KV head) programs than this per SM (the launches that split their keys).
-# The prologue costs the unsplit kernel registers (96 -> 117 at sm_90, one program per SM less), so
-# fuller launches keep `rope_kv_scatter` before the attention (same bits). H200, the decode chain of
-# perf.bench_decode_chain, ms per step, two kernels -> fused: batch 1 4.449 -> 4.333 (4 key tiles in
-# flight), 16: 5.447 -> 5.303, 64: 8.048 -> 8.000, 256: 18.68 -> 19.91.
-FUSED_ROPE_BELOW_PROGRAMS_PER_SM = 2
+# launch has fewer (token, KV head) programs than this per SM. Its prologue costs the unsplit bf16
+# kernel registers (96 -> 99 at sm_90, one program per SM less), and full launches (many programs per
+# SM) lose more to it than a separate `rope_kv_scatter` costs (same bits either way). The fused
+# program looks its first block ids up before the prologue. H100, Ouro decode, 192 keys, us per call,
+# two kernels -> fused: batch 64 FP8 cache 34.5 -> 31.6, bf16 49.2 -> 46.7; batch 256 FP8 96.6 -> 97.1,
+# bf16 157.7 -> 163.9. (H200, the bf16 decode chain of perf.bench_decode_chain, ms per step: batch 1
+# 4.449 -> 4.333, 16: 5.447 -> 5.303, 64: 8.048 -> 8.000, 256: 18.68 -> 19.91.)
+FUSED_ROPE_BELOW_PROGRAMS_PER_SM = 8
 # Largest workspace the call allocates by itself when it decides to split (no workspace given).
 AUTO_WORKSPACE_BYTES = 256 << 20
 # decode_from=None: no row takes the decode arithmetic.
@@ -1273,6 +1323,9 @@ def _attention(
             merge_in_place = split_launch and range_counters is not None and range_counters.numel() >= programs * kvh
             extra = dict(extra, TILES=decode_tiles(kv_fp8, small), MERGE_IN_PLACE=merge_in_place,
                          counters_ptr=range_counters if merge_in_place else ws, **_rope_args(rope, q, kvh))
+        if kernel is _decode_attention_kernel and not interpreter_active():
+            cap = decode_register_cap(kv_fp8, split_launch, counted, _sm_count(q.device), cfg["GP"])
+            extra = dict(extra, maxnreg=cap) if cap else extra
         kernel[grid](
             *ptrs[:4], ws, *ptrs[5:], *scalars, ml_base, int(split_launch), *strides,
             num_warps=num_warps, num_stages=num_stages, **cfg, **flags, **extra, PDL=pdl, launch_pdl=pdl,

@@ -668,6 +668,27 @@ MUTANTS = (
         "in a split decode launch the range program that writes a row's own key is not the one that reads it",
     ),
     Mutant(
+        "fused-rope-next-range-keys-stale", "rlt_kernels/attention.py",
+        "next_start = range_start + c_step * split_size",
+        "next_start = range_start",
+        ("tests/kernels/test_rope_paged_attention.py::test_split_rows_write_their_own_key_once[1]",),
+        "a fused decode program that takes several key ranges reads every later range through the first's block ids",
+    ),
+    Mutant(
+        "fp8-register-cap-on-split-launches", "rlt_kernels/attention.py",
+        "if (kv_fp8 and not split and group_heads == 1 and sms > 0",
+        "if (kv_fp8 and group_heads == 1 and sms > 0",
+        ("tests/kernels/test_fp8_kv.py::test_full_fp8_decode_launches_cap_their_registers",),
+        "split FP8 decode launches (4 key tiles in flight at small batches) are capped too and spill",
+    ),
+    Mutant(
+        "fp8-register-cap-on-grouped-heads", "rlt_kernels/attention.py",
+        "if (kv_fp8 and not split and group_heads == 1 and sms > 0",
+        "if (kv_fp8 and not split and sms > 0",
+        ("tests/kernels/test_fp8_kv.py::test_full_fp8_decode_launches_cap_their_registers",),
+        "GQA FP8 decode launches are capped too and spill hundreds of bytes a thread",
+    ),
+    Mutant(
         "fused-rope-q-unrotated", "rlt_kernels/attention.py",
         "q = tl.where(io_mask, q, 0.0)",
         "q = tl.load(q_ptr + token * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=io_mask, other=0.0)",

@@ -172,3 +172,21 @@ def test_fp8_cache_scale_errors(device):
         with pytest.raises(ValueError, match=r"needs v_scale: a contiguous fp32 tensor \[2\]"):
             fn(q, kc, vc, torch.zeros((1, 1), dtype=torch.int32, device=device), one,
                torch.tensor([0, 1], dtype=torch.int32, device=device), k_scale=ks, v_scale=vs[:1])
+
+
+def test_full_fp8_decode_launches_cap_their_registers():
+    """Unsplit FP8 decode launches of at least DECODE_FP8_CAP_FROM_PROGRAMS_PER_SM (token, KV head)
+    programs per SM with one query head per KV head take the register cap (five programs an SM);
+    split launches, bf16 caches, fewer programs, grouped heads and the interpreter (no SM count)
+    take none. The cap never changes an instruction, so
+    the bits are the same either way (the GPU A/B in docs/perf/fp8.md compared them)."""
+    sms, cap = 132, attention.DECODE_FP8_MAX_REGISTERS
+    full = attention.DECODE_FP8_CAP_FROM_PROGRAMS_PER_SM * sms
+    assert attention.decode_register_cap(True, False, 256 * 16, sms, 1) == cap  # Ouro at batch 256
+    assert attention.decode_register_cap(True, False, full, sms, 1) == cap
+    assert attention.decode_register_cap(True, False, full - 1, sms, 1) is None
+    assert attention.decode_register_cap(True, False, 128 * 16, sms, 1) is None  # Ouro at batch 128
+    assert attention.decode_register_cap(False, False, full, sms, 1) is None
+    assert attention.decode_register_cap(True, True, full, sms, 1) is None
+    assert attention.decode_register_cap(True, False, full, 0, 1) is None
+    assert attention.decode_register_cap(True, False, full, sms, 4) is None  # grouped heads would spill

@@ -116,18 +116,21 @@ def test_split_rows_write_their_own_key_once(device, monkeypatch, programs):
 
 
 def test_fuller_launches_run_the_two_kernels(device, monkeypatch):
-    """Launches of two or more (token, KV head) programs per SM keep `rope_kv_scatter` before the
-    attention (the fused prologue's registers cost the unsplit kernel a program per SM): the rule,
-    and the same bits from the fallback."""
+    """Launches of FUSED_ROPE_BELOW_PROGRAMS_PER_SM or more (token, KV head) programs per SM keep
+    `rope_kv_scatter` before the attention (full launches lose more to the fused prologue than the
+    scatter kernel costs): the rule, and the same bits from the fallback."""
     monkeypatch.setattr(attention, "_sm_count", lambda dev: 132)
-    assert attention._fuses_rope(263, torch.device(device))
-    assert not attention._fuses_rope(264, torch.device(device))
+    per_sm = attention.FUSED_ROPE_BELOW_PROGRAMS_PER_SM
+    assert per_sm == 8  # Ouro's batch 64 (1,024 programs on 132 SMs) fuses, batch 128 does not
+    assert attention._fuses_rope(per_sm * 132 - 1, torch.device(device))
+    assert not attention._fuses_rope(per_sm * 132, torch.device(device))
     launches = []
     real = attention._attention
     monkeypatch.setattr(attention, "_attention", lambda *a, **kw: launches.append(kw.get("rope")) or real(*a, **kw))
     p = decode_pass([5, 40, 70], heads=2, kv_heads=1, head_dim=32, dtype=torch.float32, device=device)
     a, b = clone_caches(p), clone_caches(p)
-    monkeypatch.setattr(attention, "_sm_count", lambda dev: 1)  # 3 programs: 3 per SM, the two kernels
+    monkeypatch.setattr(attention, "_sm_count", lambda dev: 1)
+    monkeypatch.setattr(attention, "FUSED_ROPE_BELOW_PROGRAMS_PER_SM", 3)  # 3 programs: 3 per SM, the two kernels
     out_two = fused(a, "neox")
     monkeypatch.setattr(attention, "_sm_count", lambda dev: 0)  # the interpreter's rule: fused
     out_fused = fused(b, "neox")

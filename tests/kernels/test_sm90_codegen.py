@@ -39,6 +39,9 @@ _CALLS = {
                   "for w in ('bf16', 'fp8') for rows in (256, 2048) if w == 'bf16' or (name, rows) == ('down', 2048)}",
     # The unsplit FP8 decode kernel's key loop (the SASS read by docs/perf/fp8.md's instruction counts).
     "decode_key_loop": "s.decode_attention_report('fp8', split=False, key_loop=True)['key_loop']",
+    # The unsplit FP8 decode kernel under the register cap of full launches, with and without RoPE and key depths.
+    "decode_capped": "{f'rope {r} key depth {kd}': s.decode_attention_report('fp8', split=False, rope=r, key_depth=kd, "
+                     "max_registers=s.attention.DECODE_FP8_MAX_REGISTERS) for r in (False, True) for kd in (False, True)}",
     # Ouro's four layer weights at the 16- and 64-row transposed decode tiles, bf16 and FP8.
     "decode_linear": "{f'{name} {w} {rows}': s.linear_report(n, k, a, rows, w)[1] for name, n, k, a in "
                      "s.OURO_WEIGHTS[:4] for w in ('bf16', 'fp8') for rows in (1, 64)}",
@@ -105,6 +108,23 @@ def decode_linear(compiled) -> dict:
 @pytest.fixture(scope="module")
 def decode_key_loop(compiled) -> dict:
     return compiled("decode_key_loop")
+
+
+@pytest.fixture(scope="module")
+def decode_capped(compiled) -> dict:
+    return compiled("decode_capped")
+
+
+def test_capped_fp8_decode_kernel_fits_five_programs_an_sm_without_spills(decode_capped):
+    """Full FP8 decode launches cap the kernel's registers (`attention.decode_register_cap`) so five
+    programs of 4 warps fit an SM (65,536 registers); the cap must not make ptxas spill, which would
+    turn the gain into local-memory traffic (80 registers spilled 48-64 bytes and ran slower)."""
+    cap = attn.DECODE_FP8_MAX_REGISTERS
+    assert 5 * cap * 32 * attn.DECODE_WARPS <= 65536
+    assert len(decode_capped) == 4
+    for name, report in decode_capped.items():
+        assert "error" not in report, (name, report)
+        assert report["registers"] <= cap and report["stack_bytes"] == 0, (name, report)
 
 
 def test_decode_key_loop_is_found_in_the_sass(decode_key_loop):
