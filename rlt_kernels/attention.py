@@ -803,7 +803,8 @@ def _decode_attention_kernel(
     for c in range(c_lo, n_ranges, c_step):
         range_start = c * split_size
         range_end = tl.minimum(range_start + split_size, limit)
-        if not ROPE:  # (compile time) looked up here, the loop carries no block ids between ranges
+        if not ROPE:  # (compile time) looked up here: carried between ranges, block ids cost the bf16
+            # kernel 96 -> 99 registers, a program per SM
             blk_a, kd_a, blk_b, kd_b, blk_c, kd_c, blk_d, kd_d = _range_keys(
                 own_plane_table, table, key_depth_ptr, range_start, range_end, offs_n, stride_tb, stride_kdb,
                 stride_kdo, BLOCK_N, BLOCK_SIZE, HAS_KEY_DEPTH, TILES)
@@ -935,11 +936,11 @@ DECODE_TILES_FP8 = 2
 # Full FP8 decode launches (at least this many (token, KV head) programs per SM, unsplit, one query
 # head per KV head) cap the decode kernel at DECODE_FP8_MAX_REGISTERS registers: five programs an SM
 # instead of four (Triton 3.6 gives it 114 at Ouro's shape, 121 at Huginn's; 95-96 with the cap, no
-# spill, same instructions). A cap changes the
-# register allocation, never an instruction, so the bits are the same. H100, Ouro decode without
-# key depths, us per call, uncapped -> 96: 256 x 192 keys 95.3 -> 91.0, 256 x 1024 400.6 -> 400.8,
-# 64 x 192 28.8 -> 29.0, 64 x 4096 393.3 -> 402.3 (hence the threshold); the W8A8 + FP8 K/V engine at
-# batch 256 15.94 / 15.76 -> 15.55 / 15.44 ms a step. 80 registers spill and lose everywhere.
+# spill, same instructions). A cap changes the register allocation, never an instruction, so the
+# bits are the same. H100, Ouro decode without key depths, us per call, uncapped -> 96: 256 x 192
+# keys 95.3 -> 91.1, 256 x 1024 400.6 -> 400.9, 64 x 192 28.9 -> 29.0, 64 x 4096 392.9 -> 402.1
+# (hence the threshold); the W8A8 + FP8 K/V engine at batch 256 15.94 / 15.76 -> 15.55 / 15.44 ms a
+# step. 80 registers spill and lose everywhere.
 DECODE_FP8_MAX_REGISTERS = 96
 DECODE_FP8_CAP_FROM_PROGRAMS_PER_SM = 16
 

@@ -178,8 +178,8 @@ def test_full_fp8_decode_launches_cap_their_registers():
     """Unsplit FP8 decode launches of at least DECODE_FP8_CAP_FROM_PROGRAMS_PER_SM (token, KV head)
     programs per SM with one query head per KV head take the register cap (five programs an SM);
     split launches, bf16 caches, fewer programs, grouped heads and the interpreter (no SM count)
-    take none. The cap never changes an instruction, so
-    the bits are the same either way (the GPU A/B in docs/perf/fp8.md compared them)."""
+    take none. The cap never changes an instruction, so the bits are the same either way (the GPU
+    A/B in docs/perf/fp8.md compared them)."""
     sms, cap = 132, attention.DECODE_FP8_MAX_REGISTERS
     full = attention.DECODE_FP8_CAP_FROM_PROGRAMS_PER_SM * sms
     assert attention.decode_register_cap(True, False, 256 * 16, sms, 1) == cap  # Ouro at batch 256
