@@ -34,9 +34,11 @@ conformance() {  # Random engine configurations, each case in its own process, b
 }
 gpu_tests() {  # Every GPU test (or the node ids given as arguments), spread over pytest-xdist workers sharing
                # the device (a device fault takes down one worker, which is replaced; its test is reported as failed).
+               # At PART_TIMEOUT pytest gets SIGINT, so it still prints the failures so far with their tracebacks
+               # (SIGKILL 30 s later if it has not stopped).
   local targets=("$@")
   [ ${#targets[@]} -eq 0 ] && targets=(tests)
-  timeout "$PART_TIMEOUT" python3 -m pytest "${targets[@]}" -m gpu -n "${WORKERS:-6}" -v -p no:cacheprovider -rfE ${TESTS_K:+-k "$TESTS_K"} \
+  timeout -s INT -k 30 "$PART_TIMEOUT" python3 -m pytest "${targets[@]}" -m gpu -n "${WORKERS:-6}" -v -p no:cacheprovider -rfE ${TESTS_K:+-k "$TESTS_K"} \
     --tb=short --junitxml="$WORK/gpu_tests.xml" > "$WORK/gpu_tests.log" 2>&1
 }
 gpu_tests_summary() {

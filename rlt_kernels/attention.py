@@ -44,7 +44,8 @@ on the decode kernel, in decode, verification and recomputation alike).
 
 Numerics: fp32 scores and softmax, keys visited from position 0 upward with an online softmax:
 in 64-key tiles by the tile kernel, in tiles of ``DECODE_LANE_ELEMENTS / GP`` keys whose lanes keep
-separate softmax states (folded at the end of each key range) by the decode kernel. Long contexts
+separate softmax states (folded at the end of each key range) by the decode kernel, which over an
+FP8 cache applies its tiles in pairs (one rescale of a lane's state for two keys). Long contexts
 are split into fixed-size key ranges (``split_size``, never derived from the batch) merged in a
 fixed order, so splitting never changes a result.
 
@@ -502,39 +503,77 @@ def _decode_from(decode_from_ptr, seq, decode_from_value, DECODE_FROM_TENSOR: tl
 
 
 @triton.jit
+def _decode_tile_keys(own_plane_table, table, key_depth_ptr, start, range_end, offs_n, BLOCK_N: tl.constexpr,
+                      BLOCK_SIZE: tl.constexpr, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH: tl.constexpr):
+    """`_tile_keys` for a decode key tile. Where a tile never straddles two blocks (BLOCK_N divides
+    BLOCK_SIZE; ranges and tiles start at multiples of BLOCK_N) its block id is one scalar, read
+    once (0 for a tile at or past range_end); key depths stay per key."""
+    if BLOCK_SIZE % BLOCK_N == 0:
+        logical = start.to(tl.uint32) // BLOCK_SIZE  # (start >= 0: unsigned, a shift for a power of two)
+        ok = start < range_end
+        blk_own = tl.maximum(tl.load(own_plane_table + logical * stride_tb, mask=ok, other=0), 0).to(tl.int64)
+        if HAS_KEY_DEPTH:
+            blk0 = tl.maximum(tl.load(table + logical * stride_tb, mask=ok, other=0), 0).to(tl.int64)
+            within = (start.to(tl.uint32) % BLOCK_SIZE).to(tl.int32) + offs_n
+            kd = tl.load(key_depth_ptr + blk0 * stride_kdb + within * stride_kdo, mask=(start + offs_n) < range_end,
+                         other=0).to(tl.int32)
+        else:
+            kd = tl.zeros_like(offs_n)
+    else:
+        blk_own, kd = _tile_keys(own_plane_table, table, key_depth_ptr, start, range_end, offs_n, BLOCK_SIZE, stride_tb,
+                                 stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+    return blk_own, kd
+
+
+@triton.jit
 def _decode_kv_tile(k_head, v_head, table, blk_own, kd, qd, start, range_end, offs_n, offs_d, plane_offset,
-                    plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, BLOCK_SIZE: tl.constexpr,
-                    HEAD_DIM: tl.constexpr, DP: tl.constexpr, HAS_KEY_DEPTH: tl.constexpr, KV_ALIGNED: tl.constexpr):
-    """K and V of key tile ``start`` as [1, BLOCK_N, DP] (keys at or past range_end read nothing and
-    give zeros), loaded straight into the decode kernel's 3-D layout. ``blk_own``/``kd`` come from
-    `_tile_keys` for the same tile."""
+                    plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, BLOCK_N: tl.constexpr,
+                    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr, HAS_KEY_DEPTH: tl.constexpr,
+                    KV_ALIGNED: tl.constexpr):
+    """K and V of key tile ``start`` as [1, BLOCK_N, DP] (keys at or past range_end give zeros; over
+    an FP8 cache read as words their K rows are read from the tile's block unmasked, and their
+    scores are never applied), loaded straight into the decode kernel's 3-D layout. ``blk_own``/``kd``
+    come from `_decode_tile_keys` for the same tile."""
     pos = start + offs_n
     key_ok = pos < range_end
-    within = (pos % BLOCK_SIZE).to(tl.int64)
-    kv_row = blk_own * stride_cb + within * stride_co
-    if HAS_KEY_DEPTH:  # keys that exited before the query's loop live in their last loop's plane
-        early = key_ok & (kd < qd)
-        plane = plane_offset + kd % plane_modulus
-        blk = tl.load(table + plane.to(tl.int64) * stride_tp + (pos // BLOCK_SIZE) * stride_tb, mask=early, other=0)
-        kv_row = tl.where(early, blk.to(tl.int64) * stride_cb + within * stride_co, kv_row)
+    if (BLOCK_SIZE % BLOCK_N == 0) and not HAS_KEY_DEPTH:
+        # One block per tile: a scalar base and per-thread row offsets that stay for the whole loop.
+        base = blk_own * stride_cb + (start.to(tl.uint32) % BLOCK_SIZE).to(tl.int64) * stride_co
+        kv_row = offs_n * stride_co
+    else:
+        within = (pos % BLOCK_SIZE).to(tl.int64)
+        kv_row = blk_own * stride_cb + within * stride_co
+        if HAS_KEY_DEPTH:  # keys that exited before the query's loop live in their last loop's plane
+            early = key_ok & (kd < qd)
+            plane = plane_offset + kd % plane_modulus
+            blk = tl.load(table + plane.to(tl.int64) * stride_tp + (pos // BLOCK_SIZE) * stride_tb, mask=early,
+                          other=0)
+            kv_row = tl.where(early, blk.to(tl.int64) * stride_cb + within * stride_co, kv_row)
+        base = tl.zeros([], tl.int64)
     if KV_ALIGNED:  # every key row starts 16 elements aligned: 16-byte loads along the head dimension
+        base = tl.multiple_of(base, 16)
         kv_row = tl.multiple_of(kv_row, 16)
     if k_head.dtype.element_ty == tl.float8e4nv and KV_ALIGNED and HEAD_DIM % 4 == 0:
         # FP8 key rows as int32 words (whole words, 16-byte aligned), widened by `_lane_update`
         offs_w = tl.arange(0, DP // 4)
         offs = tl.multiple_of(kv_row >> 2, 4)[None, :, None] + offs_w[None, None, :]
+        k_words = k_head.to(tl.pointer_type(tl.int32), bitcast=True) + (base >> 2)
+        v_words = v_head.to(tl.pointer_type(tl.int32), bitcast=True) + (base >> 2)
         mask = key_ok[None, :, None]
         if HEAD_DIM != DP:
-            mask = mask & (offs_w[None, None, :] < HEAD_DIM // 4)
-        k = tl.load(k_head.to(tl.pointer_type(tl.int32), bitcast=True) + offs, mask=mask, other=0)
-        v = tl.load(v_head.to(tl.pointer_type(tl.int32), bitcast=True) + offs, mask=mask, other=0)
+            dims = offs_w[None, None, :] < HEAD_DIM // 4
+            k = tl.load(k_words + offs, mask=dims, other=0)
+            mask = mask & dims
+        else:
+            k = tl.load(k_words + offs)
+        v = tl.load(v_words + offs, mask=mask, other=0)
     else:
         offs = kv_row[None, :, None] + offs_d[None, None, :]
         mask = key_ok[None, :, None]
         if HEAD_DIM != DP:
             mask = mask & (offs_d[None, None, :] < HEAD_DIM)
-        k = tl.load(k_head + offs, mask=mask, other=0.0)
-        v = tl.load(v_head + offs, mask=mask, other=0.0)
+        k = tl.load(k_head + base + offs, mask=mask, other=0.0)
+        v = tl.load(v_head + base + offs, mask=mask, other=0.0)
     return k, v
 
 
@@ -568,17 +607,39 @@ def _lane_update(q, k, v, start, range_end, offs_n, m_i, l_i, acc, WIDEN_INLINE:
 
 
 @triton.jit
+def _lane_update_pair(q, k_a, v_a, k_b, v_b, start, range_end, offs_n, m_i, l_i, acc, BLOCK_N: tl.constexpr,
+                      WIDEN_INLINE: tl.constexpr):
+    """Key tiles ``start`` and ``start + BLOCK_N`` into the per-lane online softmax at once: one new
+    maximum and one rescale of a lane's state for its two keys, then both keys' weights (tile a's
+    first). Arguments as `_lane_update`; a tile past range_end adds weight 0."""
+    s_a = tl.sum(q * _widened(k_a, WIDEN_INLINE), 2)  # [GP, BLOCK_N]
+    s_a = tl.where(((start + offs_n) < range_end)[None, :], s_a, float("-inf"))
+    s_b = tl.sum(q * _widened(k_b, WIDEN_INLINE), 2)
+    s_b = tl.where(((start + BLOCK_N + offs_n) < range_end)[None, :], s_b, float("-inf"))
+    m_new = tl.maximum(m_i, tl.maximum(s_a, s_b))
+    seen = m_new > float("-inf")
+    m_ref = tl.where(seen, m_new, 0.0)
+    alpha = tl.where(seen, tl.exp2(m_i - m_ref), 1.0)
+    p_a = tl.exp2(s_a - m_ref)
+    p_b = tl.exp2(s_b - m_ref)
+    l_i = l_i * alpha + p_a + p_b
+    acc = acc * alpha[:, :, None] + p_a[:, :, None] * _widened(v_a, WIDEN_INLINE)
+    acc = acc + p_b[:, :, None] * _widened(v_b, WIDEN_INLINE)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _slot_fetch(k_head, v_head, table, own_plane_table, key_depth_ptr, blk, kd, qd, start, lap, range_end, offs_n,
                 offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb, stride_kdo,
-                BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr, HAS_KEY_DEPTH: tl.constexpr,
-                KV_ALIGNED: tl.constexpr):
+                BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr,
+                HAS_KEY_DEPTH: tl.constexpr, KV_ALIGNED: tl.constexpr):
     """One prefetch slot of `_decode_range`: K and V of key tile ``start`` (its block ids ``blk``/``kd``
     looked up one lap before) and the block ids of the slot's next tile, ``start + lap``."""
     k, v = _decode_kv_tile(k_head, v_head, table, blk, kd, qd, start, range_end, offs_n, offs_d, plane_offset,
-                           plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, BLOCK_SIZE, HEAD_DIM, DP,
+                           plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, BLOCK_N, BLOCK_SIZE, HEAD_DIM, DP,
                            HAS_KEY_DEPTH, KV_ALIGNED)
-    blk, kd = _tile_keys(own_plane_table, table, key_depth_ptr, start + lap, range_end, offs_n, BLOCK_SIZE,
-                         stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+    blk, kd = _decode_tile_keys(own_plane_table, table, key_depth_ptr, start + lap, range_end, offs_n, BLOCK_N,
+                                BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
     return k, v, blk, kd
 
 
@@ -586,21 +647,21 @@ def _slot_fetch(k_head, v_head, table, own_plane_table, key_depth_ptr, blk, kd, 
 def _range_keys(own_plane_table, table, key_depth_ptr, range_start, range_end, offs_n, stride_tb, stride_kdb,
                 stride_kdo, BLOCK_N: tl.constexpr, BLOCK_SIZE: tl.constexpr, HAS_KEY_DEPTH: tl.constexpr,
                 TILES: tl.constexpr):
-    """Block ids and key depths (`_tile_keys`) of the first TILES key tiles of the range starting at
-    range_start, one (blk, kd) pair per prefetch slot of `_decode_range` (slots past TILES repeat the
-    first and go unused). Table reads only: they may precede the program's own K/V write."""
-    blk_a, kd_a = _tile_keys(own_plane_table, table, key_depth_ptr, range_start, range_end, offs_n, BLOCK_SIZE,
-                             stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+    """Block ids and key depths (`_decode_tile_keys`) of the first TILES key tiles of the range starting
+    at range_start, one (blk, kd) pair per prefetch slot of `_decode_range` (slots past TILES repeat
+    the first and go unused). Table reads only: they may precede the program's own K/V write."""
+    blk_a, kd_a = _decode_tile_keys(own_plane_table, table, key_depth_ptr, range_start, range_end, offs_n, BLOCK_N,
+                                    BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
     blk_b, kd_b, blk_c, kd_c, blk_d, kd_d = blk_a, kd_a, blk_a, kd_a, blk_a, kd_a
     if TILES >= 2:
-        blk_b, kd_b = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + BLOCK_N, range_end, offs_n,
-                                 BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+        blk_b, kd_b = _decode_tile_keys(own_plane_table, table, key_depth_ptr, range_start + BLOCK_N, range_end,
+                                        offs_n, BLOCK_N, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
     if TILES >= 3:
-        blk_c, kd_c = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + 2 * BLOCK_N, range_end, offs_n,
-                                 BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+        blk_c, kd_c = _decode_tile_keys(own_plane_table, table, key_depth_ptr, range_start + 2 * BLOCK_N, range_end,
+                                        offs_n, BLOCK_N, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
     if TILES >= 4:
-        blk_d, kd_d = _tile_keys(own_plane_table, table, key_depth_ptr, range_start + 3 * BLOCK_N, range_end, offs_n,
-                                 BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
+        blk_d, kd_d = _decode_tile_keys(own_plane_table, table, key_depth_ptr, range_start + 3 * BLOCK_N, range_end,
+                                        offs_n, BLOCK_N, BLOCK_SIZE, stride_tb, stride_kdb, stride_kdo, HAS_KEY_DEPTH)
     return blk_a, kd_a, blk_b, kd_b, blk_c, kd_c, blk_d, kd_d
 
 
@@ -610,7 +671,7 @@ def _decode_range(q, k_head, v_head, table, qd, own_plane_table, key_depth_ptr, 
                   blk_a, kd_a, blk_b, kd_b, blk_c, kd_c, blk_d, kd_d,
                   GP: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DP: tl.constexpr,
                   BLOCK_SIZE: tl.constexpr, HAS_KEY_DEPTH: tl.constexpr, KV_ALIGNED: tl.constexpr,
-                  TILES: tl.constexpr, WIDEN_INLINE: tl.constexpr):
+                  TILES: tl.constexpr, PAIRS: tl.constexpr, WIDEN_INLINE: tl.constexpr):
     """Softmax state (m [GP], l [GP], acc [GP, DP], fp32) of one decode row's GP heads over keys
     [range_start, range_end): per-lane online softmax, lanes folded at the end. blk_a .. kd_d: the
     range's first block ids and key depths (`_range_keys`)."""
@@ -625,62 +686,70 @@ def _decode_range(q, k_head, v_head, table, qd, own_plane_table, key_depth_ptr, 
     k_a, v_a, blk_a, kd_a = _slot_fetch(
         k_head, v_head, table, own_plane_table, key_depth_ptr, blk_a, kd_a, qd, range_start, lap, range_end,
         offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb,
-        stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+        stride_kdo, BLOCK_N, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
     if TILES >= 2:
         k_b, v_b, blk_b, kd_b = _slot_fetch(
             k_head, v_head, table, own_plane_table, key_depth_ptr, blk_b, kd_b, qd, range_start + BLOCK_N, lap,
             range_end, offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb,
-            stride_kdb, stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+            stride_kdb, stride_kdo, BLOCK_N, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
     if TILES >= 3:
         k_c, v_c, blk_c, kd_c = _slot_fetch(
             k_head, v_head, table, own_plane_table, key_depth_ptr, blk_c, kd_c, qd, range_start + 2 * BLOCK_N, lap,
             range_end, offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb,
-            stride_kdb, stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+            stride_kdb, stride_kdo, BLOCK_N, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
     if TILES >= 4:
         k_d, v_d, blk_d, kd_d = _slot_fetch(
             k_head, v_head, table, own_plane_table, key_depth_ptr, blk_d, kd_d, qd, range_start + 3 * BLOCK_N, lap,
             range_end, offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb,
-            stride_kdb, stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+            stride_kdb, stride_kdo, BLOCK_N, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
     for start in range(range_start, range_end, lap):
         ahead = start + lap
         k_next, v_next, blk_a, kd_a = _slot_fetch(
             k_head, v_head, table, own_plane_table, key_depth_ptr, blk_a, kd_a, qd, ahead, lap, range_end, offs_n,
             offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb, stride_kdo,
-            BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+            BLOCK_N, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
         if TILES >= 2:
             k_next_b, v_next_b, blk_b, kd_b = _slot_fetch(
                 k_head, v_head, table, own_plane_table, key_depth_ptr, blk_b, kd_b, qd, ahead + BLOCK_N, lap,
                 range_end, offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb,
-                stride_kdb, stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+                stride_kdb, stride_kdo, BLOCK_N, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
         if TILES >= 3:
             k_next_c, v_next_c, blk_c, kd_c = _slot_fetch(
                 k_head, v_head, table, own_plane_table, key_depth_ptr, blk_c, kd_c, qd, ahead + 2 * BLOCK_N, lap,
                 range_end, offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb,
-                stride_kdb, stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+                stride_kdb, stride_kdo, BLOCK_N, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
         if TILES >= 4:
             k_next_d, v_next_d, blk_d, kd_d = _slot_fetch(
                 k_head, v_head, table, own_plane_table, key_depth_ptr, blk_d, kd_d, qd, ahead + 3 * BLOCK_N, lap,
                 range_end, offs_n, offs_d, plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb,
-                stride_kdb, stride_kdo, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
-        m_i, l_i, acc = _lane_update(q, k_a, v_a, start, range_end, offs_n, m_i, l_i, acc,
-                                             WIDEN_INLINE)
-        k_a, v_a = k_next, v_next
-        # A tile with no key is skipped, not applied.
-        if TILES >= 2:
-            if start + BLOCK_N < range_end:
-                m_i, l_i, acc = _lane_update(q, k_b, v_b, start + BLOCK_N, range_end, offs_n, m_i, l_i, acc,
-                                             WIDEN_INLINE)
-            k_b, v_b = k_next_b, v_next_b
-        if TILES >= 3:
-            if start + 2 * BLOCK_N < range_end:
-                m_i, l_i, acc = _lane_update(q, k_c, v_c, start + 2 * BLOCK_N, range_end, offs_n, m_i, l_i, acc,
-                                             WIDEN_INLINE)
-            k_c, v_c = k_next_c, v_next_c
-        if TILES >= 4:
-            if start + 3 * BLOCK_N < range_end:
-                m_i, l_i, acc = _lane_update(q, k_d, v_d, start + 3 * BLOCK_N, range_end, offs_n, m_i, l_i, acc,
-                                             WIDEN_INLINE)
-            k_d, v_d = k_next_d, v_next_d
+                stride_kdb, stride_kdo, BLOCK_N, BLOCK_SIZE, HEAD_DIM, DP, HAS_KEY_DEPTH, KV_ALIGNED)
+        if PAIRS:  # (a, b), then (c, d): the pairs start at the range's even tiles whatever TILES is
+            m_i, l_i, acc = _lane_update_pair(q, k_a, v_a, k_b, v_b, start, range_end, offs_n, m_i, l_i, acc, BLOCK_N,
+                                              WIDEN_INLINE)
+            k_a, v_a, k_b, v_b = k_next, v_next, k_next_b, v_next_b
+            if TILES >= 4:
+                if start + 2 * BLOCK_N < range_end:
+                    m_i, l_i, acc = _lane_update_pair(q, k_c, v_c, k_d, v_d, start + 2 * BLOCK_N, range_end, offs_n,
+                                                      m_i, l_i, acc, BLOCK_N, WIDEN_INLINE)
+                k_c, v_c, k_d, v_d = k_next_c, v_next_c, k_next_d, v_next_d
+        else:  # one tile at a time; a tile with no key is skipped, not applied
+            m_i, l_i, acc = _lane_update(q, k_a, v_a, start, range_end, offs_n, m_i, l_i, acc, WIDEN_INLINE)
+            k_a, v_a = k_next, v_next
+            if TILES >= 2:
+                if start + BLOCK_N < range_end:
+                    m_i, l_i, acc = _lane_update(q, k_b, v_b, start + BLOCK_N, range_end, offs_n, m_i, l_i, acc,
+                                                 WIDEN_INLINE)
+                k_b, v_b = k_next_b, v_next_b
+            if TILES >= 3:
+                if start + 2 * BLOCK_N < range_end:
+                    m_i, l_i, acc = _lane_update(q, k_c, v_c, start + 2 * BLOCK_N, range_end, offs_n, m_i, l_i, acc,
+                                                 WIDEN_INLINE)
+                k_c, v_c = k_next_c, v_next_c
+            if TILES >= 4:
+                if start + 3 * BLOCK_N < range_end:
+                    m_i, l_i, acc = _lane_update(q, k_d, v_d, start + 3 * BLOCK_N, range_end, offs_n, m_i, l_i, acc,
+                                                 WIDEN_INLINE)
+                k_d, v_d = k_next_d, v_next_d
     # Fold the key lanes into one state per head.
     m_c = tl.max(m_i, 1)
     m_c_ref = tl.where(m_c > float("-inf"), m_c, 0.0)
@@ -812,7 +881,7 @@ def _decode_attention_kernel(
             q, k_head, v_head, table, qd, own_plane_table, key_depth_ptr, range_start, range_end, offs_n, offs_d,
             plane_offset, plane_modulus, stride_cb, stride_co, stride_tp, stride_tb, stride_kdb, stride_kdo, blk_a,
             kd_a, blk_b, kd_b, blk_c, kd_c, blk_d, kd_d, GP, BLOCK_N, HEAD_DIM, DP, BLOCK_SIZE, HAS_KEY_DEPTH,
-            KV_ALIGNED, TILES, WIDEN_INLINE)
+            KV_ALIGNED, TILES, KV_FP8, WIDEN_INLINE)
         if ROPE:  # the program's next range's block ids
             next_start = range_start + c_step * split_size
             blk_a, kd_a, blk_b, kd_b, blk_c, kd_c, blk_d, kd_d = _range_keys(
@@ -930,6 +999,12 @@ DECODE_TILES = 1
 # tiles above -> words with two tiles (same bits): 1 x 192 keys 9.6 -> 8.1, 16 x 192 14.3 -> 13.5,
 # 64 x 192 32.8 -> 28.0, 256 x 192 118.4 -> 98.6, 256 x 1024 481.7 -> 361.8, 64 x 4096 485.2 -> 361.1,
 # 16 x 32K 968.4 -> 735.6 (words with one tile: 8.5, 13.0, 34.4, 112.9, 461.2, 508.1, 857.1).
+# The FP8 decode arithmetic applies key tiles in pairs (`_lane_update_pair`): 2 or 4 tiles in flight
+# (the same bits either way), never an odd count. With one block id per tile, K rows unmasked and the
+# pairs, the unsplit key loop at Ouro's shape takes 279 sm_90 instructions a lap of two tiles, 328
+# before (Triton 3.6, capped at 96 registers). H100, us per call: 1 x 192 keys 6.5 -> 5.6, 16 x 192
+# 11.1 -> 10.0, 64 x 192 29.0 -> 28.2, 256 x 192 90.8 -> 92.0; with K/V resident in L2 (every row on
+# the same blocks: the instruction-bound time) 256 x 192 62.4 -> 56.1, 256 x 1024 223.5 -> 183.5.
 DECODE_TILES_FP8 = 2
 
 
@@ -959,7 +1034,11 @@ def decode_register_cap(kv_fp8: bool, split: bool, programs: int, sms: int, grou
 def decode_tiles(kv_fp8: bool, small: bool) -> int:
     """Key tiles the decode kernel keeps in flight: over an FP8 cache, in a small launch (at most
     one (token, KV head) row per SM), or in a fuller one."""
-    return DECODE_TILES_FP8 if kv_fp8 else DECODE_TILES_SMALL_LAUNCH if small else DECODE_TILES
+    if kv_fp8:
+        if DECODE_TILES_FP8 not in (2, 4):
+            raise ValueError(f"DECODE_TILES_FP8 must be 2 or 4 (FP8 key tiles go in pairs), got {DECODE_TILES_FP8}")
+        return DECODE_TILES_FP8
+    return DECODE_TILES_SMALL_LAUNCH if small else DECODE_TILES
 # Programs per SM a split decode launch aims for (`_decode_range_programs`). H200, Ouro 16 x 128,
 # tables as wide as a 64K context (64 ranges), against a program per range: batch 16 x 192 keys
 # 18.0 -> 10.2 us, x 32K keys 1090 -> 1077 (one program per row, each row's ranges in series:

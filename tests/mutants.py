@@ -682,6 +682,27 @@ MUTANTS = (
         "split FP8 decode launches (4 key tiles in flight at small batches) are capped too and spill",
     ),
     Mutant(
+        "fp8-pair-second-tile-masked-as-first", "rlt_kernels/attention.py",
+        's_b = tl.where(((start + BLOCK_N + offs_n) < range_end)[None, :], s_b, float("-inf"))',
+        's_b = tl.where(((start + offs_n) < range_end)[None, :], s_b, float("-inf"))',
+        ("tests/kernels/test_fp8_kv.py::test_decode_reads_no_fp8_byte_past_its_keys",),
+        "the second tile of an FP8 pair keeps the scores of keys past the row's last key",
+    ),
+    Mutant(
+        "fp8-second-pair-at-first-pair-keys", "rlt_kernels/attention.py",
+        "m_i, l_i, acc = _lane_update_pair(q, k_c, v_c, k_d, v_d, start + 2 * BLOCK_N, range_end, offs_n,",
+        "m_i, l_i, acc = _lane_update_pair(q, k_c, v_c, k_d, v_d, start, range_end, offs_n,",
+        ("tests/kernels/test_fp8_kv.py::test_fp8_decode_bits_do_not_depend_on_block_size_or_tiles_in_flight",),
+        "with four FP8 tiles in flight the second pair is masked as the first: keys past the end are applied",
+    ),
+    Mutant(
+        "decode-tile-base-ignores-offset-in-block", "rlt_kernels/attention.py",
+        "base = blk_own * stride_cb + (start.to(tl.uint32) % BLOCK_SIZE).to(tl.int64) * stride_co",
+        "base = blk_own * stride_cb",
+        ("tests/kernels/test_fp8_kv.py::test_fp8_decode_bits_do_not_depend_on_block_size_or_tiles_in_flight",),
+        "a decode key tile in the second half of a 32-key block reads the block's first 16 keys",
+    ),
+    Mutant(
         "fp8-register-cap-on-grouped-heads", "rlt_kernels/attention.py",
         "if (kv_fp8 and not split and group_heads == 1 and sms > 0",
         "if (kv_fp8 and not split and sms > 0",

@@ -87,7 +87,8 @@ def _fp64_attention(q, kc, vc, ks, vs, tables, seq_lens, qsl):
     for s in range(seq_lens.shape[0]):
         n, lo, hi = int(seq_lens[s]), int(qsl[s]), int(qsl[s + 1])
         keys = torch.arange(n)
-        blocks, offs = tables[s, keys // BS].long().cpu(), keys % BS
+        bs = kc.shape[1]
+        blocks, offs = tables[s, keys // bs].long().cpu(), keys % bs
         kk, vv = k_all.cpu()[blocks, offs], v_all.cpu()[blocks, offs]  # [n, KVH, D]
         for i, t in enumerate(range(lo, hi)):
             visible = n - (hi - lo) + i + 1
@@ -190,3 +191,85 @@ def test_full_fp8_decode_launches_cap_their_registers():
     assert attention.decode_register_cap(True, True, full, sms, 1) is None
     assert attention.decode_register_cap(True, False, full, 0, 1) is None
     assert attention.decode_register_cap(True, False, full, sms, 4) is None  # grouped heads would spill
+
+
+def _fp8_decode_case(device, seed, lens, block_size=BS, h=4):
+    """Random FP8 caches with `lens` keys per sequence (one decode query each) in blocks of
+    `block_size`, block 0 left to no sequence; the same keys for any block size."""
+    gen = seeded(seed, device)
+    total = sum(lens)
+    keys = randn((total, KVH, D), torch.float32, device, gen, scale=4.0).to(FP8_DTYPE)
+    vals = randn((total, KVH, D), torch.float32, device, gen, scale=4.0).to(FP8_DTYPE)
+    q = randn((len(lens), h, D), torch.bfloat16, device, gen)
+    per_seq = [-(-n // block_size) for n in lens]
+    nb = 1 + sum(per_seq)
+    kc, vc = (torch.zeros((nb, block_size, KVH, D), dtype=FP8_DTYPE, device=device) for _ in range(2))
+    tables = torch.zeros((len(lens), max(per_seq)), dtype=torch.int32, device=device)
+    order = 1 + torch.randperm(nb - 1, generator=gen, device=device)
+    used, first = 0, 0
+    for s, n in enumerate(lens):
+        ids = order[used:used + per_seq[s]]
+        used += per_seq[s]
+        tables[s, : per_seq[s]] = ids.int()
+        for j in range(n):
+            kc[ids[j // block_size], j % block_size] = keys[first + j]
+            vc[ids[j // block_size], j % block_size] = vals[first + j]
+        first += n
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    qsl = torch.arange(len(lens) + 1, dtype=torch.int32, device=device)
+    return q, kc, vc, tables, seq_lens, qsl
+
+
+def test_decode_reads_no_fp8_byte_past_its_keys(device, monkeypatch):
+    """FP8 key rows are read by whole key tiles, unmasked: bytes past a row's last key (0x7f: NaN on
+    the GPU, 480 under the interpreter), in its last block and in block 0, which tiles past the keys
+    fall back to, never reach its output, unsplit or split."""
+    _check_no_byte_past_keys(device, monkeypatch)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_reads_no_fp8_byte_past_its_keys(monkeypatch):
+    """The same on the GPU, where 0x7f widens to NaN: a V row read past the keys would poison the
+    output (weight 0 times NaN)."""
+    _check_no_byte_past_keys(torch.device("cuda"), monkeypatch)
+
+
+def _check_no_byte_past_keys(device, monkeypatch):
+    q, kc, vc, tables, seq_lens, qsl = _fp8_decode_case(device, 7, [90, 37, 16, 1])
+    ks, vs = _scales(device)
+    dirty = [c.clone() for c in (kc, vc)]
+    nan = torch.tensor(0x7F, dtype=torch.uint8, device=device).view(FP8_DTYPE)
+    for c in dirty:
+        c[0] = nan
+        for s, n in enumerate(seq_lens.tolist()):
+            if n % BS:
+                c[tables[s, n // BS], n % BS:] = nan
+    for split in (False, True):
+        monkeypatch.setattr(attention, "_should_split", lambda *a: split)
+        clean, stained = (attention.paged_attention(q, k, v, tables, seq_lens, qsl, k_scale=ks, v_scale=vs,
+                                                    decode_from=0, split_size=64) for k, v in ((kc, vc), dirty))
+        assert_same_bits(stained, clean)
+        exact = _fp64_attention(q, kc, vc, ks, vs, tables, seq_lens, qsl)
+        torch.testing.assert_close(clean.double().cpu(), exact, rtol=2**-7, atol=2**-6)
+
+
+def test_fp8_decode_bits_do_not_depend_on_block_size_or_tiles_in_flight(device, monkeypatch):
+    """The FP8 decode kernel applies its key tiles in pairs, the pairs counted from each key range's
+    start: the same keys give the same bits with two or four tiles in flight, in blocks of 8 keys
+    (tiles over two blocks: per-key block ids), 16, 32 or 64 (a tile in one block: one block id),
+    for odd and even tile counts, within one range and over several, split or not."""
+    lens = [1, 15, 16, 17, 33, 48, 49, 100, 130]
+    ks, vs = _scales(device)
+    first = None
+    for block_size in (8, 16, 32, 64):
+        args = _fp8_decode_case(device, 11, lens, block_size=block_size)
+        for tiles in (2, 4):
+            monkeypatch.setattr(attention, "DECODE_TILES_FP8", tiles)
+            for split in (False, True):
+                monkeypatch.setattr(attention, "_should_split", lambda *a: split)
+                out = attention.paged_attention(*args, k_scale=ks, v_scale=vs, decode_from=0, split_size=64)
+                if first is None:
+                    first = out
+                    exact = _fp64_attention(*args[:3], ks, vs, *args[3:])
+                    torch.testing.assert_close(out.double().cpu(), exact, rtol=2**-7, atol=2**-6)
+                assert_same_bits(out, first)

@@ -42,6 +42,9 @@ _CALLS = {
     # The unsplit FP8 decode kernel under the register cap of full launches, with and without RoPE and key depths.
     "decode_capped": "{f'rope {r} key depth {kd}': s.decode_attention_report('fp8', split=False, rope=r, key_depth=kd, "
                      "max_registers=s.attention.DECODE_FP8_MAX_REGISTERS) for r in (False, True) for kd in (False, True)}",
+    # The key loop of the FP8 decode kernel as full engine launches compile it (no key depths, capped).
+    "decode_engine_loop": "s.decode_attention_report('fp8', split=False, key_depth=False, key_loop=True, "
+                          "max_registers=s.attention.DECODE_FP8_MAX_REGISTERS)['key_loop']",
     # Ouro's four layer weights at the 16- and 64-row transposed decode tiles, bf16 and FP8.
     "decode_linear": "{f'{name} {w} {rows}': s.linear_report(n, k, a, rows, w)[1] for name, n, k, a in "
                      "s.OURO_WEIGHTS[:4] for w in ('bf16', 'fp8') for rows in (1, 64)}",
@@ -133,6 +136,20 @@ def test_decode_key_loop_is_found_in_the_sass(decode_key_loop):
     ops = dict(decode_key_loop["ops"])
     assert 50 < decode_key_loop["instructions"] < 2000
     assert ops.get("F2FP.F16.E4M3.UNPACK_B", 0) > 0 and ops.get("FFMA", 0) > 0
+
+
+@pytest.fixture(scope="module")
+def decode_engine_loop(compiled) -> dict:
+    return compiled("decode_engine_loop")
+
+
+def test_fp8_decode_key_loop_stays_short(decode_engine_loop):
+    """The FP8 decode call at short contexts is bound by the instructions it issues (docs/perf/fp8.md,
+    session 31), so its key loop is kept lean: one block id per key tile, K rows unmasked, tiles in
+    pairs. A lap of two 16-key tiles (64 K/V elements a thread) took 328 instructions before those
+    (342 with Triton 3.9); now 279 (291). More than 310 means per-key address work or one rescale
+    per tile came back."""
+    assert decode_engine_loop["instructions"] <= 310, decode_engine_loop
 
 
 def test_decode_tiles_fit_an_sm(decode_linear):
