@@ -1279,7 +1279,9 @@ def fork_server():
 
 
 def run_in_copy(root: str, args: list[str], env: dict[str, str], log: str) -> None:
-    """Forked from the server: run pytest in the copy at `root`, with its output in `log`."""
+    """Forked from the server: run pytest in the copy at `root`, with its output in `log` and its exit
+    status in `log` + ".status" (the server's report of a process's exit code was seen to fail under
+    load, as status 255, after pytest had finished)."""
     try:
         out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(out, 1)
@@ -1295,7 +1297,9 @@ def run_in_copy(root: str, args: list[str], env: dict[str, str], log: str) -> No
     except BaseException:
         traceback.print_exc()
         sys.exit(NOT_STARTED)
-    sys.exit(int(pytest.main(args)))
+    status = int(pytest.main(args))
+    Path(log + ".status").write_text(str(status))
+    sys.exit(status)
 
 
 def run(mutant: Mutant, clean: bool = False) -> Outcome:
@@ -1318,11 +1322,13 @@ def run(mutant: Mutant, clean: bool = False) -> Outcome:
         if not log.exists():  # the child failed before run_in_copy (its status would read as "killed")
             raise MutantError(f"mutant {mutant.name!r}: the run did not start (status {child.exitcode})")
         tail = log.read_text(errors="replace")[-3000:]
-    if child.exitcode not in (0, 1):
-        raise MutantError(f"mutant {mutant.name!r}: pytest exited with status {child.exitcode}:\n{tail}")
+        written = root / "pytest-output.txt.status"  # pytest's own status (the process may die after it)
+        status = int(written.read_text()) if written.exists() else child.exitcode
+    if status not in (0, 1):
+        raise MutantError(f"mutant {mutant.name!r}: pytest exited with status {status}:\n{tail}")
     if clean:
-        return Outcome(mutant, "passed" if child.exitcode == 0 else "failed", tail)
-    return Outcome(mutant, "killed" if child.exitcode == 1 else "survived", tail)
+        return Outcome(mutant, "passed" if status == 0 else "failed", tail)
+    return Outcome(mutant, "killed" if status == 1 else "survived", tail)
 
 
 def run_all(chosen: list[Mutant], clean: bool = False):
