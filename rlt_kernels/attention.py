@@ -588,13 +588,19 @@ def _widened(t, WIDEN_INLINE: tl.constexpr):
 
 
 @triton.jit
+def _lane_scores(q, k, start, range_end, offs_n, WIDEN_INLINE: tl.constexpr):
+    """Scores [GP, BLOCK_N] fp32 of key tile ``start``, lane n taking key start + n; -inf for keys at
+    or past range_end (whatever their K rows held)."""
+    s = tl.sum(q * _widened(k, WIDEN_INLINE), 2)
+    return tl.where(((start + offs_n) < range_end)[None, :], s, float("-inf"))
+
+
+@triton.jit
 def _lane_update(q, k, v, start, range_end, offs_n, m_i, l_i, acc, WIDEN_INLINE: tl.constexpr):
     """One key tile into the per-lane online softmax: lane n takes key start + n. q [GP, 1, DP]
     (scaled), k/v [1, BLOCK_N, DP] (or FP8 words [1, BLOCK_N, DP / 4]); state m_i/l_i [GP, BLOCK_N],
     acc [GP, BLOCK_N, DP] fp32."""
-    key_ok = (start + offs_n) < range_end
-    s = tl.sum(q * _widened(k, WIDEN_INLINE), 2)  # [GP, BLOCK_N]
-    s = tl.where(key_ok[None, :], s, float("-inf"))
+    s = _lane_scores(q, k, start, range_end, offs_n, WIDEN_INLINE)
     # Lanes without a key keep their state bit for bit (factor exactly 1, weight exactly 0).
     m_new = tl.maximum(m_i, s)
     seen = m_new > float("-inf")
@@ -612,10 +618,8 @@ def _lane_update_pair(q, k_a, v_a, k_b, v_b, start, range_end, offs_n, m_i, l_i,
     """Key tiles ``start`` and ``start + BLOCK_N`` into the per-lane online softmax at once: one new
     maximum and one rescale of a lane's state for its two keys, then both keys' weights (tile a's
     first). Arguments as `_lane_update`; a tile past range_end adds weight 0."""
-    s_a = tl.sum(q * _widened(k_a, WIDEN_INLINE), 2)  # [GP, BLOCK_N]
-    s_a = tl.where(((start + offs_n) < range_end)[None, :], s_a, float("-inf"))
-    s_b = tl.sum(q * _widened(k_b, WIDEN_INLINE), 2)
-    s_b = tl.where(((start + BLOCK_N + offs_n) < range_end)[None, :], s_b, float("-inf"))
+    s_a = _lane_scores(q, k_a, start, range_end, offs_n, WIDEN_INLINE)
+    s_b = _lane_scores(q, k_b, start + BLOCK_N, range_end, offs_n, WIDEN_INLINE)
     m_new = tl.maximum(m_i, tl.maximum(s_a, s_b))
     seen = m_new > float("-inf")
     m_ref = tl.where(seen, m_new, 0.0)

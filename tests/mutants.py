@@ -683,8 +683,8 @@ MUTANTS = (
     ),
     Mutant(
         "fp8-pair-second-tile-masked-as-first", "rlt_kernels/attention.py",
-        's_b = tl.where(((start + BLOCK_N + offs_n) < range_end)[None, :], s_b, float("-inf"))',
-        's_b = tl.where(((start + offs_n) < range_end)[None, :], s_b, float("-inf"))',
+        "s_b = _lane_scores(q, k_b, start + BLOCK_N, range_end, offs_n, WIDEN_INLINE)",
+        "s_b = _lane_scores(q, k_b, start, range_end, offs_n, WIDEN_INLINE)",
         ("tests/kernels/test_fp8_kv.py::test_decode_reads_no_fp8_byte_past_its_keys",),
         "the second tile of an FP8 pair keeps the scores of keys past the row's last key",
     ),
