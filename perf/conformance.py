@@ -75,7 +75,7 @@ DEFAULTS = dict(
     execution_mode="eager", async_scheduling=False, cuda_graph_sizes=[1, 2, 4], requests=3, max_tokens=8,
     max_model_len=256, gpu_memory_utilization=0.04, workload_seed=0, plant=None, time_limit_s=None,
     features=[], quantization=None, kv_cache_dtype="auto", split_keys=None, alone=False, new_weights=False,
-    sleep=False,
+    sleep=False, replay_drafts=None,
 )
 
 
@@ -239,6 +239,10 @@ def run_one(case: dict, out: Path, deadline: float) -> dict:
         return {**row, "status": "not-run", "detail": "time budget spent before the case started", "duration_s": 0.0}
     cases = out / "cases"
     case_path, result_path, err_path = (cases / f"{case['id']}{ext}" for ext in (".json", ".result.json", ".stderr"))
+    if case.get("alone") and err_path.exists():  # a rerun alone keeps the run beside others' log and result
+        err_path.replace(cases / f"{case['id']}.beside.stderr")
+        if result_path.exists():
+            result_path.replace(cases / f"{case['id']}.beside.result.json")
     case_path.write_text(json.dumps(case), encoding="utf-8")
     result_path.unlink(missing_ok=True)
     limit = min(time_limit(case), left)
@@ -298,14 +302,18 @@ def rerun_alone(row: dict, run) -> dict:
 
 
 def rerun_failure_alone(row: dict, run) -> dict:
-    """Run a case that failed beside others once more, one at a time. It stays a failure (a case's
-    bits must not depend on what else shares the device); its detail says whether it fails alone
-    too, which tells a deterministic failure from one that depends on timing."""
-    again = run({**row["case"], "alone": True})
+    """Run a case that failed beside others once more, one at a time, with the draft counts its
+    greedy rounds took there (`round_drafts`, the one choice that follows timings). It stays a
+    failure (a case's bits must not depend on what else shares the device); its detail says whether
+    it fails alone too: a failure alone is deterministic, reproducible from the case and its
+    `round_drafts`; a pass alone points at the device's timing (a race), not at the composition."""
+    replay = row.get("round_drafts")
+    again = run({**row["case"], "alone": True, "replay_drafts": replay})
     if again["status"] == "not-run":
         return row
-    return {**row, "alone_status": again["status"],
-            "detail": f"{row['detail']}; alone: {again['status']} in {again['duration_s']:.0f} s"}
+    same = ", same draft counts" if replay else ""
+    return {**row, "alone_status": again["status"], "alone_detail": again.get("detail", ""),
+            "detail": f"{row['detail']}; alone{same}: {again['status']} in {again['duration_s']:.0f} s"}
 
 
 # What a status beside others gets run alone with.

@@ -6,7 +6,8 @@ bit for bit.
 
 CASE.json is one case of `perf.conformance` (a flat dict of options, see `perf/conformance.py`).
 RESULT.json gets {"status": "pass" | "fail" | "config-error", "detail": the first problem,
-"problems": every problem, "checks": what was compared, "stats": {...}} (the runner turns a
+"problems": every problem, "checks": what was compared, "stats": {...}, and with adaptive
+speculation "round_drafts": the greedy rounds' draft counts (`DraftTape`)} (the runner turns a
 config-error into not-applicable or fail). A crash (a Python exception, a device fault,
 os.abort) leaves no result: the runner records the exit code and the stderr tail.
 
@@ -35,6 +36,9 @@ Equalities checked (the ones docs/design.md and README.md promise):
   graphs are captured and a prefix cached) switches to other weights by `LLM.update_weights` (in two parts;
   with `sleep` the crowd does so asleep: level 2, the weights woken and refilled, then the KV
   cache woken), and the fp64 reference uses them too;
+* with `replay_drafts` (a failed crowd's `round_drafts`, `DraftTape`) the crowd's greedy rounds
+  take those draft counts, so a run alone repeats the composition of rounds a run beside other
+  cases took by its timings;
 * the block/slot invariants hold after every step, the KV pool is full again at the end, no graph
   capture failed (a mode that fell back to eager proves nothing), and fixed-K speculation ran rounds (when a request could draft).
 """
@@ -248,6 +252,31 @@ def run_crowd(llm, work: list[Work]) -> tuple[dict, dict]:
     free, total = eng.kv.pool.num_free, eng.kv.pool.num_blocks
     assert free == total, f"KV pool not full after the run: {free} of {total} blocks free"
     return done, keys
+
+
+class DraftTape:
+    """The greedy rounds' draft counts of the crowd (`greedy_rounds.GreedyRounds`, the one choice of
+    a run that follows measured timings): each round as [count, lowest, highest allowed]. With
+    ``replay`` (an earlier run's tape) round i takes replay[i]'s count instead, so a crowd that failed
+    beside other cases can run alone with its composition of rounds; a replay that runs out, or
+    whose count the round does not allow, stops the crowd (AssertionError)."""
+
+    def __init__(self, rounds, replay=None):
+        self.rounds: list = []
+        chosen = rounds.drafts
+
+        def drafts(expected, fixed_tokens, fixed_k, rows, exploring=()):
+            k = chosen(expected, fixed_tokens, fixed_k, rows, exploring)
+            lo, hi = fixed_k, max(fixed_k, max((len(e) - 1 for e in expected), default=0))
+            if replay is not None:
+                i = len(self.rounds)
+                assert i < len(replay), f"the replayed draft counts ran out at round {i}"
+                k = replay[i][0]
+                assert lo <= k <= hi, f"replayed round {i} takes {k} drafts, allowed {lo}..{hi}"
+            self.rounds.append([k, lo, hi])
+            return k
+
+        rounds.drafts = drafts
 
 
 def run_alone(llm, w: Work) -> list[dict]:
@@ -471,6 +500,9 @@ def run_case(case: dict) -> dict:
         llm = LLM(case["model"], **opts)
     except ConfigError as exc:
         return {"status": "config-error", "detail": str(exc), "checks": [], "stats": {}}
+    rounds = llm.engine.scheduler.greedy_rounds
+    tape = DraftTape(rounds, case.get("replay_drafts")) if rounds is not None else None
+    taped = {"round_drafts": tape.rounds} if tape is not None else {}
     take_new_weights(llm, case, work[0])
     _progress(f"engine built, {captures(llm.stats())}")
     if case.get("plant") == "hang" or (case.get("plant") == "hang-beside-others" and not case.get("alone")):
@@ -481,7 +513,7 @@ def run_case(case: dict) -> dict:
     except AssertionError as exc:
         where = traceback.extract_tb(exc.__traceback__)[-1]
         return {"status": "fail", "detail": f"crowd run: {exc!r} at {Path(where.filename).name}:{where.lineno}",
-                "checks": checks, "stats": _stats(llm.stats())}
+                "checks": checks, "stats": _stats(llm.stats()), **taped}
     stats = _stats(llm.stats())
     _progress(f"crowd done, {stats['steps']} steps, {captures(llm.stats())} in all")
     problems = []
@@ -548,7 +580,7 @@ def run_case(case: dict) -> dict:
         checks.append(f"{len(greedy)} greedy requests vs the fp64 dense reference")
     detail = problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "") if problems else ""
     return {"status": "fail" if problems else "pass", "detail": detail, "problems": problems, "checks": checks,
-            "stats": stats}
+            "stats": stats, **taped}
 
 
 def _stats(st: dict) -> dict:

@@ -1,6 +1,7 @@
 """Where a decode run loses time between device work (GPU).
 
     python -m perf.step_gaps --out out/gaps [--model ouro-1.4b] [--batch 256] [--early-exit]
+        [--quantization w8a8_fp8] [--kv-cache-dtype fp8]
 
 Runs `batch` requests (prompt 128, output 128, greedy, ignore_eos) twice and records, per decode
 step, the wall time between `step()` returns, the engine's host and device times
@@ -108,12 +109,14 @@ def main(argv=None) -> int:
     ap.add_argument("--min-gap-us", type=float, default=50.0, help="list device idle gaps longer than this")
     ap.add_argument("--early-exit", action="store_true",
                     help="replay decode depths drawn uniformly from 1..depth (exit_mode trace), as perf.bench_engine's early exit")
+    ap.add_argument("--quantization", default=None, help="engine option, e.g. w8a8_fp8")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="engine option, e.g. fp8")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    options = {}
+    options = {"quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype}
     if args.early_exit:
         depth = preset_config(args.model).num_loops
-        options = dict(exit_mode="trace", exit_trace=uniform_trace(row_trace_ids(args.batch), depth, 128))
+        options.update(exit_mode="trace", exit_trace=uniform_trace(row_trace_ids(args.batch), depth, 128))
     llm, meta = engine(args.model, max_num_seqs=args.batch, **options)
     eng = llm.engine
     res = {"meta": meta, "early_exit": args.early_exit,

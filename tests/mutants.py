@@ -450,6 +450,27 @@ MUTANTS = (
         "the TMA tiles of the middle and prefill rows reduce a split weight over all of K at once (other bits than decode)",
     ),
     Mutant(
+        "w8a8-in-tile-rows-that-leave-sms-idle", "rlt_kernels/gemm.py",
+        "return tiles[-1] if tiles and not must_fill else None",
+        "return tiles[-1] if tiles else None",
+        ("tests/kernels/test_w8a8.py::test_w8a8_middle_rows_of_down_add_their_ranges_in_the_tile[128-False]",),
+        "W8A8 down at 128 rows adds its ranges in a tile of 64 programs instead of writing partials",
+    ),
+    Mutant(
+        "in-tile-ranges-summed-as-one", "rlt_kernels/gemm.py",
+        "if ((k0 + BLOCK_K) % k_range == 0) | (k0 + BLOCK_K >= k_hi):  # the range's last step",
+        "if k0 + BLOCK_K >= k_hi:",
+        ("tests/kernels/test_w8a8.py::test_w8a8_ranges_added_in_the_tile_keep_the_bits_of_the_partials",),
+        "a tile adding a split weight's K ranges keeps one running sum over all of K (other bits than the partials)",
+    ),
+    Mutant(
+        "replayed-draft-counts-ignored", "perf/conformance_case.py",
+        "k = replay[i][0]",
+        "k = k",
+        ("tests/runtime/test_conformance.py::test_a_failed_crowd_runs_alone_with_its_draft_counts",),
+        "a case rerun alone with a failed crowd's draft counts takes its own instead",
+    ),
+    Mutant(
         "transposed-tma-tile-left-transposed", "rlt_kernels/gemm.py",
         "return acc_g, acc_u",
         "return tl.trans(acc_g), tl.trans(acc_u)",

@@ -196,6 +196,102 @@ def test_gpu_w8a8_row_classes_keep_the_bits(device, n, k, activation):
     full = gemm.linear(xq, w8, weight_scale=ws, x_scale=xs, activation=activation)
     ref = gemm.linear_reference(xq, w8, weight_scale=ws, x_scale=xs, activation=activation)
     torch.testing.assert_close(full.float(), ref.float(), rtol=2 * 2.0**-7, atol=2e-2)
-    for m in (1, 5, 16, 17, 64, 65, 300, 700):
+    for m in (1, 5, 16, 17, 64, 65, 128, 256, 300, 384, 700):
         assert torch.equal(gemm.linear(xq[:m], w8, weight_scale=ws, x_scale=xs[:m], activation=activation), full[:m]), \
             f"row bits changed at M={m}"
+
+
+OURO_DOWN = (2048, 5632)
+EPS = 1e-6
+
+
+@pytest.mark.parametrize("rows,in_tile", [(128, False), (200, True), (256, True), (300, False), (384, True),
+                                          (512, True)])
+def test_w8a8_middle_rows_of_down_add_their_ranges_in_the_tile(rows, in_tile):
+    """W8A8 middle rows of a deep split weight (Ouro down) take a TMA tile that adds the K ranges
+    itself wherever one fills the GPU's waves (no fp32 partials through memory), else the split
+    tile; the K ranges stay the decode tile's. 16-bit rows keep their partials, and the switch
+    turns it off."""
+    n, k = OURO_DOWN
+    cfg = gemm.linear_config(n, k, FP8_DTYPE, None, rows)
+    decode = gemm.linear_config(n, k, FP8_DTYPE)
+    assert cfg.tma and cfg.reduce_in_tile == in_tile and cfg.k_bounds(k) == decode.k_bounds(k)
+    if rows == 256:
+        assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages) == (64, 64, 256, 5)
+    assert not gemm.linear_config(n, k, torch.bfloat16, None, rows).reduce_in_tile
+    try:
+        gemm.W8A8_MIDDLE_IN_TILE = False
+        gemm.linear_config.cache_clear()
+        assert not gemm.linear_config(n, k, FP8_DTYPE, None, rows).reduce_in_tile
+    finally:
+        gemm.W8A8_MIDDLE_IN_TILE = True
+        gemm.linear_config.cache_clear()
+
+
+def test_w8a8_ranges_added_in_the_tile_keep_the_bits_of_the_partials(device):
+    """The tile that adds a split weight's K ranges itself (Ouro down's tile at 256 rows) gives the
+    residual norm the bits of the split tile's fp32 partials, added by the norm: rows of two row
+    tiles (the second ragged), FP8 weight and row scales, the next norm writing FP8 rows."""
+    m, n, k = 70, 64, gemm.SPLIT_MIN_K
+    gen = seeded(k + m, device)
+    w8, ws = linear_weight(n, k, FP8_DTYPE, device, gen)
+    xq, xs = quantize_rows(randn((m, k), torch.bfloat16, device, gen))
+    residual = randn((m, n), torch.bfloat16, device, gen)
+    post_w, next_w = (randn((n,), torch.bfloat16, device, gen) + 1 for _ in range(2))
+    split = gemm.linear_config(*OURO_DOWN, FP8_DTYPE, None, 300)
+    in_tile = gemm.linear_config(*OURO_DOWN, FP8_DTYPE, None, 256)
+    assert not split.reduce_in_tile and in_tile.reduce_in_tile
+    outs = []
+    for cfg in (split, in_tile):
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+        sub = gemm._launch(xq, w8, out, None, None, cfg, ws, reduce=False, x_scale=xs)
+        assert (sub is out) == cfg.reduce_in_tile  # the tile's finished output, or the partials
+        nq, nscale = torch.empty((m, n), dtype=FP8_DTYPE, device=device), torch.empty(m, device=device)
+        r, _ = norms.residual_norm(sub, residual, post_w, next_w, EPS, normed_out=nq, normed_scale=nscale)
+        outs.append((r, nq.view(torch.uint8), nscale))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(out.float(), gemm.linear_reference(xq, w8, weight_scale=ws, x_scale=xs).float(),
+                               rtol=2 * 2.0**-7, atol=2e-2)
+    # Range sums 2^24 (256 products 256 x 256) and 2 (two products 1 x 1 in different K steps of
+    # the second range): 2^24 + 2 when the ranges are summed apart, 2^24 in one running sum.
+    x = torch.zeros((3, k), device=device)
+    w = torch.zeros((n, k), device=device)
+    x[:, :256], w[:, :256] = 256.0, 256.0
+    second = in_tile.k_bounds(k)[1]
+    for at in (second, second + in_tile.block_k):
+        x[:, at], w[:, at] = 1.0, 1.0
+    ones = torch.ones(3, device=device), torch.ones(n, device=device)
+    for cfg in (split, in_tile):
+        out = gemm._launch(x.to(FP8_DTYPE), w.to(FP8_DTYPE), torch.full((3, n), float("nan"), device=device), None,
+                           None, cfg, ones[1], x_scale=ones[0])
+        assert torch.equal(out, torch.full_like(out, 2.0**24 + 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 64, 128, 256, 384, 1100])
+def test_gpu_w8a8_fused_down_projection_keeps_the_bits(device, m):
+    """Ouro-1.4B's down projection (2048 x 5632, split 4) with FP8 rows into its residual norm, the
+    next norm writing FP8 rows, at every row class (partials at 128, ranges added in the tile at 256
+    and 384): the fused call equals the two kernels bit for bit, and a row alone equals its batch."""
+    n, k = OURO_DOWN
+    gen = seeded(m, device)
+    w8, ws = linear_weight(n, k, FP8_DTYPE, device, gen)
+    xq, xs = quantize_rows(randn((m, k), torch.bfloat16, device, gen))
+    residual = randn((m, n), torch.bfloat16, device, gen)
+    post_w, next_w = (randn((n,), torch.bfloat16, device, gen) + 1 for _ in range(2))
+
+    def fused(rows):
+        q, scale = torch.empty((rows, n), dtype=FP8_DTYPE, device=device), torch.empty(rows, device=device)
+        r, _ = linear_residual_norm(xq[:rows], w8, residual[:rows], post_w, next_w, EPS, weight_scale=ws,
+                                    x_scale=xs[:rows], normed_out=q, normed_scale=scale)
+        return r, q.view(torch.uint8), scale
+
+    q, scale = torch.empty((m, n), dtype=FP8_DTYPE, device=device), torch.empty(m, device=device)
+    r, _ = norms.residual_norm(gemm.linear(xq, w8, weight_scale=ws, x_scale=xs), residual, post_w, next_w, EPS,
+                               normed_out=q, normed_scale=scale)
+    got = fused(m)
+    for a, b in zip(got, (r, q.view(torch.uint8), scale)):
+        assert torch.equal(a, b)
+    for a, b in zip(fused(1), got):
+        assert torch.equal(a, b[:1])

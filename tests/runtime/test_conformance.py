@@ -170,3 +170,47 @@ def test_guided_check(guided, sample, ok):
 ])
 def test_budget_check(budget, tokens, ok):
     assert (budget_problem(budget, [3, 4, 5], {"token_ids": tokens}) == "") == ok
+
+
+def test_a_failed_crowd_runs_alone_with_its_draft_counts(monkeypatch):
+    """The crowd records its greedy rounds' draft counts (the one choice that follows measured
+    timings), and a case given them (`replay_drafts`) takes exactly those: here counts a
+    max-drafting policy chose, which the engine's own policy would not, still pass against the
+    requests run alone. A replay that runs out stops the crowd."""
+    from rlt_runtime.engine.greedy_rounds import GreedyRounds
+
+    case = complete(0, dict(speculative_config={"num_speculative_tokens": 2, "draft_policy": "adaptive",
+                                                "draft_loops": None}, logprobs=2, requests=3, max_tokens=8,
+                            workload_seed=5))
+    natural = conformance_case.run_case(case)
+    assert natural["status"] == "pass", natural
+    with monkeypatch.context() as m:
+        m.setattr(GreedyRounds, "drafts", lambda self, expected, fixed_tokens, fixed_k, rows, exploring=():
+                  max(fixed_k, max((len(e) - 1 for e in expected), default=0)))
+        greedy_max = conformance_case.run_case(case)
+    tape = greedy_max["round_drafts"]
+    assert tape and all(k == hi for k, _, hi in tape) and any(k > lo for k, lo, _ in tape)
+    assert [r[0] for r in natural["round_drafts"]] != [r[0] for r in tape]
+    replayed = conformance_case.run_case({**case, "replay_drafts": tape})
+    assert replayed["status"] == "pass", replayed
+    assert replayed["round_drafts"] == tape
+    short = conformance_case.run_case({**case, "replay_drafts": tape[:1]})
+    assert short["status"] == "fail" and "the replayed draft counts ran out at round 1" in short["detail"], short
+
+
+def test_a_failure_reruns_alone_with_the_crowds_draft_counts():
+    """rerun_failure_alone hands the failed run's round_drafts to the rerun and says so."""
+    seen = []
+
+    def run(case):
+        seen.append(case)
+        return {"status": "pass", "duration_s": 3.0, "detail": ""}
+
+    row = {"id": "c000", "case": complete(0, {}), "status": "fail", "detail": "r0 vs alone: x",
+           "round_drafts": [[1, 0, 1], [0, 0, 1]]}
+    again = conformance.rerun_failure_alone(row, run)
+    assert seen[0]["alone"] and seen[0]["replay_drafts"] == [[1, 0, 1], [0, 0, 1]]
+    assert again["status"] == "fail" and again["alone_status"] == "pass"
+    assert again["detail"] == "r0 vs alone: x; alone, same draft counts: pass in 3 s"
+    plain = conformance.rerun_failure_alone({**row, "round_drafts": None}, run)
+    assert seen[1]["replay_drafts"] is None and plain["detail"].endswith("; alone: pass in 3 s")
