@@ -261,9 +261,9 @@ class DraftTape:
     beside other cases can run alone with its composition of rounds; a replay that runs out, or
     whose count the round does not allow, stops the crowd (AssertionError)."""
 
-    def __init__(self, rounds, replay=None):
+    def __init__(self, greedy, replay=None):
         self.rounds: list = []
-        chosen = rounds.drafts
+        chosen = greedy.drafts
 
         def drafts(expected, fixed_tokens, fixed_k, rows, exploring=()):
             k = chosen(expected, fixed_tokens, fixed_k, rows, exploring)
@@ -276,7 +276,7 @@ class DraftTape:
             self.rounds.append([k, lo, hi])
             return k
 
-        rounds.drafts = drafts
+        greedy.drafts = drafts
 
 
 def run_alone(llm, w: Work) -> list[dict]:
@@ -500,8 +500,8 @@ def run_case(case: dict) -> dict:
         llm = LLM(case["model"], **opts)
     except ConfigError as exc:
         return {"status": "config-error", "detail": str(exc), "checks": [], "stats": {}}
-    rounds = llm.engine.scheduler.greedy_rounds
-    tape = DraftTape(rounds, case.get("replay_drafts")) if rounds is not None else None
+    greedy_rounds = llm.engine.scheduler.greedy_rounds
+    tape = DraftTape(greedy_rounds, case.get("replay_drafts")) if greedy_rounds is not None else None
     taped = {"round_drafts": tape.rounds} if tape is not None else {}
     take_new_weights(llm, case, work[0])
     _progress(f"engine built, {captures(llm.stats())}")

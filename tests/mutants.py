@@ -1343,7 +1343,7 @@ def run(mutant: Mutant, clean: bool = False) -> Outcome:
         if not log.exists():  # the child failed before run_in_copy (its status would read as "killed")
             raise MutantError(f"mutant {mutant.name!r}: the run did not start (status {child.exitcode})")
         tail = log.read_text(errors="replace")[-3000:]
-        written = root / "pytest-output.txt.status"  # pytest's own status (the process may die after it)
+        written = Path(f"{log}.status")  # pytest's own status (the process may die after it)
         status = int(written.read_text()) if written.exists() else child.exitcode
     if status not in (0, 1):
         raise MutantError(f"mutant {mutant.name!r}: pytest exited with status {status}:\n{tail}")
