@@ -197,7 +197,7 @@ def decode_attention_report(cache: str, split: bool, rope: bool = False, warps: 
     default_warps = cfg.pop("num_warps")
     tiles = attention.decode_tiles(cache == "fp8", small=split) if tiles is None else tiles
     const = dict(cfg, SPLIT=split, TILES=tiles, MERGE_IN_PLACE=split, WIDEN_INLINE=True, **flags, ROPE=rope,
-                 GPTJ=False, HAS_Q_BIAS=False, HAS_K_BIAS=False, UNFUSED=rope)
+                 GPTJ=False, HAS_Q_BIAS=False, HAS_K_BIAS=False, UNFUSED=rope, HEADS_FAST=True)
     return compile_sm90(attention._decode_attention_kernel, ptrs, const, floats=("qk_scale",),
                         num_warps=warps or default_warps, num_stages=attention.DECODE_STAGES, key_loop=key_loop,
                         **({"maxnreg": max_registers} if max_registers else {}))

@@ -467,12 +467,11 @@ def _combine_kernel(
 
 
 @triton.jit
-def _locate_row(qsl_ptr, active_ptr, seq_lens_ptr, n_seqs, HAS_ACTIVE: tl.constexpr):
-    """Map program_id(0) (a query token) to its sequence. Returns (seq, token, position, idle):
+def _locate_row(token, qsl_ptr, active_ptr, seq_lens_ptr, n_seqs, HAS_ACTIVE: tl.constexpr):
+    """Map query token ``token`` (a program id) to its sequence. Returns (seq, token, position, idle):
     idle for a token no live sequence owns. Sequence t owning exactly token t (decode) is
     recognised without the binary search, and without waiting for the live count: its loads go out
     beside the count's."""
-    token = tl.program_id(0)
     seq = tl.minimum(token, tl.maximum(n_seqs - 1, 0))
     n_active = n_seqs + token * 0
     if HAS_ACTIVE:
@@ -802,9 +801,10 @@ def _decode_attention_kernel(
     rope_k_ptr, rope_v_ptr, pos_ptr, cos_sin_ptr, write_slot_ptr, q_bias_ptr, k_bias_ptr,
     stride_rkt, stride_rkh, stride_rvt, stride_rvh, stride_cs, stride_qbh, stride_kbh, n_kv_heads,
     ROPE: tl.constexpr, GPTJ: tl.constexpr, HAS_Q_BIAS: tl.constexpr, HAS_K_BIAS: tl.constexpr,
-    UNFUSED: tl.constexpr,
+    UNFUSED: tl.constexpr, HEADS_FAST: tl.constexpr,
 ):
-    """The decode arithmetic: one program per (query token program_id(0), KV head program_id(1)),
+    """The decode arithmetic: one program per (query token, KV head), program ids (1, 0) with
+    HEADS_FAST (a token's KV heads run side by side, reading its key rows together) else (0, 1),
     and with SPLIT (a split launch) per range program program_id(2), which takes every
     num_programs(2)-th key range of its row. Its GP query heads attend without tensor cores: every
     key lane n of a BLOCK_N tile keeps its own online-softmax state over keys n, n + BLOCK_N, ...
@@ -822,12 +822,15 @@ def _decode_attention_kernel(
     rotates that token's k, writes it and v into the cache at write_slot_ptr[token] (as
     `kv_cache.rope_kv_scatter` does, same bits) and passes a barrier before it reads any key."""
     wait_for_inputs(PDL)
-    seq, token, position, idle = _locate_row(qsl_ptr, active_ptr, seq_lens_ptr, n_seqs, HAS_ACTIVE)
+    if HEADS_FAST:  # the grid is (KV heads, tokens, range programs)
+        token_pid, kvh = tl.program_id(1), tl.program_id(0)
+    else:
+        token_pid, kvh = tl.program_id(0), tl.program_id(1)
+    seq, token, position, idle = _locate_row(token_pid, qsl_ptr, active_ptr, seq_lens_ptr, n_seqs, HAS_ACTIVE)
     if idle:
         return
     if tl.maximum(position, 0) < _decode_from(decode_from_ptr, seq, decode_from_value, DECODE_FROM_TENSOR):
         return  # a prompt row: the tile kernel's
-    kvh = tl.program_id(1)
     limit = tl.maximum(position + 1, 0)  # keys this row sees
     n_ranges = (limit + split_size - 1) // split_size
     c_lo = tl.program_id(2)
@@ -905,7 +908,7 @@ def _decode_attention_kernel(
             # Every thread's stores precede the count (barrier, then a release at GPU scope); the
             # last program's acquire orders its reads, which bypass L1 (".cg"), after all of them.
             tl.debug_barrier()
-            counter = counters_ptr + token * tl.num_programs(1) + kvh
+            counter = counters_ptr + token * n_kv_heads + kvh
             done = (n_ranges - c_lo + c_step - 1) // c_step  # ranges this program stored
             if tl.atomic_add(counter, done, sem="acq_rel", scope="gpu") == n_ranges - done:
                 l_all, acc_all = _merge_ranges(ws_ptr, ml_base, (token * n_heads + head) * n_splits_max, n_ranges,
@@ -928,7 +931,7 @@ def _decode_combine_kernel(
     """Merge one decode row's key-range partials in order 0, 1, 2, ... with `_merge` and write
     it; a row whose keys fit one range was written by its range program."""
     wait_for_inputs(PDL)
-    seq, token, position, idle = _locate_row(qsl_ptr, active_ptr, seq_lens_ptr, n_seqs, HAS_ACTIVE)
+    seq, token, position, idle = _locate_row(tl.program_id(0), qsl_ptr, active_ptr, seq_lens_ptr, n_seqs, HAS_ACTIVE)
     if idle:
         return
     if tl.maximum(position, 0) < _decode_from(decode_from_ptr, seq, decode_from_value, DECODE_FROM_TENSOR):
@@ -1057,6 +1060,14 @@ DECODE_RANGE_PROGRAMS_PER_SM = 2
 # bf16 157.7 -> 163.9. (H200, the bf16 decode chain of perf.bench_decode_chain, ms per step: batch 1
 # 4.449 -> 4.333, 16: 5.447 -> 5.303, 64: 8.048 -> 8.000, 256: 18.68 -> 19.91.)
 FUSED_ROPE_BELOW_PROGRAMS_PER_SM = 8
+# Decode grids put the KV heads on grid dimension 0 (a token's heads launch together and read its
+# 2 KiB key rows side by side; same bits). H200, Ouro decode, us per call, tokens first -> heads
+# first: FP8 cache 256 x 1024 keys 321.8 -> 312.2, 256 x 192 86.4 -> 85.3; bf16 256 x 1024 559.6 ->
+# 548.9, 256 x 192 130.7 -> 128.2 (batches 1-64 within 1%); engines at batch 256, ms a step: W8A8 +
+# FP8 K/V 13.61 / 13.59 -> 13.46 / 13.46, bf16 18.78 -> 18.54. Grid dimension 1 holds at most
+# MAX_GRID_Y tokens: larger launches keep the tokens on dimension 0.
+DECODE_HEADS_FAST = True
+MAX_GRID_Y = 65535
 # Largest workspace the call allocates by itself when it decides to split (no workspace given).
 AUTO_WORKSPACE_BYTES = 256 << 20
 # decode_from=None: no row takes the decode arithmetic.
@@ -1400,12 +1411,15 @@ def _attention(
             # batch 1 17 range programs per row, 272 programs), so the kernels before and after each
             # decode attention of batches 1-8 ran in plain stream order.
             counted = programs * kvh
+        heads_fast = kernel is _decode_attention_kernel and DECODE_HEADS_FAST and programs <= MAX_GRID_Y
+        if heads_fast:
+            grid = (grid[1], grid[0], grid[2])
         pdl = pdl_launch(out, counted)
         merge_in_place = False
         if kernel is _decode_attention_kernel:
-            small = grid[0] * grid[1] <= _sm_count(q.device)  # at most one row's program per SM
+            small = programs * kvh <= _sm_count(q.device)  # at most one row per SM
             merge_in_place = split_launch and range_counters is not None and range_counters.numel() >= programs * kvh
-            extra = dict(extra, TILES=decode_tiles(kv_fp8, small), MERGE_IN_PLACE=merge_in_place,
+            extra = dict(extra, TILES=decode_tiles(kv_fp8, small), MERGE_IN_PLACE=merge_in_place, HEADS_FAST=heads_fast,
                          counters_ptr=range_counters if merge_in_place else ws, **_rope_args(rope, q, kvh))
         if kernel is _decode_attention_kernel and not interpreter_active():
             cap = decode_register_cap(kv_fp8, split_launch, counted, _sm_count(q.device), cfg["GP"])

@@ -535,6 +535,26 @@ def test_decode_tiles_in_flight_keep_bits(device, monkeypatch, split_size):
     check_against_oracle(one[1], b, torch.float32)
 
 
+@pytest.mark.parametrize("split", [False, True])
+def test_decode_grid_order_keeps_bits(device, monkeypatch, split):
+    """Decode launches with the KV heads on grid dimension 0 (`DECODE_HEADS_FAST`), or the tokens
+    there (the rule off, or more tokens than grid dimension 1 holds), give the same bits; split
+    launches merge their ranges in place by (token, KV head) either way."""
+    b = make_batch([(1, n) for n in (0, 1, 17, 70, 130)], heads=4, kv_heads=2, head_dim=32, dtype=torch.float32,
+                   device=device, plane_map="last_exited", seed=9)
+    monkeypatch.setattr(attn, "_should_split", lambda *a: split)
+    counters = attn.new_range_counters(device)
+    outs = []
+    for heads_fast, max_y in ((True, attn.MAX_GRID_Y), (False, attn.MAX_GRID_Y), (True, 3)):
+        monkeypatch.setattr(attn, "DECODE_HEADS_FAST", heads_fast)
+        monkeypatch.setattr(attn, "MAX_GRID_Y", max_y)
+        outs.append(run_kernel(b, decode_from=0, split_size=64, range_counters=counters))
+        assert not counters.any()
+    for out in outs[1:]:
+        assert_same_bits(out, outs[0])
+    check_against_oracle(outs[0], b, torch.float32)
+
+
 def test_split_rule(monkeypatch):
     monkeypatch.setattr(attn, "_sm_count", lambda device: 132)
     cpu = torch.device("cpu")
