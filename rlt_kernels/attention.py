@@ -1063,9 +1063,9 @@ FUSED_ROPE_BELOW_PROGRAMS_PER_SM = 8
 # Decode grids put the KV heads on grid dimension 0 (a token's heads launch together and read its
 # 2 KiB key rows side by side; same bits). H200, Ouro decode, us per call, tokens first -> heads
 # first: FP8 cache 256 x 1024 keys 321.8 -> 312.2, 256 x 192 86.4 -> 85.3; bf16 256 x 1024 559.6 ->
-# 548.9, 256 x 192 130.7 -> 128.2 (batches 1-64 within 1%); engines at batch 256, ms a step: W8A8 +
-# FP8 K/V 13.61 / 13.59 -> 13.46 / 13.46, bf16 18.78 -> 18.54. Grid dimension 1 holds at most
-# MAX_GRID_Y tokens: larger launches keep the tokens on dimension 0.
+# 548.9, 256 x 192 130.7 -> 128.2 (batches 1-128 within 2%, either way); engines at batch 256, ms a
+# step: bf16 18.78 -> 18.54, W8A8 + FP8 K/V 13.61 / 13.59 -> 13.46 / 13.46 (its device time within
+# 0.2%). Grid dimension 1 holds at most MAX_GRID_Y tokens: larger launches keep the tokens on dimension 0.
 DECODE_HEADS_FAST = True
 MAX_GRID_Y = 65535
 # Largest workspace the call allocates by itself when it decides to split (no workspace given).

@@ -555,6 +555,13 @@ MUTANTS = (
         "the slot mappings of every plane, computed in one pass, hand every loop the first plane's slots",
     ),
     Mutant(
+        "decode-heads-first-grid-read-tokens-first", "rlt_kernels/attention.py",
+        "token_pid, kvh = tl.program_id(1), tl.program_id(0)",
+        "token_pid, kvh = tl.program_id(0), tl.program_id(1)",
+        ("tests/kernels/test_attention.py::test_decode_grid_order_keeps_bits",),
+        "a heads-first decode grid read as tokens first: programs attend the wrong (token, KV head) rows",
+    ),
+    Mutant(
         "keyless-decode-row-unwritten", "rlt_kernels/attention.py",
         "if c_lo >= tl.maximum(n_ranges, 1):",
         "if c_lo >= n_ranges:",

@@ -540,8 +540,8 @@ def test_decode_grid_order_keeps_bits(device, monkeypatch, split):
     """Decode launches with the KV heads on grid dimension 0 (`DECODE_HEADS_FAST`), or the tokens
     there (the rule off, or more tokens than grid dimension 1 holds), give the same bits; split
     launches merge their ranges in place by (token, KV head) either way."""
-    b = make_batch([(1, n) for n in (0, 1, 17, 70, 130)], heads=4, kv_heads=2, head_dim=32, dtype=torch.float32,
-                   device=device, plane_map="last_exited", seed=9)
+    b = make_batch([(1, n) for n in (0, 70, 130)], heads=4, kv_heads=4, head_dim=32, dtype=torch.float32,
+                   device=device, plane_map="last_exited", seed=9)  # more KV heads than tokens
     monkeypatch.setattr(attn, "_should_split", lambda *a: split)
     counters = attn.new_range_counters(device)
     outs = []
