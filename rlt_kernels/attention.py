@@ -1411,12 +1411,12 @@ def _attention(
             # batch 1 17 range programs per row, 272 programs), so the kernels before and after each
             # decode attention of batches 1-8 ran in plain stream order.
             counted = programs * kvh
-        heads_fast = kernel is _decode_attention_kernel and DECODE_HEADS_FAST and programs <= MAX_GRID_Y
-        if heads_fast:
-            grid = (grid[1], grid[0], grid[2])
         pdl = pdl_launch(out, counted)
         merge_in_place = False
         if kernel is _decode_attention_kernel:
+            heads_fast = DECODE_HEADS_FAST and programs <= MAX_GRID_Y
+            if heads_fast:
+                grid = (grid[1], grid[0], grid[2])
             small = programs * kvh <= _sm_count(q.device)  # at most one row per SM
             merge_in_place = split_launch and range_counters is not None and range_counters.numel() >= programs * kvh
             extra = dict(extra, TILES=decode_tiles(kv_fp8, small), MERGE_IN_PLACE=merge_in_place, HEADS_FAST=heads_fast,

@@ -206,10 +206,10 @@ TMA_WAVE_FILL = 0.7
 # the K ranges itself wherever one fills the waves (Ouro down at 256 rows: 64 x 64 x 256, 5 stages,
 # 128 programs), instead of writing SPLIT_K fp32 partials that the residual norm reads back (8 MiB
 # each way per call at 256 rows). Same ranges in the same order, so the same bits. Rows where no
-# such tile fills the waves keep the partials (Ouro down: in the tile at 129-256 and 321-512 rows). H100, down into its
-# residual norm, us at 256 / 384 rows: 16.8 / 22.8 -> 13.8 / 16.6; the W8A8 + FP8 K/V engine at
-# batch 256 15.57 -> 15.14 ms a step. bf16 rows gain 1% from the same tile at 256 rows (20.2 -> 20.0)
-# and keep theirs.
+# such tile fills the waves keep the partials (Ouro down: in the tile at 129-256 and 321-512 rows).
+# H100, down into its residual norm, us at 256 / 384 rows: 16.8 / 22.8 -> 13.8 / 16.6; the W8A8 +
+# FP8 K/V engine at batch 256 15.57 -> 15.14 ms a step. bf16 rows gain 1% from the same tile at 256
+# rows (20.2 -> 20.0) and keep theirs.
 W8A8_MIDDLE_IN_TILE = True
 SM_SHARED_BYTES = 227 * 1024  # shared memory an H100/H200 SM gives its resident programs
 # Row tiles that share a column band in the launch order (L2 reuse of weight tiles at large M;
@@ -323,8 +323,7 @@ def _tma_tile(n_out: int, k: int, rows: int, elem: int, w_elem: int, accumulator
               in_tile: bool, smem: int = SM_SHARED_BYTES, must_fill: bool = False):
     """The TMA tile of a launch of ``rows`` (> DECODE_ROWS) rows: the first candidate of its row class
     that keeps the weight's K ranges and fills the GPU's waves (TMA_WAVE_FILL), else the last candidate
-    (None with ``must_fill``); None when no candidate
-    keeps the K ranges within ``smem``. in_tile: a split weight's tile adds its K ranges itself (no partials). The
+    (None with ``must_fill``); None when no candidate keeps the K ranges within ``smem``. in_tile: a split weight's tile adds its K ranges itself (no partials). The
     candidates' K steps are for 2-byte rows; FP8 rows (W8A8) take as many bytes, twice the elements,
     or the decode tile's K step where theirs would move a split weight's ranges (Ouro down)."""
     adds_ranges = in_tile and decode.split_k > 1
