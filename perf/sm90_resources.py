@@ -38,6 +38,10 @@ GLOBAL_LOADS = ("ld.global.v4.b32", "ld.global.b16", "cp.async.cg.shared.global"
 # path of rlt_kernels/_widen.py (its exact bf16x2 multiply), the hardware e4m3x2 conversions, and the
 # per-byte unpacking and repacking of a float8 tile's cast (what reading FP8 as words avoids).
 WIDENING = ("cvt.bf16.f16", "fma.rn.bf16x2", "cvt.rn.f16x2.e4m3x2", "prmt.b32", "cvt.u16.u32")
+# fp32 adds, multiplies and FMAs that flush subnormals (".ftz"; libdevice's round-to-nearest operations
+# compile to them): a kernel whose bits must equal a reference's, or a kernel compiled without
+# contraction, must have none.
+FLUSHING_ARITHMETIC = re.compile(r"\b(?:add|sub|mul|fma)(?:\.r[nzmp])?\.ftz(?:\.sat)?\.f32\b")
 OURO_WEIGHTS = [("qkv", 6144, 2048, None), ("o", 2048, 2048, None), ("gate_up", 11264, 2048, "swiglu"),
                 ("down", 2048, 5632, None), ("lm_head", 49152, 2048, None)]
 
@@ -88,6 +92,7 @@ def compile_sm90(fn, pointers: dict, constexprs: dict, floats=(), target=TARGET,
     ptx = kernel.asm["ptx"]
     return {"shared_bytes": kernel.metadata.shared, "wgmma": "wgmma" in ptx, "cp_async": "cp.async" in ptx,
             "loads": {op: ptx.count(op) for op in GLOBAL_LOADS}, "widening": {op: ptx.count(op) for op in WIDENING},
+            "flushing_arithmetic": len(FLUSHING_ARITHMETIC.findall(ptx)),
             **_resources(kernel.asm["cubin"]),
             **({"key_loop": _innermost_loop(kernel.asm["cubin"])} if key_loop else {})}
 

@@ -27,9 +27,6 @@ from ._triton import HAS_TRITON, check_launchable, tl, triton
 from .fp8 import FP8_DTYPE, FP8_MAX, check_kv_scales, quantize_fp8
 from .norms import apply_rope_reference
 
-if HAS_TRITON:
-    from triton.language.extra import libdevice
-
 FP8_LIMIT = tl.constexpr(FP8_MAX)  # a constexpr object: Triton 3.6 reads no other globals in kernels
 TILE_ELEMENTS = 2048  # heads x head_dim elements per program and tensor
 NUM_WARPS = 4
@@ -168,6 +165,20 @@ def rope_angles(cos_sin_row, dims, HEAD_DIM: tl.constexpr, GPTJ: tl.constexpr):
 
 
 @triton.jit
+def _mul_rn(a, b):
+    """a * b (fp32) rounded to nearest, subnormals kept (`mul.rn.f32`: never contracted into an FMA)."""
+    return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True,
+                                     pack=1)
+
+
+@triton.jit
+def _add_rn(a, b):
+    """a + b (fp32) rounded to nearest, subnormals kept (`add.rn.f32`)."""
+    return tl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True,
+                                     pack=1)
+
+
+@triton.jit
 def rotate_heads(
     x_ptr, bias_ptr, row, heads, num_heads, stride_t, stride_h, stride_bias_h, dims, partner, cos, signed_sin,
     HEAD_DIM: tl.constexpr, HAS_BIAS: tl.constexpr, FP64: tl.constexpr, UNFUSED: tl.constexpr,
@@ -176,9 +187,10 @@ def rotate_heads(
 
     x' is the rotation partner of each element; the math runs in fp32 (fp64 when FP64) and
     matches the reference operation for operation: x1*cos - x2*sin == x1*cos + x2*(-sin).
-    UNFUSED (kernels compiled with FP fusion on, outside the interpreter): the products and
-    their sum through libdevice's round-to-nearest multiply and add, which no FMA contraction
-    merges, so the result is the same as in a kernel compiled without fusion.
+    UNFUSED (fp32 math in kernels compiled with FP fusion on, outside the interpreter): the
+    products and their sum as PTX round-to-nearest multiplies and an add (`_mul_rn`, `_add_rn`),
+    which no FMA contraction merges and which keep subnormals, so the result is the same as in a
+    kernel compiled without fusion. (libdevice's mul_rn/add_rn flush subnormals to zero.)
     """
     if FP64:
         cos = cos.to(tl.float64)
@@ -193,7 +205,8 @@ def rotate_heads(
         x = x + tl.load(bias + dims[None, :], mask=mask, other=0).to(cos.dtype)
         y = y + tl.load(bias + partner[None, :], mask=mask, other=0).to(cos.dtype)
     if UNFUSED:
-        return libdevice.add_rn(libdevice.mul_rn(x, cos[None, :]), libdevice.mul_rn(y, signed_sin[None, :]))
+        tl.static_assert(not FP64, "rotate_heads: UNFUSED rotations run in fp32")
+        return _add_rn(_mul_rn(x, cos[None, :]), _mul_rn(y, signed_sin[None, :]))
     return x * cos[None, :] + y * signed_sin[None, :]
 
 

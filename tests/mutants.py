@@ -562,6 +562,14 @@ MUTANTS = (
         "a heads-first decode grid read as tokens first: programs attend the wrong (token, KV head) rows",
     ),
     Mutant(
+        "fused-rope-flushes-subnormals", "rlt_kernels/kv_cache.py",
+        'return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True,',
+        'return tl.inline_asm_elementwise("mul.rn.ftz.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True,',
+        ("tests/kernels/test_sm90_codegen.py::test_decode_attention_keeps_subnormals",),
+        "the decode kernel's fused RoPE flushes subnormal products to zero (as libdevice's mul_rn does), "
+        "unlike the RoPE kernel it must match",
+    ),
+    Mutant(
         "keyless-decode-row-unwritten", "rlt_kernels/attention.py",
         "if c_lo >= tl.maximum(n_ranges, 1):",
         "if c_lo >= n_ranges:",

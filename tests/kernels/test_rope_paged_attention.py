@@ -221,3 +221,26 @@ def test_fused_pass_on_gpu(batch, shape):
         **c["attention"], **c["scales"])
     assert_same_bits(b["k_cache"], c["k_cache"])
     assert not expected.isnan().any()
+
+
+@pytest.mark.gpu
+def test_fused_pass_keeps_subnormals_on_gpu():
+    """fp32 q and k so small that their rotated products fall below fp32's smallest normal: the
+    fused launch keeps those subnormals, as the RoPE kernel (compiled without contraction) and the
+    torch reference do, in the cache and the output. A fused rotation through libdevice's
+    round-to-nearest operations flushed them to zero."""
+    p = decode_pass([40, 75, 130], heads=2, kv_heads=2, head_dim=64, dtype=torch.float32, device="cuda", seed=3)
+    p["q"] *= 1e-37
+    p["k"] *= 1e-37
+    b = clone_caches(p)
+    expected = two_kernels(b, "neox")
+    a = clone_caches(p)
+    assert_same_bits(fused(a, "neox"), expected)
+    assert_same_bits(a["k_cache"], b["k_cache"])
+    c = clone_caches(p)
+    rope_paged_attention_reference(
+        c["q"], c["k"], c["v"], c["positions"], c["cos_sin"], c["k_cache"], c["v_cache"], c["slot_mapping"],
+        c["block_tables"], c["seq_lens"], c["query_start_loc"], style="neox", **c["attention"])
+    assert_same_bits(b["k_cache"], c["k_cache"])
+    written = a["k_cache"].view(-1, 2, 64)[p["slot_mapping"]]
+    assert ((written != 0) & (written.abs() < torch.finfo(torch.float32).tiny)).any()  # the case is exercised

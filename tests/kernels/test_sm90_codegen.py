@@ -182,6 +182,16 @@ def test_decode_attention_variants_compile_without_spills(reports):
         assert "error" not in report and report["stack_bytes"] == 0, (name, report)
 
 
+def test_decode_attention_keeps_subnormals(reports):
+    """No decode variant rounds with fp32 arithmetic that flushes subnormals: the fused RoPE must
+    round as the RoPE kernel (compiled without contraction, which keeps them) does. libdevice's
+    round-to-nearest multiply and add, which it used before, compile to `mul.rn.ftz.f32` and
+    `add.rn.ftz.f32` (four and two of them)."""
+    variants = {name: r for name, r in reports.items() if name.startswith("decode attention")}
+    for name, report in variants.items():
+        assert report["flushing_arithmetic"] == 0, (name, report["flushing_arithmetic"])
+
+
 def test_middle_and_prefill_tiles_move_by_tma(tma_linear):
     """The middle and prefill tiles fetch x and the weight with the tensor memory accelerator
     (`_linear_tma_kernel`), compile for sm_90 with this Triton, and neither spill nor fall back to
