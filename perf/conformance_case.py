@@ -5,7 +5,8 @@ bit for bit.
     python -m perf.conformance_case CASE.json RESULT.json
 
 CASE.json is one case of `perf.conformance` (a flat dict of options, see `perf/conformance.py`).
-RESULT.json gets {"status": "pass" | "fail" | "config-error", "detail": the first problem,
+RESULT.json gets {"status": "pass" | "fail" | "config-error", "detail": the first problem (for a
+differing output token, with what committed it in the crowd and alone: `CommitTrace`),
 "problems": every problem, "checks": what was compared, "stats": {...}, and with adaptive
 speculation "round_drafts": the greedy rounds' draft counts (`DraftTape`)} (the runner turns a
 config-error into not-applicable or fail). A crash (a Python exception, a device fault,
@@ -53,6 +54,7 @@ import random
 import sys
 import time
 import traceback
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -279,13 +281,57 @@ class DraftTape:
         greedy.drafts = drafts
 
 
-def run_alone(llm, w: Work) -> list[dict]:
-    """One request alone in the reference engine (nothing else in flight)."""
-    return _samples(llm.generate([{"prompt_token_ids": w.prompt}], w.params, use_tqdm=False)[0])
+class CommitTrace:
+    """What computed each committed token: {(request id, sample index): one line per token}, naming
+    the engine step that committed it, the row's kind and draft count, and the step's decode rows
+    and prefill chunks (what decides the step's kernel launches). A failure shows the lines of its
+    first differing token, crowd and alone."""
+
+    def __init__(self, engine):
+        self.tokens: dict = defaultdict(list)
+        self.steps = 0
+        step: dict = {}
+        process, append = engine._process, engine._append
+
+        def traced_process(handle, touched):
+            decode = sum(1 for row in handle.rows if row[2] == "decode")
+            live = handle.live  # the step's requests, indexed by its row keys
+            step.update(number=self.steps, rows={id(live[key]): (kind, k) for key, _, kind, k in handle.rows},
+                        shape=f"{decode} decode rows, {len(handle.prefills)} prefill chunks")
+            self.steps += 1
+            try:
+                return process(handle, touched)
+            finally:
+                step.clear()
+
+        def traced_append(req, *args):
+            kind, k = step.get("rows", {}).get(id(req), ("?", 0))
+            what = f"{kind} round of {k} drafts" if k else kind
+            self.tokens[(req.group_id, req.sample_index)].append(f"step {step.get('number')}, {what} "
+                                                                 f"({step.get('shape')})")
+            return append(req, *args)
+
+        engine._process, engine._append = traced_process, traced_append
+
+    def line(self, request_id: str, sample: int, index: int) -> str:
+        lines = self.tokens.get((request_id, sample), [])
+        return lines[index] if index < len(lines) else "not committed"
 
 
-def first_difference(got: list[dict], want: list[dict]) -> str:
-    """'' when equal, else where the first difference is (sample, field, index, values)."""
+def run_alone(llm, w: Work, trace: CommitTrace | None = None) -> list[dict]:
+    """One request alone in the reference engine (nothing else in flight); with `trace` (of that
+    engine) its commits are recorded under the work's request id."""
+    outs = llm.generate([{"prompt_token_ids": w.prompt}], w.params, use_tqdm=False)
+    if trace is not None:
+        for (rid, sample), lines in list(trace.tokens.items()):
+            if rid == outs[0].request_id:
+                trace.tokens[(w.request_id, sample)] = trace.tokens.pop((rid, sample))
+    return _samples(outs[0])
+
+
+def first_difference(got: list[dict], want: list[dict], where=None) -> str:
+    """'' when equal, else where the first difference is (sample, field, index, values); with
+    `where` (sample, index -> str), what computed a differing output token is appended."""
     if len(got) != len(want):
         return f"{len(got)} samples, expected {len(want)}"
     for s, (g, e) in enumerate(zip(got, want)):
@@ -297,9 +343,13 @@ def first_difference(got: list[dict], want: list[dict]) -> str:
                 i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
                 x = a[i] if i < len(a) else "<end>"
                 y = b[i] if i < len(b) else "<end>"
-                return f"sample {s} {name}[{i}]: got {x} expected {y} (lengths {len(a)}/{len(b)})"
+                computed = f" [{where(s, i)}]" if where is not None and name in OUTPUT_TOKEN_FIELDS else ""
+                return f"sample {s} {name}[{i}]: got {x} expected {y} (lengths {len(a)}/{len(b)}){computed}"
             return f"sample {s} {name}: got {a} expected {b}"
     return ""
+
+
+OUTPUT_TOKEN_FIELDS = ("token_ids", "exit_depths", "logprobs")  # one entry per committed output token
 
 
 def reference_difference(case: dict, w: Work, keys: list[int], got: list[dict]) -> str:
@@ -504,6 +554,7 @@ def run_case(case: dict) -> dict:
     tape = DraftTape(greedy_rounds, case.get("replay_drafts")) if greedy_rounds is not None else None
     taped = {"round_drafts": tape.rounds} if tape is not None else {}
     take_new_weights(llm, case, work[0])
+    crowd_trace = CommitTrace(llm.engine)
     _progress(f"engine built, {captures(llm.stats())}")
     if case.get("plant") == "hang" or (case.get("plant") == "hang-beside-others" and not case.get("alone")):
         time.sleep(3600)
@@ -537,11 +588,15 @@ def run_case(case: dict) -> dict:
         refs[True] = LLM(case["model"], **alone_options(case, device, True, ample, samples))
     for ref in refs.values():
         take_new_weights(ref, case)
+    alone_traces = {speculative: CommitTrace(ref.engine) for speculative, ref in refs.items()}
     # One reference engine serves the requests one at a time, in the reverse of the crowd's admission
     # order: a request's result must depend neither on its arrival number nor on earlier requests.
     _progress(f"{len(refs)} alone engine(s) built")
     for w in reversed(sorted(work, key=lambda w: w.arrival)):
-        diff = first_difference(got[w.request_id], run_alone(refs[w.request_id in sampled_spec], w))
+        alone_trace = alone_traces[w.request_id in sampled_spec]
+        alone = run_alone(refs[w.request_id in sampled_spec], w, alone_trace)
+        diff = first_difference(got[w.request_id], alone, lambda s, i, w=w, t=alone_trace: (
+            f"crowd: {crowd_trace.line(w.request_id, s, i)}; alone: {t.line(w.request_id, s, i)}"))
         _progress(f"{w.request_id} alone done")
         if diff:
             kind = "alone (eager, sync, same speculation)" if w.request_id in sampled_spec else "alone (eager, sync)"

@@ -635,9 +635,14 @@ def test_argument_errors(device):
 # GPU: production shapes, bf16 bits, long contexts, int64 addressing, graphs
 # ---------------------------------------------------------------------------------------------
 
-def ouro_batch(seqs, *, block_size=16, heads=16, kv_heads=16, head_dim=128, seed=0, **kw):
+def ouro_batch(seqs, *, block_size=16, heads=16, kv_heads=16, head_dim=128, seed=0, dtype=torch.bfloat16, **kw):
     return make_batch(seqs, heads=heads, kv_heads=kv_heads, head_dim=head_dim, block_size=block_size,
-                      dtype=torch.bfloat16, device="cuda", seed=seed, **kw)
+                      dtype=dtype, device="cuda", seed=seed, **kw)
+
+
+# The engines' dtypes on the GPU: bf16, and fp32 (whose tile dots take the exact fp32 path, and
+# whose kernel variants the interpreter cannot tell apart: it neither contracts FMAs nor pipelines).
+GPU_DTYPES = pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 
 
 @pytest.mark.gpu
@@ -662,9 +667,10 @@ def test_gpu_depth_aware_matches_reference(plane_map, block_size):
 
 
 @pytest.mark.gpu
-def test_gpu_decode_batch_invariance_bitwise():
+@GPU_DTYPES
+def test_gpu_decode_batch_invariance_bitwise(dtype):
     seqs = [(1, 100 + 37 * i) for i in range(64)]
-    universe = ouro_batch(seqs, seed=1)
+    universe = ouro_batch(seqs, seed=1, dtype=dtype)
     batch = run_kernel(universe)
     for s in (0, 17, 63):
         b, tokens = sub_batch(universe, [s])
@@ -679,11 +685,12 @@ def test_gpu_decode_batch_invariance_bitwise():
 
 
 @pytest.mark.gpu
+@GPU_DTYPES
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 16, 128), (55, 55, 96), (32, 4, 128)])
-def test_gpu_decode_verify_prefill_same_bits(heads, kv_heads, head_dim):
+def test_gpu_decode_verify_prefill_same_bits(heads, kv_heads, head_dim, dtype):
     context, prefill_len = 1500, 300
     universe = ouro_batch([(prefill_len, context + prefill_len)], heads=heads, kv_heads=kv_heads,
-                          head_dim=head_dim, seed=2)
+                          head_dim=head_dim, seed=2, dtype=dtype)
     prefill_out = run_kernel(universe)
     for pos in (context, context + 77, context + prefill_len - 1):
         query = universe.q[pos - context]
@@ -696,14 +703,15 @@ def test_gpu_decode_verify_prefill_same_bits(heads, kv_heads, head_dim):
 
 
 @pytest.mark.gpu
+@GPU_DTYPES
 @pytest.mark.parametrize("plane_map", ["plain", "last_exited", "huginn"])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(16, 16, 128), (55, 55, 96), (32, 4, 128)])
-def test_gpu_generated_rows_same_bits_in_decode_and_recompute(heads, kv_heads, head_dim, plane_map):
-    """bf16 at production shapes: generated rows recomputed in a prefill launch (beside prompt rows,
-    split or not) have the bits of the same rows run as decode steps in a crowd."""
+def test_gpu_generated_rows_same_bits_in_decode_and_recompute(heads, kv_heads, head_dim, plane_map, dtype):
+    """Production shapes, bf16 and fp32: generated rows recomputed in a prefill launch (beside
+    prompt rows, split or not) have the bits of the same rows run as decode steps in a crowd."""
     context, chunk, first_generated = 1400, 300, 1530
     universe = ouro_batch([(chunk, context + chunk)] + [(1, 200 + 300 * i) for i in range(9)], heads=heads,
-                          kv_heads=kv_heads, head_dim=head_dim, plane_map=plane_map, seed=8)
+                          kv_heads=kv_heads, head_dim=head_dim, plane_map=plane_map, seed=8, dtype=dtype)
     universe.kwargs["decode_from"] = torch.tensor([first_generated] + [0] * 9, dtype=torch.int32, device="cuda")
     recomputed = run_kernel(universe)
     ref = run_reference(universe)

@@ -191,7 +191,7 @@ def test_fused_pass_validates_its_inputs(device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 8, 16])
-@pytest.mark.parametrize("shape", ["ouro bf16", "ouro fp8 cache", "huginn gptj bias"])
+@pytest.mark.parametrize("shape", ["ouro bf16", "ouro fp8 cache", "huginn gptj bias", "huginn fp32 gptj bias"])
 def test_fused_pass_on_gpu(batch, shape):
     """Engine shapes on the GPU (tables as wide as a 64K context, so these batches split their keys
     across range programs that run at once, and fuse): the fused launch gives the two kernels' bits, its
@@ -199,7 +199,8 @@ def test_fused_pass_on_gpu(batch, shape):
     written would show as poison)."""
     setup = {"ouro bf16": dict(heads=16, kv_heads=16, head_dim=128, dtype=torch.bfloat16),
              "ouro fp8 cache": dict(heads=16, kv_heads=16, head_dim=128, dtype=torch.bfloat16, cache_dtype=FP8_DTYPE),
-             "huginn gptj bias": dict(heads=8, kv_heads=8, head_dim=96, dtype=torch.bfloat16, bias=True)}[shape]
+             "huginn gptj bias": dict(heads=8, kv_heads=8, head_dim=96, dtype=torch.bfloat16, bias=True),
+             "huginn fp32 gptj bias": dict(heads=8, kv_heads=8, head_dim=96, dtype=torch.float32, bias=True)}[shape]
     style = "gptj" if "gptj" in shape else "neox"
     g = torch.Generator().manual_seed(batch)
     seq_lens = torch.randint(1, 2100, (batch,), generator=g).tolist()

@@ -50,6 +50,7 @@ def test_runner_passes_real_cases_and_fails_on_planted_faults(tmp_path):
     assert huginn["status"] == "pass", huginn
     assert "2 greedy requests vs the fp64 dense reference" in huginn["checks"]
     assert flipped["status"] == "fail" and flipped["detail"].startswith("r0 vs alone") and "token_ids[" in flipped["detail"]
+    assert "[crowd: step " in flipped["detail"] and "; alone: step " in flipped["detail"], flipped  # what computed it
     assert flipped["alone_status"] == "fail" and "; alone: fail in " in flipped["detail"]  # run again alone, fails again
     assert [r["status"] for r in lines if r["id"] == "c002"] == ["fail", "fail"]
     assert aborted["status"] == "crash" and aborted["exit_code"] == -6
