@@ -323,7 +323,7 @@ def run_alone(llm, w: Work, trace: CommitTrace | None = None) -> list[dict]:
     engine) its commits are recorded under the work's request id."""
     outs = llm.generate([{"prompt_token_ids": w.prompt}], w.params, use_tqdm=False)
     if trace is not None:
-        for (rid, sample), lines in list(trace.tokens.items()):
+        for rid, sample in list(trace.tokens):
             if rid == outs[0].request_id:
                 trace.tokens[(w.request_id, sample)] = trace.tokens.pop((rid, sample))
     return _samples(outs[0])
