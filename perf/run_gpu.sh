@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU suite and every benchmark in one call.
-#   OUT=out bash perf/run_gpu.sh [tests|validate|rest|conformance|kernels|decode-attn|chain|gemm-sweep|attn-sweep|engine|gaps|compile|spec|serving|fp8 ...]
+#   OUT=out bash perf/run_gpu.sh [tests|validate|rest|device-tests|conformance|kernels|decode-attn|chain|gemm-sweep|attn-sweep|engine|gaps|compile|spec|serving|fp8 ...]
 #   (default: all but the sweeps; `tests` runs the GPU pytest suite and the conformance matrix side by
 #   side on the device, each with its own time limit, PART_TIMEOUT and CONF_TIMEOUT (default 480 s), so
 #   both fit one device call; `validate` runs the same two one after the other; `rest`, with REST_FROM naming an
-#   earlier validate call's $WORK, what that call left unfinished). Narrowing a part: TESTS_K (pytest -k for the GPU tests),
+#   earlier validate call's $WORK, what that call left unfinished; `device-tests` the kernel tests that take the `device`
+#   fixture and carry no gpu marker, which `tests` leaves out). Narrowing a part: TESTS_K (pytest -k for the GPU tests),
 #   CONF_CASES, CONF_SEED, CONF_WORKERS, CONF_BUDGET, CONF_ONLY, CONF_FIRST (the conformance matrix: perf/conformance.py),
 #   RLT_SWEEP_K (weights and sweeps of gemm-sweep, e.g. "skinny and ouro.o" for the transposed decode tiles), RLT_SPEC_CONFIGS (fixed2,fixed4,adaptive), RLT_SPEC_BATCHES,
 #   RLT_SPEC_ACCEPTANCE (measured,0.7,0.9),
@@ -78,6 +79,12 @@ for part in $parts; do
              if [ ${#rest_tests[@]} -gt 0 ]; then gpu_tests "${rest_tests[@]}" & tests_pid=$!; fi
              [ ${#only[@]} -gt 0 ] && conformance "${only[@]}"
              if [ -n "$tests_pid" ]; then wait "$tests_pid"; gpu_tests_summary; fi ;;
+    device-tests)  # The kernel tests that take the `device` fixture and carry no gpu marker (the CPU suite's
+                   # kernel checks, bitwise invariances and fp32 among them) on the GPU, on pytest-xdist workers.
+             timeout -s INT -k 30 "$PART_TIMEOUT" python3 -m pytest tests --device-kernel-tests -n "${WORKERS:-6}" -v \
+               -p no:cacheprovider -rfE ${TESTS_K:+-k "$TESTS_K"} --tb=short --junitxml="$WORK/device_tests.xml" > "$WORK/device_tests.log" 2>&1
+             grep -E "^(FAILED|ERROR)|^=+ .*(passed|failed|error).* =+$" "$WORK/device_tests.log" \
+               | tee "$WORK/device_tests_summary.txt" ;;
     conformance) conformance ;;
     kernels) timeout "$PART_TIMEOUT" python3 -m pytest perf -q -p no:cacheprovider --benchmark-json="$WORK/kernels.json" \
                -k "not sweep" > "$WORK/kernel_bench.log" 2>&1; tail -n 15 "$WORK/kernel_bench.log"

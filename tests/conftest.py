@@ -68,7 +68,18 @@ settings.register_profile(
 settings.load_profile("ci")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--device-kernel-tests", action="store_true",
+                     help="only the tests that take the `device` fixture and carry no gpu marker: on a CUDA "
+                          "machine, the CPU suite's kernel tests on the GPU (perf/run_gpu.sh device-tests)")
+
+
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("--device-kernel-tests"):
+        chosen = [item for item in items if "device" in getattr(item, "fixturenames", ()) and "gpu" not in item.keywords]
+        kept = set(chosen)
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+        items[:] = chosen
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

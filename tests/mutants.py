@@ -562,6 +562,13 @@ MUTANTS = (
         "a heads-first decode grid read as tokens first: programs attend the wrong (token, KV head) rows",
     ),
     Mutant(
+        "device-kernel-tests-take-gpu-tests", "tests/conftest.py",
+        'chosen = [item for item in items if "device" in getattr(item, "fixturenames", ()) and "gpu" not in item.keywords]',
+        'chosen = [item for item in items if "device" in getattr(item, "fixturenames", ())]',
+        ("tests/test_device_kernel_tests.py::test_option_selects_the_device_tests_without_the_gpu_marker",),
+        "perf/run_gpu.sh device-tests also runs the gpu-marked tests the GPU suite already runs",
+    ),
+    Mutant(
         "fused-rope-flushes-subnormals", "rlt_kernels/kv_cache.py",
         'return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True,',
         'return tl.inline_asm_elementwise("mul.rn.ftz.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True,',
