@@ -323,9 +323,10 @@ def _tma_tile(n_out: int, k: int, rows: int, elem: int, w_elem: int, accumulator
               in_tile: bool, smem: int = SM_SHARED_BYTES, must_fill: bool = False):
     """The TMA tile of a launch of ``rows`` (> DECODE_ROWS) rows: the first candidate of its row class
     that keeps the weight's K ranges and fills the GPU's waves (TMA_WAVE_FILL), else the last candidate
-    (None with ``must_fill``); None when no candidate keeps the K ranges within ``smem``. in_tile: a split weight's tile adds its K ranges itself (no partials). The
-    candidates' K steps are for 2-byte rows; FP8 rows (W8A8) take as many bytes, twice the elements,
-    or the decode tile's K step where theirs would move a split weight's ranges (Ouro down)."""
+    (None with ``must_fill``); None when no candidate keeps the K ranges within ``smem``. in_tile: a
+    split weight's tile adds its K ranges itself (no partials). The candidates' K steps are for 2-byte
+    rows; FP8 rows (W8A8) take as many bytes, twice the elements, or the decode tile's K step where
+    theirs would move a split weight's ranges (Ouro down)."""
     adds_ranges = in_tile and decode.split_k > 1
     if rows <= PREFILL_ROWS:
         shapes = TMA_MID_TILES[accumulators]

@@ -80,6 +80,13 @@ def fused(p, style, **kw):
         **p["attention"], **p["scales"], **kw)
 
 
+def reference(p, style, **kw):
+    return rope_paged_attention_reference(
+        p["q"], p["k"], p["v"], p["positions"], p["cos_sin"], p["k_cache"], p["v_cache"], p["slot_mapping"],
+        p["block_tables"], p["seq_lens"], p["query_start_loc"], style=style, q_bias=p["q_bias"], k_bias=p["k_bias"],
+        **p["attention"], **p["scales"], **kw)
+
+
 def two_kernels(p, style, active_seqs=None, **kw):
     q_rot = kv_cache.rope_kv_scatter(p["q"], p["k"], p["v"], p["positions"], p["cos_sin"], p["k_cache"], p["v_cache"],
                                      p["slot_mapping"], style=style, q_bias=p["q_bias"], k_bias=p["k_bias"],
@@ -160,10 +167,7 @@ def check_fused_pass(device, setup, style, kw):
     assert_same_bits(a["v_cache"], b["v_cache"])
     c = clone_caches(p)
     ref_kw = {k: v for k, v in kw.items() if k not in ("workspace", "range_counters")}
-    ref = rope_paged_attention_reference(
-        c["q"], c["k"], c["v"], c["positions"], c["cos_sin"], c["k_cache"], c["v_cache"], c["slot_mapping"],
-        c["block_tables"], c["seq_lens"], c["query_start_loc"], style=style, q_bias=c["q_bias"], k_bias=c["k_bias"],
-        **c["attention"], **c["scales"], **ref_kw)
+    ref = reference(c, style, **ref_kw)
     tol = 2e-2 if setup["dtype"] == torch.bfloat16 else 2e-5
     if torch.device(device).type == "cuda" or setup["dtype"] == torch.float32:
         assert_same_bits(a["k_cache"], c["k_cache"])  # the rotation rounds as the reference does
@@ -216,10 +220,7 @@ def test_fused_pass_on_gpu(batch, shape):
         assert_same_bits(a["k_cache"], b["k_cache"])
         assert_same_bits(a["v_cache"], b["v_cache"])
     c = clone_caches(p)
-    rope_paged_attention_reference(
-        c["q"], c["k"], c["v"], c["positions"], c["cos_sin"], c["k_cache"], c["v_cache"], c["slot_mapping"],
-        c["block_tables"], c["seq_lens"], c["query_start_loc"], style=style, q_bias=c["q_bias"], k_bias=c["k_bias"],
-        **c["attention"], **c["scales"])
+    reference(c, style)
     assert_same_bits(b["k_cache"], c["k_cache"])
     assert not expected.isnan().any()
 
@@ -239,9 +240,7 @@ def test_fused_pass_keeps_subnormals_on_gpu():
     assert_same_bits(fused(a, "neox"), expected)
     assert_same_bits(a["k_cache"], b["k_cache"])
     c = clone_caches(p)
-    rope_paged_attention_reference(
-        c["q"], c["k"], c["v"], c["positions"], c["cos_sin"], c["k_cache"], c["v_cache"], c["slot_mapping"],
-        c["block_tables"], c["seq_lens"], c["query_start_loc"], style="neox", **c["attention"])
+    reference(c, "neox")
     assert_same_bits(b["k_cache"], c["k_cache"])
     written = a["k_cache"].view(-1, 2, 64)[p["slot_mapping"]]
     assert ((written != 0) & (written.abs() < torch.finfo(torch.float32).tiny)).any()  # the case is exercised
