@@ -1250,11 +1250,13 @@ def rope_paged_attention(
     style="neox", q_bias=None, k_bias=None, k_scale=None, v_scale=None, active_seqs=None, **attention_kwargs,
 ):
     """`rope_kv_scatter` then `paged_attention` with the decode arithmetic, for passes with one
-    query token per sequence (decode steps and draft passes). Launches of fewer than
-    FUSED_ROPE_BELOW_PROGRAMS_PER_SM (token, KV head) programs per SM run as one: the decode
-    program rotates q in registers and writes its KV head's rotated k and v at the token's slot
-    before it reads keys, so no rotated q goes through memory and no scatter kernel runs. Fuller
-    launches run the two kernels. Same bits either way.
+    query token per sequence (decode steps and draft passes) in which no row reads a key another
+    row writes. Launches of fewer than FUSED_ROPE_BELOW_PROGRAMS_PER_SM (token, KV head) programs
+    per SM run as one: the decode program rotates q in registers and writes its KV head's rotated
+    k and v at the token's slot before it reads keys, so no rotated q goes through memory and no
+    scatter kernel runs. Nothing orders one program's write before another program's reads, so
+    rows that share a sequence's keys (a speculative round's verify rows) must take the two ops.
+    Fuller launches run the two kernels. Same bits either way.
 
     q [S, H, D] (unrotated), k, v [S, KVH, D], positions [S], cos_sin [P, D] fp32, slot_mapping [S]
     int64, style / q_bias / k_bias as in `rope_kv_scatter`; seq_lens [S]; query_start_loc [S + 1]

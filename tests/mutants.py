@@ -613,8 +613,8 @@ MUTANTS = (
     ),
     Mutant(
         "key-depths-unread-in-early-exit-steps", "rlt_runtime/executor/model_runner.py",
-        "batch = self._decode_batch(rs.pos, rs.slots, rs.active, key_depth_reads=not fixed)",
-        "batch = self._decode_batch(rs.pos, rs.slots, rs.active, key_depth_reads=False)",
+        "batch = self._decode_batch(rs.pos, rs.slots, rs.active, key_depth_reads=not fixed,",
+        "batch = self._decode_batch(rs.pos, rs.slots, rs.active, key_depth_reads=False,",
         ("tests/runtime/test_engine_reference.py::test_ouro_layouts_and_exit_modes[ouro-0.55-last_exited]",),
         "decode steps with rows that may exit early read every key from the query's own plane",
     ),
@@ -1275,6 +1275,22 @@ MUTANTS = (
         "if token is not None:",
         ("tests/runtime/test_thinking_budget.py::test_a_grammar_is_narrowed_to_the_forced_token_only_where_it_allows_it",),
         "the forced end marker replaces a grammar's row even where the grammar refuses it",
+    ),
+    Mutant(
+        "verify-rows-fuse-rope", "rlt_runtime/executor/speculative.py",
+        "run.run_loops(rs, d, depth, out_v, fixed, shared_sequences=True)",
+        "run.run_loops(rs, d, depth, out_v, fixed)",
+        ("tests/runtime/test_speculative.py::test_verify_rows_never_attend_in_a_launch_that_writes_their_keys",),
+        "a verify pass's loops attend in the fused decode launch, where a draft row may read the keys of the "
+        "request's earlier drafts before their programs write them",
+    ),
+    Mutant(
+        "verify-coda-fuses-rope", "rlt_runtime/executor/speculative.py",
+        "raw_v = logits_v = run.head_logits(out_v, v_slots, v_pos, num_verify, cached=False, shared_sequences=True)",
+        "raw_v = logits_v = run.head_logits(out_v, v_slots, v_pos, num_verify, cached=False)",
+        ("tests/runtime/test_speculative.py::test_verify_rows_never_attend_in_a_launch_that_writes_their_keys",),
+        "Huginn's coda attends in a fused decode launch in the verify pass, reading its draft rows' coda keys "
+        "before their programs write them",
     ),
 )
 

@@ -57,8 +57,8 @@ class ForwardBatch:
     every row is a prompt token. key_depth_reads: False when every key the pass can see ran every
     loop (prompt tokens, and the tokens of requests that never exit early), so no key is read from
     an earlier loop's plane and attention skips the key-depth table. one_query_per_sequence: rows
-    and sequences coincide (query_start_loc 0..S, decode_from 0), so `attend` rotates, writes and
-    attends in one launch (`rope_paged_attention`).
+    and sequences coincide (query_start_loc 0..S, decode_from 0) and no row reads a key another
+    row writes, so `attend` rotates, writes and attends in one launch (`rope_paged_attention`).
     """
 
     ops: Any
@@ -76,7 +76,7 @@ class ForwardBatch:
     workspace: Optional[torch.Tensor] = None
     decode_from: Any = None
     key_depth_reads: bool = True
-    one_query_per_sequence: bool = False  # decode passes: RoPE and the K/V write run inside the attention launch
+    one_query_per_sequence: bool = False  # decode and draft passes: RoPE and the K/V write inside the attention launch
     padding_unread: bool = False  # rows past `active` are a graph bucket's padding whose results nothing reads
     _slots: dict = field(default_factory=dict, repr=False)
 

@@ -680,7 +680,7 @@ class ModelRunner:
         return RowResults(rs.h, torch.full((rs.h.shape[0],), self.depth, dtype=torch.int32, device=self.device))
 
     def run_loops(self, rs: "RowState", t_begin: int, t_end: int, out: "RowResults", fixed: bool = False,
-                  batch: Optional[ForwardBatch] = None) -> "RowState":
+                  batch: Optional[ForwardBatch] = None, shared_sequences: bool = False) -> "RowState":
         """Loops t_begin..t_end-1 with the exit rule after each; exited rows store their final state
         and depth in `out` (by row id) and are compacted out so they cost no more compute. At the
         model's last loop every live row exits. Returns the rows still running.
@@ -691,13 +691,15 @@ class ModelRunner:
         share one ForwardBatch, with its slot mappings; `batch` when given, built with
         key_depth_reads=False). Nor did any earlier token of those rows' requests leave early (the
         rule is a request's for its whole life), so attention reads no key depths. A rule that may
-        not exit early never hands back head logits (only Huginn's logit criteria do, and they may)."""
+        not exit early never hands back head logits (only Huginn's logit criteria do, and they may).
+        shared_sequences: rows of one request read each other's keys (`_decode_batch`)."""
         d = self.device
         b = rs.h.shape[0]
         batch = batch if fixed else None
         for t in range(t_begin, t_end):
             if batch is None or not fixed:
-                batch = self._decode_batch(rs.pos, rs.slots, rs.active, key_depth_reads=not fixed)
+                batch = self._decode_batch(rs.pos, rs.slots, rs.active, key_depth_reads=not fixed,
+                                           shared_sequences=shared_sequences)
             rs.h = self.model.loop(rs.h, rs.e, batch, t)
             if fixed and t < self.depth - 1:
                 continue
@@ -722,28 +724,33 @@ class ModelRunner:
         return rs
 
     def head_logits(self, out: "RowResults", slots, pos, active, cached: bool = True,
-                    padding_unread: bool = False) -> torch.Tensor:
+                    padding_unread: bool = False, shared_sequences: bool = False) -> torch.Tensor:
         """fp32 logits of the rows' final states (the model's `head_input`, then the head; Huginn's
         coda writes its K/V).
 
         cached: reuse logits the exit rule already computed at each row's exit (Huginn's logit criteria).
-        padding_unread: rows past `active` are padding nothing reads (see `_decode_batch`)."""
+        padding_unread, shared_sequences: as in `_decode_batch`."""
         if cached and out.logits is not None:
             return out.logits
-        batch = self._decode_batch(pos, slots, active, padding_unread=padding_unread) \
-            if self.model.head_input_attends else None
+        batch = self._decode_batch(pos, slots, active, padding_unread=padding_unread,
+                                   shared_sequences=shared_sequences) if self.model.head_input_attends else None
         return self.model.logits(self.model.head_input(out.final, batch), self.ops, None if padding_unread else active)
 
-    def _decode_batch(self, pos, slots, active, key_depth_reads: bool = True, padding_unread: bool = False
-                      ) -> ForwardBatch:
-        """The pass of decode rows; padding_unread: a fixed-depth pass, whose rows past `active`
-        (a bucket's padding) nothing reads, so its dense kernels need not read the count."""
+    def _decode_batch(self, pos, slots, active, key_depth_reads: bool = True, padding_unread: bool = False,
+                      shared_sequences: bool = False) -> ForwardBatch:
+        """The pass of decode rows, each its own one-query sequence over its slot's block tables.
+        padding_unread: a fixed-depth pass, whose rows past `active` (a bucket's padding) nothing
+        reads, so its dense kernels need not read the count. shared_sequences: several rows hold one
+        request's slot and read the keys the others write in the same pass (a speculative round's
+        verify rows): each loop then writes every row's K/V in a launch of its own before its
+        attention reads them. A fused launch (`rope_paged_attention`) orders a program's own K/V
+        write before its reads, but nothing orders another program's write before them."""
         b = pos.shape[0]
         return ForwardBatch(
             ops=self.ops, kv=self.kv, positions=pos, token_slots=slots, seq_slots=slots,
             seq_lens=(pos + 1).to(torch.int32), query_start_loc=torch.arange(b + 1, dtype=torch.int32, device=self.device),
             cos_sin=self.cos_sin, rope_style=self.model.rope_style, active=active, decode_from=0,
-            key_depth_reads=key_depth_reads, one_query_per_sequence=True, padding_unread=padding_unread,
+            key_depth_reads=key_depth_reads, one_query_per_sequence=not shared_sequences, padding_unread=padding_unread,
         )
 
     def _record_exit(self, batch: ForwardBatch, exit_now: torch.Tensor, t: int) -> None:

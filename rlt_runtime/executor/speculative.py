@@ -12,8 +12,9 @@ A round for R requests with k drafts (rows sorted by their own draft count k_r, 
    in rounds that have such rows) and sends the mask of each of their verify rows.
 2. Verify pass: the sum(k_r + 1) rows (j, r) continue from their parked loop-d states through
    loops d..D-1, each as its own one-query sequence (its causal context includes the request's
-   earlier drafts, written at the same loop just before), with exit and compaction exactly as a
-   decode step. Their final states give the target distributions p_j.
+   earlier drafts, whose K/V each loop writes in a launch of its own before its attention reads
+   them), with exit and compaction exactly as a decode step. Their final states give the target
+   distributions p_j.
 3. Fused acceptance (`accept_draft`): greedy prefix match or exact rejection sampling with the
    very q that drew the drafts; commit the accepted drafts plus the correction/bonus token.
    A guided row's verify row j is masked by its grammar after drafts y_1..y_j, so a draft the
@@ -212,8 +213,8 @@ class SpeculativeRunner:
             v_slots, v_pos, vid, inp["trace"].index_select(0, flat), out_v.final.clone(),
             park_e.index_select(0, flat) if park_e is not None else None, park_ex.gather(flat), active,
         ).permute(torch.argsort((~alive).to(torch.int8), stable=True), alive.sum().to(torch.int32).reshape(1))
-        run.run_loops(rs, d, depth, out_v, fixed)
-        raw_v = logits_v = run.head_logits(out_v, v_slots, v_pos, num_verify, cached=False)
+        run.run_loops(rs, d, depth, out_v, fixed, shared_sequences=True)
+        raw_v = logits_v = run.head_logits(out_v, v_slots, v_pos, num_verify, cached=False, shared_sequences=True)
         if processed:  # the token after draft vj follows drafts y_1..y_vj of its request
             words = run.token_mask.mask.index_select(0, v_idx)
             if checked is not None:

@@ -259,6 +259,60 @@ def test_rounds_pass_only_in_range_ids_to_kernels_when_no_row_is_written():
     assert len(out.token_ids) == 12 and all(lp.logprob > float("-inf") for lp in out.logprobs)
 
 
+def own_writes_only(rope_kv_scatter, paged_attention):
+    """`rope_paged_attention` as a fused GPU launch may run it: each row's program sees its own K/V
+    write, but another program's write of the same launch only if that program got there first;
+    here never. A row that reads a key another row of the launch writes gets the key's old
+    contents; rows that read only their own sequence's keys get the bits of the two ops in turn."""
+    import torch
+
+    def call(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables, seq_lens, query_start_loc, *,
+             style="neox", q_bias=None, k_bias=None, k_scale=None, v_scale=None, active_seqs=None, **attention_kwargs):
+        scales = {} if k_scale is None else dict(k_scale=k_scale, v_scale=v_scale)
+        live = q.shape[0] if active_seqs is None else min(int(active_seqs[0]), q.shape[0])
+        written = slot_mapping[:live][slot_mapping[:live] >= 0]
+        blocks, offsets = written // k_cache.shape[1], written % k_cache.shape[1]
+        old_k, old_v = k_cache[blocks, offsets].clone(), v_cache[blocks, offsets].clone()
+        q_rot = rope_kv_scatter(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, style=style,
+                                q_bias=q_bias, k_bias=k_bias, active_rows=active_seqs, **scales)
+        new_k, new_v = k_cache[blocks, offsets].clone(), v_cache[blocks, offsets].clone()
+
+        def attend():
+            return paged_attention(q_rot, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                                   active_seqs=active_seqs, decode_from=0, **scales, **attention_kwargs)
+
+        out = attend()
+        for i in range(live):  # row i with only its own write done
+            mine = (written == slot_mapping[i])[:, None, None]
+            k_cache[blocks, offsets] = torch.where(mine, new_k, old_k)
+            v_cache[blocks, offsets] = torch.where(mine, new_v, old_v)
+            out[i] = attend()[i]
+        k_cache[blocks, offsets], v_cache[blocks, offsets] = new_k, new_v
+        return out
+
+    return call
+
+
+@pytest.mark.parametrize("model", ["ouro-tiny", "huginn-tiny"])
+def test_verify_rows_never_attend_in_a_launch_that_writes_their_keys(model):
+    """A verify pass's rows of one request read each other's keys (draft j attends to drafts before
+    it), so each loop must write every row's K/V before any row attends (a fused decode launch
+    orders only a program's own write before its reads: on a busy GPU, rows read the old keys and
+    greedy rounds drift from plain decoding). Huginn's coda attends in the verify pass too."""
+    params = SamplingParams(max_tokens=10, temperature=0, logprobs=1, ignore_eos=True)
+    prompts = [[5, 6, 7, 9], [8, 9], list(range(20, 37))]
+    plain = LLM(model, dtype="float32", max_num_seqs=4)
+    fast = LLM(model, dtype="float32", max_num_seqs=4, speculative_config=spec(3, 1))
+    outputs = []
+    for llm in (plain, fast):
+        ops = llm.engine.executor.worker.runner.ops
+        ops.rope_paged_attention = own_writes_only(ops.rope_kv_scatter, ops.paged_attention)
+        done = llm.generate(prompts, params, use_tqdm=False)
+        outputs.append([(c.token_ids, [lp.logprob for lp in c.logprobs]) for o in done for c in o.outputs])
+    assert outputs[1] == outputs[0]
+    assert fast.stats()["speculative"]["drafted"] > 0
+
+
 def test_speculation_with_plane_sharing_layouts_is_rejected():
     """Where loops share planes a draft cannot be verified in one pass (token j's loop 0 reads token
     j-1's last loop): the engine says so instead of committing tokens plain decoding would not."""
