@@ -1226,12 +1226,26 @@ def paged_attention(
                       range_counters=range_counters)
 
 
+def check_own_sequences(seq_slots, active_seqs) -> None:
+    """ValueError unless the live rows of a `rope_paged_attention` pass hold distinct sequence
+    slots: rows of one sequence would read keys that other programs of the fused launch write.
+    Checked only where it needs no device sync (CPU tensors: the references and the interpreter)."""
+    if seq_slots is None or seq_slots.device.type != "cpu":
+        return
+    live = seq_slots.shape[0] if active_seqs is None else min(int(active_seqs[0]), seq_slots.shape[0])
+    if torch.unique(seq_slots[:live]).numel() != live:
+        raise ValueError("rope_paged_attention takes one query per sequence: live rows share seq_slots "
+                         f"{seq_slots[:live].tolist()}; rows that read each other's keys need rope_kv_scatter, "
+                         "then paged_attention")
+
+
 def rope_then_attend(rope_kv_scatter, paged_attention):
     """`rope_paged_attention`'s contract as two ops one after the other: ``rope_kv_scatter`` (live
     rows: the live sequences, one query each), then ``paged_attention`` with the decode arithmetic.
     The reference, the fuller launches and backends without the fused form run it."""
     def call(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables, seq_lens, query_start_loc, *,
              style="neox", q_bias=None, k_bias=None, k_scale=None, v_scale=None, active_seqs=None, **attention_kwargs):
+        check_own_sequences(attention_kwargs.get("seq_slots"), active_seqs)
         scales = {} if k_scale is None else dict(k_scale=k_scale, v_scale=v_scale)
         q_rot = rope_kv_scatter(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, style=style, q_bias=q_bias,
                                 k_bias=k_bias, active_rows=active_seqs, **scales)
@@ -1270,6 +1284,7 @@ def rope_paged_attention(
                          f"{seq_lens.shape[0]} sequences")
     if "decode_from" in attention_kwargs:
         raise ValueError("rope_paged_attention always takes the decode arithmetic (decode_from=0)")
+    check_own_sequences(attention_kwargs.get("seq_slots"), active_seqs)
     check_launchable(k, v, positions, cos_sin, slot_mapping, q_bias, k_bias)
     if not _fuses_rope(q.shape[0] * k_cache.shape[2], q.device):
         return _rope_then_attend(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables, seq_lens,

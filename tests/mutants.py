@@ -1292,6 +1292,13 @@ MUTANTS = (
         "Huginn's coda attends in a fused decode launch in the verify pass, reading its draft rows' coda keys "
         "before their programs write them",
     ),
+    Mutant(
+        "fused-rows-of-one-sequence-unchecked", "rlt_kernels/attention.py",
+        "if torch.unique(seq_slots[:live]).numel() != live:",
+        "if torch.unique(seq_slots).numel() != seq_slots.shape[0] + 1:",
+        ("tests/kernels/test_rope_paged_attention.py::test_rows_of_one_sequence_are_refused_on_the_cpu",),
+        "rope_paged_attention takes live rows of one sequence on the CPU, where the fused launch's race cannot show",
+    ),
 )
 
 

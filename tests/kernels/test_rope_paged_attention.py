@@ -193,6 +193,24 @@ def test_fused_pass_validates_its_inputs(device):
                              p["slot_mapping"], p["block_tables"], p["seq_lens"], p["query_start_loc"])
 
 
+def test_rows_of_one_sequence_are_refused_on_the_cpu(device):
+    """Live rows that share a sequence slot would read keys another program of the fused launch
+    writes (nothing orders that write first on a GPU): the CPU paths, references included, refuse
+    them, so a caller that passes such rows fails in the CPU suite. Padding rows past the live count
+    may repeat a slot; on the GPU nothing is checked (it would need a device sync)."""
+    p = decode_pass([5, 9, 7], heads=2, kv_heads=1, head_dim=32, dtype=torch.float32, device=device)
+    shared = torch.tensor([0, 1, 0], dtype=torch.int32, device=device)
+    calls = (fused, reference) if device.type == "cpu" else ()
+    for call in calls:
+        with pytest.raises(ValueError, match=r"share seq_slots \[0, 1, 0\]"):
+            call(clone_caches(p), "neox", seq_slots=shared)
+        two_live = torch.tensor([2], dtype=torch.int32, device=device)
+        got = call(clone_caches(p), "neox", active_seqs=two_live, seq_slots=shared)
+        if call is fused:
+            want = two_kernels(clone_caches(p), "neox", active_seqs=two_live, seq_slots=shared)
+            assert torch.equal(got[:2], want[:2])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 8, 16])
 @pytest.mark.parametrize("shape", ["ouro bf16", "ouro fp8 cache", "huginn gptj bias", "huginn fp32 gptj bias"])
