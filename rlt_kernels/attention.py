@@ -1284,12 +1284,12 @@ def rope_paged_attention(
                          f"{seq_lens.shape[0]} sequences")
     if "decode_from" in attention_kwargs:
         raise ValueError("rope_paged_attention always takes the decode arithmetic (decode_from=0)")
-    check_own_sequences(attention_kwargs.get("seq_slots"), active_seqs)
     check_launchable(k, v, positions, cos_sin, slot_mapping, q_bias, k_bias)
     if not _fuses_rope(q.shape[0] * k_cache.shape[2], q.device):
         return _rope_then_attend(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables, seq_lens,
                                  query_start_loc, style=style, q_bias=q_bias, k_bias=k_bias, k_scale=k_scale,
                                  v_scale=v_scale, active_seqs=active_seqs, **attention_kwargs)
+    check_own_sequences(attention_kwargs.get("seq_slots"), active_seqs)
     rope = (k, v, positions, cos_sin, slot_mapping, q_bias, k_bias, style == "gptj")
     return _attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, decode_from=0, k_scale=k_scale,
                       v_scale=v_scale, active_seqs=active_seqs, rope=rope, **attention_kwargs)
