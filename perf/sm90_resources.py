@@ -62,14 +62,16 @@ def _resources(cubin: bytes) -> dict:
 
 def _innermost_loop(cubin: bytes) -> dict:
     """The SASS of the innermost loop of more than 50 instructions (a backward branch's span):
-    its instruction count and its 12 most frequent opcodes (predicates dropped)."""
+    its instruction count, its 12 most frequent opcodes (predicates dropped) and the whole
+    kernel's instruction count (what a warp issues once, outside the loop, is the difference)."""
     sass = [(int(m.group(1), 16), m.group(2).strip())
             for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", _cuobjdump(cubin, "-sass"))]
     loops = [(int(m.group(1), 16), addr) for addr, text in sass
              for m in [re.search(r"BRA.*?0x([0-9a-f]+)", text)] if m and int(m.group(1), 16) < addr]
     start, end = min((loop for loop in loops if (loop[1] - loop[0]) // 16 > 50), key=lambda loop: loop[1] - loop[0])
     body = [re.sub(r"^@!?U?P\w+\s+", "", text).split()[0] for addr, text in sass if start <= addr <= end]
-    return {"instructions": len(body), "ops": collections.Counter(body).most_common(12)}
+    return {"instructions": len(body), "ops": collections.Counter(body).most_common(12),
+            "kernel_instructions": len(sass)}
 
 
 def compile_sm90(fn, pointers: dict, constexprs: dict, floats=(), target=TARGET, key_loop=False, **options) -> dict:
