@@ -14,7 +14,7 @@ engine() {  # WARPS CAP PDL_SMS CONFIG BATCHES...
   echo "== warps $w cap $c pdl_sms $p"; grep -E "^\| (w8a8|bf16)" $OUT/w/$name.log
 }
 engine 4 96 1 "w8a8 + KV" 64 256
-engine 2 128 1 "w8a8 + KV" 64 256
+engine 2 120 1 "w8a8 + KV" 64 256
 engine 2 0 1 "w8a8 + KV" 64 256
 engine 4 96 4 "w8a8 + KV" 1 64 256
 engine 4 96 0 "w8a8 + KV" 1 64 256
