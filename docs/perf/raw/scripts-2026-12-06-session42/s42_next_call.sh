@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepared in session 42 for the next GPU session, two calls of about 400 s each:
 #   bash scratch/s42_next_call.sh warps   the decode attention with 2 warps against 4 (kernels over FP8 and
-#                                         bf16 caches, then the W8A8 + FP8 K/V engine at batches 64 and 256)
+#                                         bf16 caches, then the W8A8 + FP8 K/V engine at batches 64 and 256, bf16 at 256)
 #   bash scratch/s42_next_call.sh pdl     dependent launches for launches of up to 4 programs an SM, or every
 #                                         launch (the W8A8 + FP8 K/V engine at 1, 64, 256; bf16 at 256)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -19,6 +19,8 @@ if [ "${1:-warps}" = warps ]; then
   engine 4 96 1 "w8a8 + KV" 64 256
   engine 2 120 1 "w8a8 + KV" 64 256
   engine 2 0 1 "w8a8 + KV" 64 256
+  engine 4 96 1 bf16 256
+  engine 2 0 1 bf16 256
 else
   engine 4 96 1 "w8a8 + KV" 1 64 256
   engine 4 96 4 "w8a8 + KV" 1 64 256
