@@ -7,6 +7,7 @@ import functools
 from collections import Counter
 
 import pytest
+import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -234,8 +235,6 @@ def test_rounds_pass_only_in_range_ids_to_kernels_when_no_row_is_written():
     """A round graph captured for a logprobs request warmed up with zero live rows: acceptance then
     writes no row and its unwritten outputs (poisoned here, as device memory can be) must not reach
     the logprobs kernel as token ids (an illegal memory access on the GPU)."""
-    import torch
-
     llm = LLM("ouro-tiny", dtype="float32", max_num_seqs=8, speculative_config=spec(3, 1))
     runner = llm.engine.executor.worker.runner
     vocab = runner.cfg.vocab_size
@@ -264,8 +263,6 @@ def own_writes_only(rope_kv_scatter, paged_attention):
     write, but another program's write of the same launch only if that program got there first;
     here never. A row that reads a key another row of the launch writes gets the key's old
     contents; rows that read only their own sequence's keys get the bits of the two ops in turn."""
-    import torch
-
     def call(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables, seq_lens, query_start_loc, *,
              style="neox", q_bias=None, k_bias=None, k_scale=None, v_scale=None, active_seqs=None, **attention_kwargs):
         scales = {} if k_scale is None else dict(k_scale=k_scale, v_scale=v_scale)
