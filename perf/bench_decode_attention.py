@@ -241,7 +241,7 @@ def measure_case(batch: int, keys: int, roof: dict, context_limit: int = CONTEXT
 
 def sweep(roof: dict) -> list[dict]:
     """Decode geometries (key lanes, warps, pipeline stages, key tiles in flight) at the engine
-    cases; `same_bits` against the default geometry."""
+    cases over bf16 caches; `same_bits` against the default geometry."""
     names = ("DECODE_LANE_ELEMENTS", "DECODE_WARPS", "DECODE_STAGES", "DECODE_TILES", "DECODE_TILES_SMALL_LAUNCH")
     default = tuple(getattr(attention, n) for n in names)
     rows = []

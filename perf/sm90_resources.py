@@ -62,16 +62,19 @@ def _resources(cubin: bytes) -> dict:
 
 def _innermost_loop(cubin: bytes) -> dict:
     """The SASS of the innermost loop of more than 50 instructions (a backward branch's span):
-    its instruction count, its 12 most frequent opcodes (predicates dropped) and the whole
-    kernel's instruction count (what a warp issues once, outside the loop, is the difference)."""
+    its instruction count, its 12 most frequent opcodes (predicates dropped), its local-memory
+    (spill) instructions, and the whole kernel's instruction and local-memory counts (what a warp
+    issues once, outside the loop, is the difference)."""
     sass = [(int(m.group(1), 16), m.group(2).strip())
             for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", _cuobjdump(cubin, "-sass"))]
     loops = [(int(m.group(1), 16), addr) for addr, text in sass
              for m in [re.search(r"BRA.*?0x([0-9a-f]+)", text)] if m and int(m.group(1), 16) < addr]
     start, end = min((loop for loop in loops if (loop[1] - loop[0]) // 16 > 50), key=lambda loop: loop[1] - loop[0])
     body = [re.sub(r"^@!?U?P\w+\s+", "", text).split()[0] for addr, text in sass if start <= addr <= end]
+    local = [addr for addr, text in sass if re.search(r"\b(STL|LDL)", text)]
     return {"instructions": len(body), "ops": collections.Counter(body).most_common(12),
-            "kernel_instructions": len(sass)}
+            "local_memory": sum(start <= addr <= end for addr in local),
+            "kernel_instructions": len(sass), "kernel_local_memory": len(local)}
 
 
 def compile_sm90(fn, pointers: dict, constexprs: dict, floats=(), target=TARGET, key_loop=False, **options) -> dict:
@@ -200,7 +203,7 @@ def decode_attention_report(cache: str, split: bool, rope: bool = False, warps: 
     flight default to the launcher's."""
     ptrs, flags = _attention_signature(cache)
     flags["HAS_KEY_DEPTH"] = key_depth
-    cfg = attention._decode_shape(16, 16, 128)
+    cfg = attention._decode_shape(16, 16, 128, kv_fp8=cache == "fp8")
     default_warps = cfg.pop("num_warps")
     tiles = attention.decode_tiles(cache == "fp8", small=split) if tiles is None else tiles
     const = dict(cfg, SPLIT=split, TILES=tiles, MERGE_IN_PLACE=split, WIDEN_INLINE=True, **flags, ROPE=rope,
@@ -224,12 +227,12 @@ def attention_reports() -> dict:
             out[f"paged_attention {cache} depth-aware, {warps} warps, {stages} stages"] = compile_sm90(
                 attention._paged_attention_kernel, ptrs, const, floats=("qk_scale",), num_warps=warps,
                 num_stages=stages)
-        warps = attention._decode_shape(16, 16, 128)["num_warps"]
+        warps = attention._decode_shape(16, 16, 128, kv_fp8=cache == "fp8")["num_warps"]
         for split in (True, False):  # a split launch as at batch 1 (small), an unsplit one as at batch 256
             for rope in (False, True):
                 name = (f"decode attention {cache} depth-aware, {warps} warps, {'split' if split else 'unsplit'}"
                         + (", RoPE + K/V write" if rope else ""))
-                out[name] = decode_attention_report(cache, split, rope)
+                out[name] = decode_attention_report(cache, split, rope, key_loop=True)
     return out
 
 

@@ -991,6 +991,16 @@ SPLIT_BELOW_PROGRAMS_PER_SM = 2
 # kernel itself; Triton's pipeliner adds nothing for loads no dot consumes (stages 1..3 measured equal).
 DECODE_LANE_ELEMENTS = 16
 DECODE_WARPS = 4
+# Over FP8 caches the decode kernel runs 2 warps a program. Its code outside the key loop (prologue,
+# lane fold, store) is issued once a warp, and the full launches of batches 128-256 are bound by the
+# instructions they issue: 2 warps cut a row's warp instructions about 22% at 150 keys (sm_90 SASS,
+# Triton 3.6). H100, Ouro decode without key depths, us per call, 4 warps capped at 96 registers ->
+# 2 warps capped at 128: 256 x 150 keys 78.2 -> 67.7, 256 x 192 88.3 -> 79.5, 128 x 192 50.2 ->
+# 45.5, 256 x 1024 378.1 -> 355.4, 64 x 192 27.7 -> 27.8, 16 x 192 9.9 -> 9.6, 1 x 192 5.6 -> 6.8;
+# the W8A8 + FP8 K/V engine 14.72 / 14.76 -> 13.98 / 13.85 ms a step at batch 256, 4.29 -> 4.43 at
+# batch 1. Caches in q's dtype keep 4: 2 warps took their batch-1 call 6.8 -> 11.5 us (256 x 150:
+# 123.6 -> 115.0). Warps shape the reduction trees, so each cache dtype keeps one count at every batch.
+DECODE_WARPS_FP8 = 2
 DECODE_STAGES = 1
 # Key tiles the decode kernel keeps in flight (loads issued ahead of the arithmetic; 1..4, any value
 # gives the same bits): four where the launch has at most one (token, KV head) per SM, each program
@@ -1009,21 +1019,21 @@ DECODE_TILES = 1
 # The FP8 decode arithmetic applies key tiles in pairs (`_lane_update_pair`): 2 or 4 tiles in flight
 # (the same bits either way), never an odd count. With one block id per tile, K rows unmasked and the
 # pairs, the unsplit key loop at Ouro's shape takes 279 sm_90 instructions a lap of two tiles, 328
-# before (Triton 3.6, capped at 96 registers). H100, us per call: 1 x 192 keys 6.5 -> 5.6, 16 x 192
+# before (Triton 3.6, 4 warps capped at 96 registers). H100, us per call: 1 x 192 keys 6.5 -> 5.6, 16 x 192
 # 11.1 -> 10.0, 64 x 192 29.0 -> 28.2, 256 x 192 90.8 -> 92.0; with K/V resident in L2 (every row on
 # the same blocks: the instruction-bound time) 256 x 192 62.4 -> 56.1, 256 x 1024 223.5 -> 183.5.
 DECODE_TILES_FP8 = 2
 
 
 # Full FP8 decode launches (at least this many (token, KV head) programs per SM, unsplit, one query
-# head per KV head) cap the decode kernel at DECODE_FP8_MAX_REGISTERS registers: five programs an SM
-# instead of four (Triton 3.6 gives it 114 at Ouro's shape, 121 at Huginn's; 95-96 with the cap, no
-# spill, same instructions). A cap changes the register allocation, never an instruction, so the
-# bits are the same. H100, Ouro decode without key depths, us per call, uncapped -> 96: 256 x 192
-# keys 95.3 -> 91.1, 256 x 1024 400.6 -> 400.9, 64 x 192 28.9 -> 29.0, 64 x 4096 392.9 -> 402.1
-# (hence the threshold); the W8A8 + FP8 K/V engine at batch 256 15.94 / 15.76 -> 15.55 / 15.44 ms a
-# step. 80 registers spill and lose everywhere.
-DECODE_FP8_MAX_REGISTERS = 96
+# head per KV head) cap the decode kernel at DECODE_FP8_MAX_REGISTERS registers: eight programs of
+# DECODE_WARPS_FP8 warps an SM instead of six (Triton 3.6 gives the 2-warp kernel 162 at Ouro's
+# shape; 128 with the cap, no spill). A cap changes the register allocation, never an instruction, so
+# the bits are the same. H100, Ouro decode without key depths, 2 warps, us per call, uncapped -> 120
+# -> 128: 256 x 150 keys 70.0 -> 69.1 -> 67.7, 256 x 192 81.6 -> 80.5 -> 79.5, 256 x 1024 372.6 ->
+# 361.1 -> 355.4, 128 x 192 45.5 -> 45.6 -> 45.5. (With 4 warps a cap of 96 gave five programs an SM
+# instead of four: 256 x 192 95.3 -> 91.1 us, 64 x 4096 392.9 -> 402.1, hence the threshold.)
+DECODE_FP8_MAX_REGISTERS = 128
 DECODE_FP8_CAP_FROM_PROGRAMS_PER_SM = 16
 
 
@@ -1031,7 +1041,7 @@ def decode_register_cap(kv_fp8: bool, split: bool, programs: int, sms: int, grou
     """The decode launch's register cap (Triton's ``maxnreg``), or None: full unsplit launches
     (``programs`` (token, KV head) programs on ``sms`` SMs) over an FP8 cache, with one query head
     per KV head (``group_heads``, the padded group GP). Grouped heads hold GP accumulators a lane:
-    capped at 96 registers a GP-4 kernel spills 656 bytes (sm_90, Triton 3.6)."""
+    a GP-4 kernel of 4 warps capped at 96 registers spilled 656 bytes (sm_90, Triton 3.6)."""
     if (kv_fp8 and not split and group_heads == 1 and sms > 0
             and programs >= DECODE_FP8_CAP_FROM_PROGRAMS_PER_SM * sms):
         return DECODE_FP8_MAX_REGISTERS
@@ -1093,13 +1103,14 @@ def _tile_shape(num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.d
     )
 
 
-def _decode_shape(num_heads: int, num_kv_heads: int, head_dim: int) -> dict:
-    """The decode kernel's geometry (a function of the model shape alone: it fixes the bits):
-    the group's heads padded to a power of two, and DECODE_LANE_ELEMENTS / GP key lanes."""
+def _decode_shape(num_heads: int, num_kv_heads: int, head_dim: int, kv_fp8: bool) -> dict:
+    """The decode kernel's geometry (a function of the model shape and the cache dtype alone: it
+    fixes the bits): the group's heads padded to a power of two, DECODE_LANE_ELEMENTS / GP key
+    lanes, and the warps of the cache's kind."""
     group = num_heads // num_kv_heads
     gp = _next_pow2(group)
     return dict(GROUP=group, GP=gp, BLOCK_N=max(16, DECODE_LANE_ELEMENTS // gp), HEAD_DIM=head_dim,
-                DP=max(16, _next_pow2(head_dim)), num_warps=DECODE_WARPS)
+                DP=max(16, _next_pow2(head_dim)), num_warps=DECODE_WARPS_FP8 if kv_fp8 else DECODE_WARPS)
 
 
 @functools.lru_cache(maxsize=None)
@@ -1407,7 +1418,7 @@ def _attention(
                          dict(BLOCK_N=KEY_TILE, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                               EXACT_DOT=exact_dots(), WIDEN_INLINE=inline_widening())))
     if decode_rows:
-        cfg = _decode_shape(h, kvh, d)
+        cfg = _decode_shape(h, kvh, d, kv_fp8)
         cfg["num_stages"] = DECODE_STAGES
         launches.append((_decode_attention_kernel, _decode_combine_kernel, t_total, cfg,
                          dict(WIDEN_INLINE=inline_widening())))

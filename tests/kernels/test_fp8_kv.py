@@ -177,7 +177,7 @@ def test_fp8_cache_scale_errors(device):
 
 def test_full_fp8_decode_launches_cap_their_registers():
     """Unsplit FP8 decode launches of at least DECODE_FP8_CAP_FROM_PROGRAMS_PER_SM (token, KV head)
-    programs per SM with one query head per KV head take the register cap (five programs an SM);
+    programs per SM with one query head per KV head take the register cap (eight programs an SM);
     split launches, bf16 caches, fewer programs, grouped heads and the interpreter (no SM count)
     take none. The cap never changes an instruction, so the bits are the same either way (the GPU
     A/B in docs/perf/fp8.md compared them)."""
@@ -191,6 +191,45 @@ def test_full_fp8_decode_launches_cap_their_registers():
     assert attention.decode_register_cap(True, True, full, sms, 1) is None
     assert attention.decode_register_cap(True, False, full, 0, 1) is None
     assert attention.decode_register_cap(True, False, full, sms, 4) is None  # grouped heads would spill
+
+
+@pytest.mark.gpu
+def test_gpu_full_fp8_decode_launch_keeps_batch_invariance():
+    """Ouro's shape (16 heads of 128, MHA) over an FP8 cache, 256 decode rows: a launch of 4,096
+    (token, KV head) programs, past DECODE_FP8_CAP_FROM_PROGRAMS_PER_SM a 132-SM GPU, so it takes
+    the register cap. Each row has the bits it gets alone (a split-rule small launch), among 64 rows
+    (unsplit, uncapped) and in a shuffled crowd; all are close to fp64 attention."""
+    device, gen = torch.device("cuda"), seeded(21, torch.device("cuda"))
+    seqs, heads, dim, bs, most = 256, 16, 128, 16, 256
+    assert attention.decode_register_cap(True, False, seqs * heads, attention._sm_count(device), 1) is not None
+    blocks = most // bs
+    kc, vc = (randn((seqs * blocks + 1, bs, heads, dim), torch.float32, device, gen, scale=3.0).to(FP8_DTYPE)
+              for _ in range(2))
+    ks, vs = (0.5 + torch.rand(heads, generator=gen, device=device) for _ in range(2))
+    tables = (1 + torch.randperm(seqs * blocks, generator=gen, device=device)).int().view(seqs, blocks)
+    lens = torch.randint(100, most + 1, (seqs,), generator=gen, device=device, dtype=torch.int32)
+    q = randn((seqs, heads, dim), torch.bfloat16, device, gen)
+
+    def decode(rows):
+        rows = torch.as_tensor(rows, device=device)
+        qsl = torch.arange(len(rows) + 1, dtype=torch.int32, device=device)
+        return attention.paged_attention(q[rows], kc, vc, tables[rows], lens[rows], qsl, k_scale=ks, v_scale=vs,
+                                         decode_from=0)
+
+    crowd = decode(range(seqs))
+    for s in (0, 77, 255):
+        assert_same_bits(decode([s])[0], crowd[s])
+    assert_same_bits(decode(range(64, 128)), crowd[64:128])
+    order = torch.randperm(seqs, generator=gen, device=device)
+    assert_same_bits(decode(order), crowd[order])
+    k64, v64 = (c.double() * scale.double()[None, None, :, None] for c, scale in ((kc, ks), (vc, vs)))
+    for s in range(0, seqs, 15):
+        n = int(lens[s])
+        keys = torch.arange(n, device=device)
+        kk, vv = (c[tables[s, keys // bs].long(), keys % bs] for c in (k64, v64))  # [n, heads, dim]
+        w = torch.softmax(torch.einsum("hd,nhd->hn", q[s].double(), kk) / math.sqrt(dim), dim=-1)
+        exact = torch.einsum("hn,nhd->hd", w, vv)
+        torch.testing.assert_close(crowd[s].double(), exact, rtol=2**-7, atol=2**-6)
 
 
 def _fp8_decode_case(device, seed, lens, block_size=BS, h=4):
