@@ -6,10 +6,10 @@ has finished and its writes are visible. The contract every rlt kernel keeps: be
 `wait_for_inputs` a program reads and writes nothing, and every program calls it, also programs
 that exit early — so a chain of such kernels keeps stream order exactly and results never change.
 Only launches of at most one program per SM take it (a split decode attention counts its (token,
-KV head) rows, not its range programs: attention.py): a launch of several waves gains nothing from
-an early start, and on the H200 the engine's batch-256 step ran 4% slower with every launch
-dependent. `RLT_PDL=0` turns it off (plain stream order); under the interpreter and before Hopper
-it is off.
+KV head) rows, not its range programs: attention.py). Every launch dependent was measured only
+together with an L2 prefetch of the weights (docs/perf/kernels.md, 2026-12-01: the batch-256 step
+within that run's 4% spread); without the prefetch it has not been measured. `RLT_PDL=0` turns it
+off (plain stream order); under the interpreter and before Hopper it is off.
 """
 
 from __future__ import annotations
