@@ -224,7 +224,7 @@ def test_middle_and_prefill_tiles_move_by_tma(tma_linear):
 @pytest.mark.parametrize("launch", ["split", "unsplit"])
 @pytest.mark.parametrize("cache", ["bf16", "fp8"])
 def test_decode_kernel_reads_key_rows_in_16_byte_vectors(reports, cache, launch):
-    warps = attn.DECODE_WARPS_FP8 if cache == "fp8" else attn.DECODE_WARPS
+    warps = attn._decode_shape(16, 16, 128, kv_fp8=cache == "fp8")["num_warps"]
     loads = reports[f"decode attention {cache} depth-aware, {warps} warps, {launch}"]["loads"]
     assert loads["ld.global.v4.b32"] >= 4, loads  # K and V of the tiles in flight
     assert loads["ld.global.b16"] <= 1, loads  # q's load, nothing per key
