@@ -1070,6 +1070,11 @@ DECODE_RANGE_PROGRAMS_PER_SM = 2
 # bf16 157.7 -> 163.9. (H200, the bf16 decode chain of perf.bench_decode_chain, ms per step: batch 1
 # 4.449 -> 4.333, 16: 5.447 -> 5.303, 64: 8.048 -> 8.000, 256: 18.68 -> 19.91.)
 FUSED_ROPE_BELOW_PROGRAMS_PER_SM = 8
+# Over FP8 caches every decode launch fuses: the 2-warp kernel under its 128-register cap compiles the
+# prologue at the same registers and stack (sm_90, Triton 3.6). H100, the W8A8 + FP8 K/V engine at
+# batch 256, ms a step, two kernels -> fused, alternating: 13.96 -> 13.76, 13.93 -> 13.82 (with 4
+# warps capped at 96 it had cost 15.14 -> 15.21).
+FUSED_ROPE_EVERY_FP8_LAUNCH = True
 # Decode grids put the KV heads on grid dimension 0 (a token's heads launch together and read its
 # 2 KiB key rows side by side; same bits). H200, Ouro decode, us per call, tokens first -> heads
 # first: FP8 cache 256 x 1024 keys 321.8 -> 312.2, 256 x 192 86.4 -> 85.3; bf16 256 x 1024 559.6 ->
@@ -1276,12 +1281,12 @@ def rope_paged_attention(
 ):
     """`rope_kv_scatter` then `paged_attention` with the decode arithmetic, for passes with one
     query token per sequence (decode steps and draft passes) in which no row reads a key another
-    row writes. Launches of fewer than FUSED_ROPE_BELOW_PROGRAMS_PER_SM (token, KV head) programs
-    per SM run as one: the decode program rotates q in registers and writes its KV head's rotated
-    k and v at the token's slot before it reads keys, so no rotated q goes through memory and no
-    scatter kernel runs. Nothing orders one program's write before another program's reads, so
+    row writes. Launches over an FP8 cache, and others of fewer than FUSED_ROPE_BELOW_PROGRAMS_PER_SM
+    (token, KV head) programs per SM, run as one: the decode program rotates q in registers and
+    writes its KV head's rotated k and v at the token's slot before it reads keys, so no rotated q
+    goes through memory and no scatter kernel runs. Nothing orders one program's write before another program's reads, so
     rows that share a sequence's keys (a speculative round's verify rows) must take the two ops.
-    Fuller launches run the two kernels. Same bits either way.
+    Fuller bf16 or fp32 launches run the two kernels. Same bits either way.
 
     q [S, H, D] (unrotated), k, v [S, KVH, D], positions [S], cos_sin [P, D] fp32, slot_mapping [S]
     int64, style / q_bias / k_bias as in `rope_kv_scatter`; seq_lens [S]; query_start_loc [S + 1]
@@ -1296,7 +1301,7 @@ def rope_paged_attention(
     if "decode_from" in attention_kwargs:
         raise ValueError("rope_paged_attention always takes the decode arithmetic (decode_from=0)")
     check_launchable(k, v, positions, cos_sin, slot_mapping, q_bias, k_bias)
-    if not _fuses_rope(q.shape[0] * k_cache.shape[2], q.device):
+    if not _fuses_rope(q.shape[0] * k_cache.shape[2], q.device, k_cache.dtype == FP8_DTYPE):
         return _rope_then_attend(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, block_tables, seq_lens,
                                  query_start_loc, style=style, q_bias=q_bias, k_bias=k_bias, k_scale=k_scale,
                                  v_scale=v_scale, active_seqs=active_seqs, **attention_kwargs)
@@ -1306,12 +1311,14 @@ def rope_paged_attention(
                       v_scale=v_scale, active_seqs=active_seqs, rope=rope, **attention_kwargs)
 
 
-def _fuses_rope(programs: int, device: torch.device) -> bool:
+def _fuses_rope(programs: int, device: torch.device, kv_fp8: bool = False) -> bool:
     """Whether a decode launch of ``programs`` (token, KV head) programs rotates and writes K/V
-    itself: below FUSED_ROPE_BELOW_PROGRAMS_PER_SM per SM, and always under the interpreter (no SM
-    count). Either way gives the same bits."""
+    itself: over an FP8 cache (``kv_fp8``) always (FUSED_ROPE_EVERY_FP8_LAUNCH), otherwise below
+    FUSED_ROPE_BELOW_PROGRAMS_PER_SM per SM, and always under the interpreter (no SM count). Either
+    way gives the same bits."""
     sms = _sm_count(device)
-    return sms == 0 or programs < FUSED_ROPE_BELOW_PROGRAMS_PER_SM * sms
+    return (sms == 0 or (kv_fp8 and FUSED_ROPE_EVERY_FP8_LAUNCH)
+            or programs < FUSED_ROPE_BELOW_PROGRAMS_PER_SM * sms)
 
 
 def _attention(

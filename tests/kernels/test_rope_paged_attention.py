@@ -123,14 +123,19 @@ def test_split_rows_write_their_own_key_once(device, monkeypatch, programs):
 
 
 def test_fuller_launches_run_the_two_kernels(device, monkeypatch):
-    """Launches of FUSED_ROPE_BELOW_PROGRAMS_PER_SM or more (token, KV head) programs per SM keep
-    `rope_kv_scatter` before the attention (full launches lose more to the fused prologue than the
-    scatter kernel costs): the rule, and the same bits from the fallback."""
+    """Launches of FUSED_ROPE_BELOW_PROGRAMS_PER_SM or more (token, KV head) programs per SM over
+    a bf16 or fp32 cache keep `rope_kv_scatter` before the attention (full launches lose more to
+    the fused prologue than the scatter kernel costs); over an FP8 cache every launch fuses: the
+    rule, and the same bits from the fallback."""
     monkeypatch.setattr(attention, "_sm_count", lambda dev: 132)
     per_sm = attention.FUSED_ROPE_BELOW_PROGRAMS_PER_SM
     assert per_sm == 8  # Ouro's batch 64 (1,024 programs on 132 SMs) fuses, batch 128 does not
     assert attention._fuses_rope(per_sm * 132 - 1, torch.device(device))
     assert not attention._fuses_rope(per_sm * 132, torch.device(device))
+    assert attention._fuses_rope(256 * 16, torch.device(device), kv_fp8=True)  # Ouro's batch 256, FP8 cache
+    monkeypatch.setattr(attention, "FUSED_ROPE_EVERY_FP8_LAUNCH", False)
+    assert not attention._fuses_rope(256 * 16, torch.device(device), kv_fp8=True)
+    monkeypatch.setattr(attention, "FUSED_ROPE_EVERY_FP8_LAUNCH", True)
     launches = []
     real = attention._attention
     monkeypatch.setattr(attention, "_attention", lambda *a, **kw: launches.append(kw.get("rope")) or real(*a, **kw))
@@ -240,6 +245,35 @@ def test_fused_pass_on_gpu(batch, shape):
     c = clone_caches(p)
     reference(c, style)
     assert_same_bits(b["k_cache"], c["k_cache"])
+    assert not expected.isnan().any()
+
+
+@pytest.mark.gpu
+def test_fused_full_fp8_launch_on_gpu():
+    """Ouro's shape over an FP8 cache at batch 256: 4,096 (token, KV head) programs, an unsplit
+    launch that takes the register cap on a GPU of up to 256 SMs and fuses (FUSED_ROPE_EVERY_FP8_LAUNCH).
+    It gives the two kernels' bits over repeated runs, the reference's caches, and an output close
+    to the reference's."""
+    setup = dict(heads=16, kv_heads=16, head_dim=128, dtype=torch.bfloat16, cache_dtype=FP8_DTYPE)
+    batch, device = 256, torch.device("cuda")
+    programs, sms = batch * setup["kv_heads"], attention._sm_count(device)
+    assert attention._fuses_rope(programs, device, kv_fp8=True)
+    assert attention.decode_register_cap(True, False, programs, sms, 1) is not None
+    g = torch.Generator().manual_seed(batch)
+    seq_lens = torch.randint(1, 300, (batch,), generator=g).tolist()
+    p = decode_pass(seq_lens, device="cuda", seed=batch, **setup)
+    b = clone_caches(p)
+    expected = two_kernels(b, "neox")
+    for _ in range(3):
+        a = clone_caches(p)
+        assert_same_bits(fused(a, "neox"), expected)
+        assert_same_bits(a["k_cache"], b["k_cache"])
+        assert_same_bits(a["v_cache"], b["v_cache"])
+    c = clone_caches(p)
+    ref = reference(c, "neox")
+    assert_same_bits(b["k_cache"], c["k_cache"])
+    assert_same_bits(b["v_cache"], c["v_cache"])
+    torch.testing.assert_close(expected.float(), ref.float(), atol=2e-2, rtol=2e-2)
     assert not expected.isnan().any()
 
 

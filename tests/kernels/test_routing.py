@@ -329,7 +329,8 @@ def test_finalize_cache_past_2_pow_31_elements(device):
     for cache in (k_cache, v_cache):
         for block in (num_blocks - 1, num_blocks - 2):
             assert_same_bits(cache[:, block, 5], cache[:, 0, 5])
-        assert torch.count_nonzero(cache[:, 1:num_blocks - 2]).item() == 0
+        for chunk in cache[:, 1:num_blocks - 2].split(4096, dim=1):  # no 2^31-element temporaries
+            assert not chunk.any()
 
 
 @pytest.mark.gpu
