@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Prepared in session 44 for the next GPU session (main; s43_knobs.py and this script in scratch/, [".whl", "scratch"] carried):
+#   bash scratch/s44_next_call.sh engines   bf16, W8A8 + FP8 K/V and W8A8 at batches 1 and 256: issue 17's ratios (about 450 s cold)
+#   bash scratch/s44_next_call.sh pdl       W8A8 + FP8 K/V at batch 256: dependent launches up to 4 programs an SM, and for
+#                                           every launch, against main's one-wave rule, alternating (about 420 s cold)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+nvidia-smi --query-gpu=name --format=csv,noheader
+mkdir -p $OUT/n
+t0=$(date +%s)
+run() {  # TAG TIMEOUT CONFIG BATCHES [KNOBS...]
+  local tag=$1 limit=$2 config=$3 batches=$4; shift 4
+  timeout $limit python3 scratch/s43_knobs.py "$@" -- --out $OUT/n/$tag --parts speed --repeats 2 \
+    --configs "$config" --batches $batches > $OUT/n/$tag.log 2>&1
+  echo "== $tag $* rc=$? t=$(( $(date +%s) - t0 ))s"; grep -E "^\| (w8a8|bf16)" $OUT/n/$tag.log
+}
+if [ "${1:-engines}" = engines ]; then
+  run kv 200 "w8a8 + KV" "1 256"
+  run bf16 200 bf16 "1 256"   # its GEMMs compile cold (130 s was too little in session 44)
+  run w8a8 $(( 585 - ($(date +%s) - t0) )) w8a8 "1 256"
+else
+  run main 200 "w8a8 + KV" "256"
+  run pdl4 80 "w8a8 + KV" "256" pdl_sms=4
+  run pdl_all 80 "w8a8 + KV" "256" pdl_sms=0
+  run main_again 70 "w8a8 + KV" "256"
+  run pdl4_again 70 "w8a8 + KV" "256" pdl_sms=4
+  run pdl_all_again $(( 585 - ($(date +%s) - t0) )) "w8a8 + KV" "256" pdl_sms=0
+fi
+cd $OUT && tar czf n.tgz n && rm -rf n
