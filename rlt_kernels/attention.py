@@ -1284,9 +1284,10 @@ def rope_paged_attention(
     row writes. Launches over an FP8 cache, and others of fewer than FUSED_ROPE_BELOW_PROGRAMS_PER_SM
     (token, KV head) programs per SM, run as one: the decode program rotates q in registers and
     writes its KV head's rotated k and v at the token's slot before it reads keys, so no rotated q
-    goes through memory and no scatter kernel runs. Nothing orders one program's write before another program's reads, so
-    rows that share a sequence's keys (a speculative round's verify rows) must take the two ops.
-    Fuller bf16 or fp32 launches run the two kernels. Same bits either way.
+    goes through memory and no scatter kernel runs. Nothing orders one program's write before
+    another program's reads, so rows that share a sequence's keys (a speculative round's verify
+    rows) must take the two ops. Fuller bf16 or fp32 launches run the two kernels. Same bits either
+    way.
 
     q [S, H, D] (unrotated), k, v [S, KVH, D], positions [S], cos_sin [P, D] fp32, slot_mapping [S]
     int64, style / q_bias / k_bias as in `rope_kv_scatter`; seq_lens [S]; query_start_loc [S + 1]

@@ -135,7 +135,6 @@ def test_fuller_launches_run_the_two_kernels(device, monkeypatch):
     assert attention._fuses_rope(256 * 16, torch.device(device), kv_fp8=True)  # Ouro's batch 256, FP8 cache
     monkeypatch.setattr(attention, "FUSED_ROPE_EVERY_FP8_LAUNCH", False)
     assert not attention._fuses_rope(256 * 16, torch.device(device), kv_fp8=True)
-    monkeypatch.setattr(attention, "FUSED_ROPE_EVERY_FP8_LAUNCH", True)
     launches = []
     real = attention._attention
     monkeypatch.setattr(attention, "_attention", lambda *a, **kw: launches.append(kw.get("rope")) or real(*a, **kw))
