@@ -5,10 +5,11 @@ before it has passed `wait_for_inputs`; its own `wait_for_inputs` then blocks un
 has finished and its writes are visible. The contract every rlt kernel keeps: before
 `wait_for_inputs` a program reads and writes nothing, and every program calls it, also programs
 that exit early — so a chain of such kernels keeps stream order exactly and results never change.
-Only launches of at most one program per SM take it (a split decode attention counts its (token,
-KV head) rows, not its range programs: attention.py). Every launch dependent was measured only
-together with an L2 prefetch of the weights (docs/perf/kernels.md, 2026-12-01: the batch-256 step
-within that run's 4% spread); without the prefetch it has not been measured. `RLT_PDL=0` turns it
+Every launch takes it, whatever its size. Against launches of at most one program per SM only (the
+former rule), on an H100 (docs/perf/fp8.md, 2026-12-06) the batch-256 decode step went from 13.79
+to 13.26 ms with W8A8 + FP8 K/V and from 21.68 to 21.22 ms in bf16; batch 1 was unchanged.
+A multi-wave dependent launch cannot deadlock: the next kernel starts only once every program of
+this one has passed `wait_for_inputs`, so all of them are resident or done. `RLT_PDL=0` turns it
 off (plain stream order); under the interpreter and before Hopper it is off.
 """
 
@@ -26,18 +27,16 @@ if HAS_TRITON:
 
 
 @functools.lru_cache(maxsize=None)
-def _pdl_programs(index: int) -> int:
-    """Most programs a dependent launch may have on this device (0: the device has no PDL)."""
-    if torch.cuda.get_device_capability(index)[0] < 9:
-        return 0
-    return torch.cuda.get_device_properties(index).multi_processor_count
+def _has_pdl(index: int) -> bool:
+    """Whether CUDA device ``index`` launches dependently (Hopper and newer)."""
+    return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-def pdl_launch(t: torch.Tensor, programs: int) -> bool:
-    """Whether a launch of ``programs`` programs writing on t's device is a dependent launch."""
+def pdl_launch(t: torch.Tensor) -> bool:
+    """Whether a launch writing on t's device is a dependent launch."""
     if t.device.type != "cuda" or interpreter_active() or os.environ.get("RLT_PDL", "1") == "0":
         return False
-    return programs <= _pdl_programs(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    return _has_pdl(t.device.index if t.device.index is not None else torch.cuda.current_device())
 
 
 @triton.jit

@@ -1438,16 +1438,9 @@ def _attention(
             workspace = torch.empty(needed, dtype=torch.float32, device=q.device)
         ws = workspace if workspace is not None else torch.empty(0, dtype=torch.float32, device=q.device)
         grid = (programs, kvh, num_ranges if split_launch else 1)
-        counted = grid[0] * grid[1] * grid[2]  # programs for the dependent-launch rule
         if kernel is _decode_attention_kernel and split_launch:
             grid = (programs, kvh, _decode_range_programs(programs * kvh, num_ranges, q.device))
-            # Dependent when its rows fit one per SM, whatever its range programs: at short contexts
-            # those past a row's ranges exit at once, at long ones the launch outgrows a wave either way.
-            # Counting them kept every small decode launch of the engine out (Ouro's 64K-key tables give
-            # batch 1 17 range programs per row, 272 programs), so the kernels before and after each
-            # decode attention of batches 1-8 ran in plain stream order.
-            counted = programs * kvh
-        pdl = pdl_launch(out, counted)
+        pdl = pdl_launch(out)
         merge_in_place = False
         if kernel is _decode_attention_kernel:
             heads_fast = DECODE_HEADS_FAST and programs <= MAX_GRID_Y
@@ -1458,7 +1451,7 @@ def _attention(
             extra = dict(extra, TILES=decode_tiles(kv_fp8, small), MERGE_IN_PLACE=merge_in_place, HEADS_FAST=heads_fast,
                          counters_ptr=range_counters if merge_in_place else ws, **_rope_args(rope, q, kvh))
         if kernel is _decode_attention_kernel and not interpreter_active():
-            cap = decode_register_cap(kv_fp8, split_launch, counted, _sm_count(q.device), cfg["GP"])
+            cap = decode_register_cap(kv_fp8, split_launch, programs * kvh, _sm_count(q.device), cfg["GP"])
             extra = dict(extra, maxnreg=cap) if cap else extra
         kernel[grid](
             *ptrs[:4], ws, *ptrs[5:], *scalars, ml_base, int(split_launch), *strides,
@@ -1467,10 +1460,9 @@ def _attention(
         )
         if split_launch and not merge_in_place:
             combine_cfg = {k: v for k, v in cfg.items() if k not in ("BLOCK_N", "BLOCK_SIZE")}
-            combine_pdl = pdl_launch(out, programs * kvh)
             combine[(programs, kvh)](
                 combine_args[0], ws, *combine_args[2:], num_warps=num_warps, enable_fp_fusion=True,
                 HAS_ACTIVE=flags["HAS_ACTIVE"], DECODE_FROM_TENSOR=decode_tensor, KV_FP8=kv_fp8, **combine_cfg,
-                PDL=combine_pdl, launch_pdl=combine_pdl,
+                PDL=pdl, launch_pdl=pdl,
             )
     return out

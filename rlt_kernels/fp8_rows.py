@@ -124,7 +124,7 @@ def quantize_rows(x, *, out=None, out_scale=None, active_rows=None):
     if m == 0:
         return out, out_scale
     block = triton.next_power_of_2(max(width, 16))
-    pdl = pdl_launch(out, m)
+    pdl = pdl_launch(out)
     _quantize_rows_kernel[(m,)](
         x, out, out_scale, x if active_rows is None else active_rows, width, x.stride(0), out.stride(0),
         HAS_ACTIVE=active_rows is not None, BLOCK=block, PDL=pdl, num_warps=min(16, max(4, block // 512)),

@@ -830,7 +830,7 @@ def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_s
     has_scale = weight_scale is not None
     x_fp8 = x_scale is not None
     x_scales = out if x_scale is None else x_scale
-    pdl = pdl_launch(out, grid[0] * grid[1])
+    pdl = pdl_launch(out)
     if cfg.tma:
         _linear_tma_kernel[grid](
             TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k]),
@@ -860,12 +860,11 @@ def _launch(x, weight, out, active_rows, activation, cfg: LinearConfig, weight_s
         return SplitPartials(ws, weight_scale, out.dtype, x_scale)
     if split > 1:
         reduce_grid = (triton.cdiv(m, REDUCE_BLOCK_M), triton.cdiv(n_out, REDUCE_BLOCK_N))
-        reduce_pdl = pdl_launch(out, reduce_grid[0] * reduce_grid[1])
         _split_reduce_kernel[reduce_grid](
             ws, scale, x_scales, out, active, m, n_out, out.stride(0), HAS_ACTIVE=active_rows is not None, SWIGLU=swiglu,
             HAS_SCALE=has_scale, X_FP8=x_fp8,
-            SPLIT_K=split, BLOCK_M=REDUCE_BLOCK_M, BLOCK_N=REDUCE_BLOCK_N, PDL=reduce_pdl, num_warps=4,
+            SPLIT_K=split, BLOCK_M=REDUCE_BLOCK_M, BLOCK_N=REDUCE_BLOCK_N, PDL=pdl, num_warps=4,
             enable_fp_fusion=True,
-            launch_pdl=reduce_pdl,
+            launch_pdl=pdl,
         )
     return out

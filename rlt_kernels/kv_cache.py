@@ -312,7 +312,7 @@ def kv_scatter(k, v, k_cache, v_cache, slot_mapping, *, active_rows=None, k_scal
         return
     block_h, block_d = head_tile_shape(num_kv_heads, head_dim)
     grid = (num_rows, triton.cdiv(num_kv_heads, block_h))
-    pdl = pdl_launch(k_cache, grid[0] * grid[1])
+    pdl = pdl_launch(k_cache)
     _kv_scatter_kernel[grid](
         k, v, k_cache, v_cache, slot_mapping, slot_mapping if active_rows is None else active_rows,
         k_cache if k_scale is None else k_scale, v_cache if v_scale is None else v_scale,
@@ -377,7 +377,7 @@ def rope_kv_scatter(
     block_h, block_d = head_tile_shape(max(num_heads, num_kv_heads), head_dim)
     q_chunks = triton.cdiv(num_heads, block_h)
     grid = (num_rows, q_chunks + triton.cdiv(num_kv_heads, block_h))
-    pdl = pdl_launch(k_cache, grid[0] * grid[1])
+    pdl = pdl_launch(k_cache)
     _rope_kv_scatter_kernel[grid](
         q, q_out, k, v, positions, cos_sin,
         q if q_bias is None else q_bias, k if k_bias is None else k_bias,

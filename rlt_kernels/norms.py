@@ -370,8 +370,8 @@ def rms_norm(x, weight, eps, *, out=None, active_rows=None, out_scale=None):
     active, has_active = _active_args(active_rows, x)
     _rms_norm_kernel[(m,)](
         x, weight, out, out_scale if quantize else out, active, width, x.stride(0), out.stride(0), float(eps),
-        HAS_ACTIVE=has_active, QUANTIZE=quantize, BLOCK=block, PDL=pdl_launch(out, m), num_warps=warps,
-        enable_fp_fusion=False, launch_pdl=pdl_launch(out, m),
+        HAS_ACTIVE=has_active, QUANTIZE=quantize, BLOCK=block, PDL=pdl_launch(out), num_warps=warps,
+        enable_fp_fusion=False, launch_pdl=pdl_launch(out),
     )
     return out
 
@@ -438,8 +438,8 @@ def residual_norm(
         float(eps), HUGINN=mode == "huginn", HAS_NEXT=normed is not None, HAS_ACTIVE=has_active,
         SPLITS=parts.splits if parts is not None else 0, HAS_SCALE=parts is not None and parts.scale is not None,
         HAS_ROW_SCALE=parts is not None and parts.row_scale is not None, QUANTIZE=quantize,
-        BLOCK=block, PDL=pdl_launch(sub, m), num_warps=warps, enable_fp_fusion=False,  # rounding exactly as the reference
-        launch_pdl=pdl_launch(sub, m),
+        BLOCK=block, PDL=pdl_launch(sub), num_warps=warps, enable_fp_fusion=False,  # rounding exactly as the reference
+        launch_pdl=pdl_launch(sub),
     )
     return residual_out, normed
 

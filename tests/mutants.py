@@ -767,11 +767,11 @@ MUTANTS = (
         "the fused decode launch writes the token's own value row wrongly",
     ),
     Mutant(
-        "split-decode-pdl-counts-range-programs", "rlt_kernels/attention.py",
-        "counted = programs * kvh",
-        "counted = grid[0] * grid[1] * grid[2]",
-        ("tests/kernels/test_attention.py::test_split_decode_launch_is_dependent_by_its_rows",),
-        "small split decode launches count their range programs and never launch dependently",
+        "pdl-off-on-hopper", "rlt_kernels/_pdl.py",
+        "return torch.cuda.get_device_capability(index)[0] >= 9",
+        "return torch.cuda.get_device_capability(index)[0] > 9",
+        ("tests/kernels/test_pdl.py::test_every_launch_on_hopper_is_dependent",),
+        "Hopper launches in plain stream order: every kernel's launch waits for the one before to end",
     ),
     Mutant(
         "fp8-row-scale-one-power-too-small", "rlt_kernels/fp8_rows.py",

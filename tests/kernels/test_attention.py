@@ -493,19 +493,6 @@ def test_decode_range_programs_keep_bits(device, monkeypatch, range_programs):
     check_against_oracle(unsplit, b, torch.float32)
 
 
-def test_split_decode_launch_is_dependent_by_its_rows(monkeypatch):
-    """A split decode launch asks `pdl_launch` about its (token, KV head) rows, not its range
-    programs: with them counted, the engine's batch-1 decode attention over 64K-key tables (17
-    range programs per row) was never a dependent launch."""
-    asked = []
-    monkeypatch.setattr(attn, "pdl_launch", lambda t, programs: asked.append(programs) or False)
-    b = make_batch([(1, 200), (1, 70)], heads=2, kv_heads=2, head_dim=64, seed=3)
-    monkeypatch.setattr(attn, "_should_split", lambda *a: True)
-    monkeypatch.setattr(attn, "_decode_range_programs", lambda rows, num_ranges, dev: min(num_ranges, 3))
-    run_kernel(b, decode_from=0, split_size=64, range_counters=new_range_counters("cpu"))
-    assert asked == [2 * 2]  # 2 tokens x 2 KV heads (the launch has 2 x 2 x 3 programs)
-
-
 def test_decode_range_programs_rule(monkeypatch):
     """Enough range programs for DECODE_RANGE_PROGRAMS_PER_SM per SM, never more than the ranges."""
     monkeypatch.setattr(attn, "_sm_count", lambda device: 132)

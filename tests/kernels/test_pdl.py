@@ -10,13 +10,34 @@ from checks import randn, seeded
 
 def test_pdl_off_on_cpu_and_when_disabled(monkeypatch):
     """CPU tensors (and the interpreter) never launch dependently; RLT_PDL=0 turns it off on CUDA."""
-    assert not _pdl.pdl_launch(torch.empty(1), 1)
+    assert not _pdl.pdl_launch(torch.empty(1))
     if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9:
         t = torch.empty(1, device="cuda")
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
-        assert _pdl.pdl_launch(t, sms) and not _pdl.pdl_launch(t, sms + 1)  # one wave at most
+        assert _pdl.pdl_launch(t)
         monkeypatch.setenv("RLT_PDL", "0")
-        assert not _pdl.pdl_launch(t, 1)
+        assert not _pdl.pdl_launch(t)
+
+
+class _OnDevice:
+    """Stands for a tensor on CUDA device 0 (pdl_launch reads only its device)."""
+
+    device = torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("major", [8, 9, 10])
+def test_every_launch_on_hopper_is_dependent(monkeypatch, major):
+    """Every launch on a Hopper or newer device is dependent, none before Hopper (checked with a
+    stand-in device, so it runs without a GPU)."""
+    monkeypatch.setattr(_pdl, "interpreter_active", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (major, 0))
+    monkeypatch.delenv("RLT_PDL", raising=False)
+    _pdl._has_pdl.cache_clear()
+    try:
+        assert _pdl.pdl_launch(_OnDevice()) == (major >= 9)
+        monkeypatch.setenv("RLT_PDL", "0")
+        assert not _pdl.pdl_launch(_OnDevice())
+    finally:
+        _pdl._has_pdl.cache_clear()
 
 
 def _layer_chain(h, w_qkv, w_o, w_gate_up, w_down, norm_w, k_cache, v_cache, tables, positions, cos_sin):
@@ -43,12 +64,14 @@ def _layer_chain(h, w_qkv, w_o, w_gate_up, w_down, norm_w, k_cache, v_cache, tab
 
 
 @pytest.mark.gpu
-def test_gpu_pdl_chain_in_a_graph_equals_stream_order(device, monkeypatch):
+@pytest.mark.parametrize("b", [8, 512], ids=["one wave", "many waves"])
+def test_gpu_pdl_chain_in_a_graph_equals_stream_order(device, monkeypatch, b):
     """The chain captured in a CUDA graph with dependent launches (the engine's decode step) gives
     the bits of the same chain launched in plain stream order, replay after replay with new
-    inputs: a kernel that read its input before `wait_for_inputs` would see stale values."""
+    inputs: a kernel that read its input before `wait_for_inputs` would see stale values. At 512
+    rows the norms and the decode attention (1024 programs) launch many programs per SM."""
     gen = seeded(7, device)
-    b, hidden, k_deep = 8, 384, gemm.SPLIT_MIN_K
+    hidden, k_deep = 384, gemm.SPLIT_MIN_K
     w_qkv = randn((hidden, hidden), torch.bfloat16, device, gen, scale=hidden**-0.5)
     w_o = randn((128, 128), torch.bfloat16, device, gen, scale=128**-0.5)
     w_gate_up = randn((2 * k_deep, 128), torch.bfloat16, device, gen, scale=128**-0.5)

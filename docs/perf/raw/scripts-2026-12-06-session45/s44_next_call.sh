@@ -20,6 +20,20 @@ if [ "${1:-engines}" = engines ]; then
   run kv 200 "w8a8 + KV" "1 256"
   run bf16 200 bf16 "1 256"   # its GEMMs compile cold (130 s was too little in session 44)
   run w8a8 $(( 585 - ($(date +%s) - t0) )) w8a8 "1 256"
+elif [ "$1" = mix ]; then
+  run kv 120 "w8a8 + KV" "1 256"
+  run bf16 200 bf16 "1 256"
+  run pdl4 70 "w8a8 + KV" "256" pdl_sms=4
+  run pdl_all 70 "w8a8 + KV" "256" pdl_sms=0
+  run kv_again 50 "w8a8 + KV" "256"
+  run pdl4_again $(( 585 - ($(date +%s) - t0) )) "w8a8 + KV" "256" pdl_sms=4
+elif [ "$1" = pdlall ]; then
+  run kv_b1 60 "w8a8 + KV" "1" pdl_sms=0
+  run w8a8 60 w8a8 "1 256" pdl_sms=0
+  run bf16 80 bf16 "1 256" pdl_sms=0
+  timeout $(( 400 - ($(date +%s) - t0) )) python3 scratch/s44_knobs.py pdl_sms=0 -- pytest -m gpu -q -p no:cacheprovider -rfE \
+    --tb=short tests/runtime/test_engine_gpu.py > $OUT/n/pdlall-tests.log 2>&1
+  echo "== pdlall tests rc=$?"; tail -n 5 $OUT/n/pdlall-tests.log
 elif [ "$1" = osplit ]; then
   timeout 150 python3 scratch/s44_knobs.py gemm.WAVE_SPLIT_MIN_STEPS=2 -- pytest -m gpu -q -p no:cacheprovider -rfE \
     --tb=short tests/kernels/test_w8a8.py tests/kernels/test_linear_norm.py > $OUT/n/osplit-tests.log 2>&1
