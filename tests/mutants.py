@@ -774,6 +774,13 @@ MUTANTS = (
         "Hopper launches in plain stream order: every kernel's launch waits for the one before to end",
     ),
     Mutant(
+        "quantize-rows-load-before-wait", "rlt_kernels/fp8_rows.py",
+        "wait_for_inputs(PDL)",
+        "first = tl.load(x_ptr); wait_for_inputs(PDL)",
+        ("tests/kernels/test_pdl.py::test_kernels_wait_before_any_memory_access",),
+        "a dependent launch reads its input before the kernel writing it has finished",
+    ),
+    Mutant(
         "fp8-row-scale-one-power-too-small", "rlt_kernels/fp8_rows.py",
         "biased = tl.where(amax > 0, tl.maximum(exponent - 7, 1), 127)",
         "biased = tl.where(amax > 0, tl.maximum(exponent - 8, 1), 127)",

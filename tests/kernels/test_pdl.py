@@ -1,8 +1,14 @@
 """Programmatic dependent launch: which launches take it, and that it never changes a result."""
 
+import ast
+import importlib
+import inspect
+import pkgutil
+
 import pytest
 import torch
 
+import rlt_kernels
 from rlt_kernels import _pdl, attention, gemm, kv_cache, linear_norm, norms
 
 from checks import randn, seeded
@@ -38,6 +44,63 @@ def test_every_launch_on_hopper_is_dependent(monkeypatch, major):
         assert not _pdl.pdl_launch(_OnDevice())
     finally:
         _pdl._has_pdl.cache_clear()
+
+
+# Every rlt_kernels module that launches dependently (source mentions launch_pdl), _pdl itself aside.
+LAUNCHING_MODULES = [
+    module for module in (importlib.import_module(f"rlt_kernels.{info.name}")
+                          for info in pkgutil.iter_modules(rlt_kernels.__path__) if info.name != "_pdl")
+    if "launch_pdl" in inspect.getsource(module)
+]
+MEMORY_OPS = {"load", "store", "atomic_add", "atomic_cas", "atomic_xchg", "atomic_max", "atomic_min", "atomic_and",
+              "atomic_or", "atomic_xor", "load_tensor_descriptor", "store_tensor_descriptor"}
+
+
+def _memory_ops(node: ast.AST, functions: dict, seen: set) -> list:
+    """The memory accesses (and returns) under node, following calls into the module's own functions."""
+    found = []
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Return):
+            found.append("return")
+        if not isinstance(sub, ast.Call):
+            continue
+        func = sub.func
+        if isinstance(func, ast.Attribute) and func.attr in MEMORY_OPS:
+            found.append(func.attr)
+        elif isinstance(func, ast.Name) and func.id in functions and func.id not in seen:
+            seen.add(func.id)
+            found += [f"{func.id}: {op}" for op in _memory_ops(functions[func.id], functions, seen) if op != "return"]
+    return found
+
+
+def _waits(stmt: ast.stmt) -> bool:
+    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+            and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id == "wait_for_inputs"
+            and [a.id for a in stmt.value.args if isinstance(a, ast.Name)] == ["PDL"])
+
+
+@pytest.mark.parametrize("module", LAUNCHING_MODULES, ids=lambda m: m.__name__.split(".")[-1])
+def test_kernels_wait_before_any_memory_access(module):
+    """The dependent-launch contract, read from the kernels' source: every kernel taking PDL calls
+    `wait_for_inputs(PDL)` at its top level, and nothing before that call loads, stores or returns
+    (also inside the module's helpers it calls). A load before the wait would read the previous
+    kernel's output while it is still being written; a return before it would let the next kernel
+    start early. Every launch that passes ``launch_pdl`` passes the same value as ``PDL``."""
+    tree = ast.parse(inspect.getsource(module))
+    functions = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
+    kernels = [f for f in functions.values() if "PDL" in [a.arg for a in f.args.args]]
+    assert kernels, module.__name__
+    for kernel in kernels:
+        waits = [i for i, stmt in enumerate(kernel.body) if _waits(stmt)]
+        assert len(waits) == 1, f"{kernel.name} calls wait_for_inputs(PDL) {len(waits)} times at its top level"
+        before = kernel.body[:waits[0]]
+        ops = [op for stmt in before for op in _memory_ops(stmt, functions, set())]
+        assert not ops, f"{kernel.name} accesses memory before wait_for_inputs: {ops}"
+    launches = [c for c in ast.walk(tree) if isinstance(c, ast.Call) and any(k.arg == "launch_pdl" for k in c.keywords)]
+    assert launches, module.__name__
+    for call in launches:
+        kw = {k.arg: ast.dump(k.value) for k in call.keywords}
+        assert kw.get("PDL") == kw["launch_pdl"], f"line {call.lineno}: launch_pdl and PDL differ"
 
 
 def _layer_chain(h, w_qkv, w_o, w_gate_up, w_down, norm_w, k_cache, v_cache, tables, positions, cos_sin):
