@@ -1430,6 +1430,7 @@ def _attention(
         cfg["num_stages"] = DECODE_STAGES
         launches.append((_decode_attention_kernel, _decode_combine_kernel, t_total, cfg,
                          dict(WIDEN_INLINE=inline_widening())))
+    pdl = pdl_launch(out)
     for kernel, combine, programs, cfg, extra in launches:
         cfg = dict(cfg)
         num_warps, num_stages = cfg.pop("num_warps"), cfg.pop("num_stages")
@@ -1440,7 +1441,6 @@ def _attention(
         grid = (programs, kvh, num_ranges if split_launch else 1)
         if kernel is _decode_attention_kernel and split_launch:
             grid = (programs, kvh, _decode_range_programs(programs * kvh, num_ranges, q.device))
-        pdl = pdl_launch(out)
         merge_in_place = False
         if kernel is _decode_attention_kernel:
             heads_fast = DECODE_HEADS_FAST and programs <= MAX_GRID_Y

@@ -368,10 +368,11 @@ def rms_norm(x, weight, eps, *, out=None, active_rows=None, out_scale=None):
         return out
     block, warps = _row_block(width)
     active, has_active = _active_args(active_rows, x)
+    pdl = pdl_launch(out)
     _rms_norm_kernel[(m,)](
         x, weight, out, out_scale if quantize else out, active, width, x.stride(0), out.stride(0), float(eps),
-        HAS_ACTIVE=has_active, QUANTIZE=quantize, BLOCK=block, PDL=pdl_launch(out), num_warps=warps,
-        enable_fp_fusion=False, launch_pdl=pdl_launch(out),
+        HAS_ACTIVE=has_active, QUANTIZE=quantize, BLOCK=block, PDL=pdl, num_warps=warps,
+        enable_fp_fusion=False, launch_pdl=pdl,
     )
     return out
 
@@ -430,6 +431,7 @@ def residual_norm(
     workspace = parts.workspace if parts is not None else sub
     scale = parts.scale if parts is not None and parts.scale is not None else workspace
     row_scale = parts.row_scale if parts is not None and parts.row_scale is not None else workspace
+    pdl = pdl_launch(sub)
     _residual_norm_kernel[(m,)](
         sub, residual, post_weight, post_weight if next_weight is None else next_weight, residual_out,
         residual_out if normed is None else normed, normed_scale if quantize else workspace, active, workspace, scale,
@@ -438,8 +440,8 @@ def residual_norm(
         float(eps), HUGINN=mode == "huginn", HAS_NEXT=normed is not None, HAS_ACTIVE=has_active,
         SPLITS=parts.splits if parts is not None else 0, HAS_SCALE=parts is not None and parts.scale is not None,
         HAS_ROW_SCALE=parts is not None and parts.row_scale is not None, QUANTIZE=quantize,
-        BLOCK=block, PDL=pdl_launch(sub), num_warps=warps, enable_fp_fusion=False,  # rounding exactly as the reference
-        launch_pdl=pdl_launch(sub),
+        BLOCK=block, PDL=pdl, num_warps=warps, enable_fp_fusion=False,  # rounding exactly as the reference
+        launch_pdl=pdl,
     )
     return residual_out, normed
 

@@ -215,6 +215,23 @@ def test_rows_of_one_sequence_are_refused_on_the_cpu(device):
             assert torch.equal(got[:2], want[:2])
 
 
+def _fused_against_two_kernels(p, style, runs, **kw):
+    """The fused launch over fresh copies of pass p, ``runs`` times: each time the two kernels'
+    output bits and caches; then the two kernels' key cache against the reference's. Returns the
+    two kernels' output, the reference's, and the two kernels' and the reference's caches."""
+    b = clone_caches(p)
+    expected = two_kernels(b, style, **kw)
+    for _ in range(runs):
+        a = clone_caches(p)
+        assert_same_bits(fused(a, style, **kw), expected)
+        assert_same_bits(a["k_cache"], b["k_cache"])
+        assert_same_bits(a["v_cache"], b["v_cache"])
+    c = clone_caches(p)
+    ref = reference(c, style)
+    assert_same_bits(b["k_cache"], c["k_cache"])
+    return expected, ref, (b, c)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 8, 16])
 @pytest.mark.parametrize("shape", ["ouro bf16", "ouro fp8 cache", "huginn gptj bias", "huginn fp32 gptj bias"])
@@ -234,16 +251,7 @@ def test_fused_pass_on_gpu(batch, shape):
     kw = dict(workspace=attention.new_attention_workspace(batch, setup["heads"], setup["head_dim"], 65536,
                                                           device="cuda"),
               range_counters=new_range_counters("cuda"))
-    b = clone_caches(p)
-    expected = two_kernels(b, style, **kw)
-    for _ in range(5):
-        a = clone_caches(p)
-        assert_same_bits(fused(a, style, **kw), expected)
-        assert_same_bits(a["k_cache"], b["k_cache"])
-        assert_same_bits(a["v_cache"], b["v_cache"])
-    c = clone_caches(p)
-    reference(c, style)
-    assert_same_bits(b["k_cache"], c["k_cache"])
+    expected, _, _ = _fused_against_two_kernels(p, style, 5, **kw)
     assert not expected.isnan().any()
 
 
@@ -261,16 +269,7 @@ def test_fused_full_fp8_launch_on_gpu():
     g = torch.Generator().manual_seed(batch)
     seq_lens = torch.randint(1, 300, (batch,), generator=g).tolist()
     p = decode_pass(seq_lens, device="cuda", seed=batch, **setup)
-    b = clone_caches(p)
-    expected = two_kernels(b, "neox")
-    for _ in range(3):
-        a = clone_caches(p)
-        assert_same_bits(fused(a, "neox"), expected)
-        assert_same_bits(a["k_cache"], b["k_cache"])
-        assert_same_bits(a["v_cache"], b["v_cache"])
-    c = clone_caches(p)
-    ref = reference(c, "neox")
-    assert_same_bits(b["k_cache"], c["k_cache"])
+    expected, ref, (b, c) = _fused_against_two_kernels(p, "neox", 3)
     assert_same_bits(b["v_cache"], c["v_cache"])
     torch.testing.assert_close(expected.float(), ref.float(), atol=2e-2, rtol=2e-2)
     assert not expected.isnan().any()
