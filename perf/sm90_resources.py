@@ -194,13 +194,11 @@ def _attention_signature(cache: str) -> tuple[dict, dict]:
 
 
 def decode_attention_report(cache: str, split: bool, rope: bool = False, warps: int | None = None,
-                            tiles: int | None = None, key_loop: bool = False, key_depth: bool = True,
-                            max_registers: int | None = None) -> dict:
+                            tiles: int | None = None, key_loop: bool = False, key_depth: bool = True) -> dict:
     """The decode kernel at Ouro's shape (16 heads of 128, MHA) over a bf16 or FP8 cache, split (as
     at batch 1) or not (as at batch 256), with or without RoPE and the K/V write, with or without
-    the key-depth table (without: the engine's fixed-depth steps), with a register cap (``maxnreg``,
-    as full FP8 launches take `attention.DECODE_FP8_MAX_REGISTERS`) or none; warps and key tiles in
-    flight default to the launcher's."""
+    the key-depth table (without: the engine's fixed-depth steps); warps and key tiles in flight
+    default to the launcher's."""
     ptrs, flags = _attention_signature(cache)
     flags["HAS_KEY_DEPTH"] = key_depth
     cfg = attention._decode_shape(16, 16, 128, kv_fp8=cache == "fp8")
@@ -209,8 +207,7 @@ def decode_attention_report(cache: str, split: bool, rope: bool = False, warps: 
     const = dict(cfg, SPLIT=split, TILES=tiles, MERGE_IN_PLACE=split, WIDEN_INLINE=True, **flags, ROPE=rope,
                  GPTJ=False, HAS_Q_BIAS=False, HAS_K_BIAS=False, UNFUSED=rope, HEADS_FAST=True)
     return compile_sm90(attention._decode_attention_kernel, ptrs, const, floats=("qk_scale",),
-                        num_warps=warps or default_warps, num_stages=attention.DECODE_STAGES, key_loop=key_loop,
-                        **({"maxnreg": max_registers} if max_registers else {}))
+                        num_warps=warps or default_warps, num_stages=attention.DECODE_STAGES, key_loop=key_loop)
 
 
 def attention_reports() -> dict:

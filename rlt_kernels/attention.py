@@ -991,16 +991,22 @@ SPLIT_BELOW_PROGRAMS_PER_SM = 2
 # kernel itself; Triton's pipeliner adds nothing for loads no dot consumes (stages 1..3 measured equal).
 DECODE_LANE_ELEMENTS = 16
 DECODE_WARPS = 4
-# Over FP8 caches the decode kernel runs 2 warps a program. Its code outside the key loop (prologue,
-# lane fold, store) is issued once a warp, and the full launches of batches 128-256 are bound by the
-# instructions they issue: 2 warps cut a row's warp instructions about 22% at 150 keys (sm_90 SASS,
-# Triton 3.6). H100, Ouro decode without key depths, us per call, 4 warps capped at 96 registers ->
-# 2 warps capped at 128: 256 x 150 keys 78.2 -> 67.7, 256 x 192 88.3 -> 79.5, 128 x 192 50.2 ->
-# 45.5, 256 x 1024 378.1 -> 355.4, 64 x 192 27.7 -> 27.8, 16 x 192 9.9 -> 9.6, 1 x 192 5.6 -> 6.8;
-# the W8A8 + FP8 K/V engine 14.72 / 14.76 -> 13.98 / 13.85 ms a step at batch 256, 4.29 -> 4.43 at
-# batch 1. Caches in q's dtype keep 4: 2 warps took their batch-1 call 6.8 -> 11.5 us (256 x 150:
-# 123.6 -> 115.0). Warps shape the reduction trees, so each cache dtype keeps one count at every batch.
-DECODE_WARPS_FP8 = 2
+# Over FP8 caches the decode kernel runs fewer warps: its code outside the key loop (prologue, lane
+# fold, store) is issued once a warp, and the full launches of batches 128-256 are bound by the
+# instructions they issue. H100, Ouro decode without key depths, us per call, 4 warps capped at 96
+# registers -> 2 warps capped at 128: 256 x 150 keys 78.2 -> 67.7, 256 x 192 88.3 -> 79.5, 128 x 192
+# 50.2 -> 45.5, 256 x 1024 378.1 -> 355.4, 64 x 192 27.7 -> 27.8, 16 x 192 9.9 -> 9.6, 1 x 192 5.6 ->
+# 6.8. With one query head per KV head (GP = 1) one warp, uncapped (254 registers, no spill: sm_90,
+# Triton 3.6), issues about 17% fewer warp instructions a row at 150 keys than 2 warps; H100, us per
+# call, 2 warps capped at 128 -> 1 warp: 256 x 150 keys 68.3 -> 65.7, 256 x 192 80.9 -> 77.6, 128 x
+# 192 45.8 -> 41.4, 64 x 192 27.5 -> 22.0, 16 x 192 8.4 -> 8.4, 1 x 192 6.6 -> 7.6 (caps of 192 and
+# 168 registers were slower at every shape); the W8A8 + FP8 K/V engine, ms a step: batch 1 4.42 ->
+# 4.51, 64 6.79 -> 6.44, 128 9.46 -> 9.24, 256 13.46 -> 13.43 (docs/perf/fp8.md, session 46).
+# Grouped heads hold GP accumulators a lane and keep 2 warps. Caches in q's dtype keep 4: 2 warps
+# took their batch-1 call 6.8 -> 11.5 us (256 x 150: 123.6 -> 115.0). Warps shape the reduction
+# trees, so each (cache dtype, group) keeps one count at every batch (`decode_warps`).
+DECODE_WARPS_FP8 = 1
+DECODE_WARPS_FP8_GROUPED = 2
 DECODE_STAGES = 1
 # Key tiles the decode kernel keeps in flight (loads issued ahead of the arithmetic; 1..4, any value
 # gives the same bits): four where the launch has at most one (token, KV head) per SM, each program
@@ -1025,27 +1031,14 @@ DECODE_TILES = 1
 DECODE_TILES_FP8 = 2
 
 
-# Full FP8 decode launches (at least this many (token, KV head) programs per SM, unsplit, one query
-# head per KV head) cap the decode kernel at DECODE_FP8_MAX_REGISTERS registers: eight programs of
-# DECODE_WARPS_FP8 warps an SM instead of six (Triton 3.6 gives the 2-warp kernel 162 at Ouro's
-# shape; 128 with the cap, no spill). A cap changes the register allocation, never an instruction, so
-# the bits are the same. H100, Ouro decode without key depths, 2 warps, us per call, uncapped -> 120
-# -> 128: 256 x 150 keys 70.0 -> 69.1 -> 67.7, 256 x 192 81.6 -> 80.5 -> 79.5, 256 x 1024 372.6 ->
-# 361.1 -> 355.4, 128 x 192 45.5 -> 45.6 -> 45.5. (With 4 warps a cap of 96 gave five programs an SM
-# instead of four: 256 x 192 95.3 -> 91.1 us, 64 x 4096 392.9 -> 402.1, hence the threshold.)
-DECODE_FP8_MAX_REGISTERS = 128
-DECODE_FP8_CAP_FROM_PROGRAMS_PER_SM = 16
-
-
-def decode_register_cap(kv_fp8: bool, split: bool, programs: int, sms: int, group_heads: int) -> int | None:
-    """The decode launch's register cap (Triton's ``maxnreg``), or None: full unsplit launches
-    (``programs`` (token, KV head) programs on ``sms`` SMs) over an FP8 cache, with one query head
-    per KV head (``group_heads``, the padded group GP). Grouped heads hold GP accumulators a lane:
-    a GP-4 kernel of 4 warps capped at 96 registers spilled 656 bytes (sm_90, Triton 3.6)."""
-    if (kv_fp8 and not split and group_heads == 1 and sms > 0
-            and programs >= DECODE_FP8_CAP_FROM_PROGRAMS_PER_SM * sms):
-        return DECODE_FP8_MAX_REGISTERS
-    return None
+def decode_warps(kv_fp8: bool, group_heads: int) -> int:
+    """Warps of a decode program: over an FP8 cache DECODE_WARPS_FP8 with one query head per KV
+    head (``group_heads``, the padded group GP), else DECODE_WARPS_FP8_GROUPED; over caches in q's
+    dtype DECODE_WARPS. A function of the model's shape and cache dtype alone (warps shape the
+    reduction trees)."""
+    if not kv_fp8:
+        return DECODE_WARPS
+    return DECODE_WARPS_FP8 if group_heads == 1 else DECODE_WARPS_FP8_GROUPED
 
 
 def decode_tiles(kv_fp8: bool, small: bool) -> int:
@@ -1070,10 +1063,11 @@ DECODE_RANGE_PROGRAMS_PER_SM = 2
 # bf16 157.7 -> 163.9. (H200, the bf16 decode chain of perf.bench_decode_chain, ms per step: batch 1
 # 4.449 -> 4.333, 16: 5.447 -> 5.303, 64: 8.048 -> 8.000, 256: 18.68 -> 19.91.)
 FUSED_ROPE_BELOW_PROGRAMS_PER_SM = 8
-# Over FP8 caches every decode launch fuses: the 2-warp kernel under its 128-register cap compiles the
-# prologue at the same registers and stack (sm_90, Triton 3.6). H100, the W8A8 + FP8 K/V engine at
-# batch 256, ms a step, two kernels -> fused, alternating: 13.96 -> 13.76, 13.93 -> 13.82 (with 4
-# warps capped at 96 it had cost 15.14 -> 15.21).
+# Over FP8 caches every decode launch fuses: the 2-warp kernel then under a 128-register cap compiled
+# the prologue at the same registers and stack (sm_90, Triton 3.6), as the 1-warp kernel does uncapped
+# (252-254 registers, no spill). H100, the W8A8 + FP8 K/V engine at batch 256, ms a step, two kernels ->
+# fused, alternating (2 warps): 13.96 -> 13.76, 13.93 -> 13.82 (with 4 warps capped at 96 it had cost
+# 15.14 -> 15.21).
 FUSED_ROPE_EVERY_FP8_LAUNCH = True
 # Decode grids put the KV heads on grid dimension 0 (a token's heads launch together and read its
 # 2 KiB key rows side by side; same bits). H200, Ouro decode, us per call, tokens first -> heads
@@ -1115,7 +1109,7 @@ def _decode_shape(num_heads: int, num_kv_heads: int, head_dim: int, kv_fp8: bool
     group = num_heads // num_kv_heads
     gp = _next_pow2(group)
     return dict(GROUP=group, GP=gp, BLOCK_N=max(16, DECODE_LANE_ELEMENTS // gp), HEAD_DIM=head_dim,
-                DP=max(16, _next_pow2(head_dim)), num_warps=DECODE_WARPS_FP8 if kv_fp8 else DECODE_WARPS)
+                DP=max(16, _next_pow2(head_dim)), num_warps=decode_warps(kv_fp8, gp))
 
 
 @functools.lru_cache(maxsize=None)
@@ -1450,9 +1444,6 @@ def _attention(
             merge_in_place = split_launch and range_counters is not None and range_counters.numel() >= programs * kvh
             extra = dict(extra, TILES=decode_tiles(kv_fp8, small), MERGE_IN_PLACE=merge_in_place, HEADS_FAST=heads_fast,
                          counters_ptr=range_counters if merge_in_place else ws, **_rope_args(rope, q, kvh))
-        if kernel is _decode_attention_kernel and not interpreter_active():
-            cap = decode_register_cap(kv_fp8, split_launch, programs * kvh, _sm_count(q.device), cfg["GP"])
-            extra = dict(extra, maxnreg=cap) if cap else extra
         kernel[grid](
             *ptrs[:4], ws, *ptrs[5:], *scalars, ml_base, int(split_launch), *strides,
             num_warps=num_warps, num_stages=num_stages, **cfg, **flags, **extra, PDL=pdl, launch_pdl=pdl,

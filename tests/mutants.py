@@ -718,11 +718,11 @@ MUTANTS = (
         "a fused decode program that takes several key ranges reads every later range through the first's block ids",
     ),
     Mutant(
-        "fp8-register-cap-on-split-launches", "rlt_kernels/attention.py",
-        "if (kv_fp8 and not split and group_heads == 1 and sms > 0",
-        "if (kv_fp8 and group_heads == 1 and sms > 0",
-        ("tests/kernels/test_fp8_kv.py::test_full_fp8_decode_launches_cap_their_registers",),
-        "split FP8 decode launches (4 key tiles in flight at small batches) are capped too and spill",
+        "fp8-grouped-decode-one-warp", "rlt_kernels/attention.py",
+        "return DECODE_WARPS_FP8 if group_heads == 1 else DECODE_WARPS_FP8_GROUPED",
+        "return DECODE_WARPS_FP8",
+        ("tests/kernels/test_fp8_kv.py::test_fp8_decode_warps_are_fixed_by_the_cache_and_group",),
+        "GQA FP8 decode programs run one warp too (GP accumulators a lane in one warp's registers)",
     ),
     Mutant(
         "fp8-pair-second-tile-masked-as-first", "rlt_kernels/attention.py",
@@ -744,13 +744,6 @@ MUTANTS = (
         "base = blk_own * stride_cb",
         ("tests/kernels/test_fp8_kv.py::test_fp8_decode_bits_do_not_depend_on_block_size_or_tiles_in_flight",),
         "a decode key tile in the second half of a 32-key block reads the block's first 16 keys",
-    ),
-    Mutant(
-        "fp8-register-cap-on-grouped-heads", "rlt_kernels/attention.py",
-        "if (kv_fp8 and not split and group_heads == 1 and sms > 0",
-        "if (kv_fp8 and not split and sms > 0",
-        ("tests/kernels/test_fp8_kv.py::test_full_fp8_decode_launches_cap_their_registers",),
-        "GQA FP8 decode launches are capped too and spill hundreds of bytes a thread",
     ),
     Mutant(
         "fused-rope-q-unrotated", "rlt_kernels/attention.py",

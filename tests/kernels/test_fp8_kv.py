@@ -174,33 +174,29 @@ def test_fp8_cache_scale_errors(device):
                torch.tensor([0, 1], dtype=torch.int32, device=device), k_scale=ks, v_scale=vs[:1])
 
 
-def test_full_fp8_decode_launches_cap_their_registers():
-    """Unsplit FP8 decode launches of at least DECODE_FP8_CAP_FROM_PROGRAMS_PER_SM (token, KV head)
-    programs per SM with one query head per KV head take the register cap (eight programs an SM);
-    split launches, bf16 caches, fewer programs, grouped heads and the interpreter (no SM count)
-    take none. The cap never changes an instruction, so the bits are the same either way (the GPU
-    A/B in docs/perf/fp8.md compared them)."""
-    sms, cap = 132, attention.DECODE_FP8_MAX_REGISTERS
-    full = attention.DECODE_FP8_CAP_FROM_PROGRAMS_PER_SM * sms
-    assert attention.decode_register_cap(True, False, 256 * 16, sms, 1) == cap  # Ouro at batch 256
-    assert attention.decode_register_cap(True, False, full, sms, 1) == cap
-    assert attention.decode_register_cap(True, False, full - 1, sms, 1) is None
-    assert attention.decode_register_cap(True, False, 128 * 16, sms, 1) is None  # Ouro at batch 128
-    assert attention.decode_register_cap(False, False, full, sms, 1) is None
-    assert attention.decode_register_cap(True, True, full, sms, 1) is None
-    assert attention.decode_register_cap(True, False, full, 0, 1) is None
-    assert attention.decode_register_cap(True, False, full, sms, 4) is None  # grouped heads would spill
+def test_fp8_decode_warps_are_fixed_by_the_cache_and_group():
+    """The decode kernel's warps shape its reduction trees, so they follow the model's shape and
+    cache dtype alone, never the launch: over an FP8 cache one warp with one query head per KV head
+    (Ouro, MHA), 2 for grouped heads (which hold GP accumulators a lane), 4 over caches in q's
+    dtype; `_decode_shape` launches that count whatever the batch."""
+    assert attention.decode_warps(True, 1) == attention.DECODE_WARPS_FP8 == 1
+    for gp in (2, 4, 8):
+        assert attention.decode_warps(True, gp) == attention.DECODE_WARPS_FP8_GROUPED == 2
+    for gp in (1, 2, 8):
+        assert attention.decode_warps(False, gp) == attention.DECODE_WARPS == 4
+    assert attention._decode_shape(16, 16, 128, kv_fp8=True)["num_warps"] == 1  # Ouro
+    assert attention._decode_shape(32, 8, 128, kv_fp8=True)["num_warps"] == 2  # 4 query heads a KV head
+    assert attention._decode_shape(16, 16, 128, kv_fp8=False)["num_warps"] == 4
 
 
 @pytest.mark.gpu
 def test_gpu_full_fp8_decode_launch_keeps_batch_invariance():
-    """Ouro's shape (16 heads of 128, MHA) over an FP8 cache, 256 decode rows: a launch of 4,096
-    (token, KV head) programs, past DECODE_FP8_CAP_FROM_PROGRAMS_PER_SM a 132-SM GPU, so it takes
-    the register cap. Each row has the bits it gets alone (a split-rule small launch), among 64 rows
-    (unsplit, uncapped) and in a shuffled crowd; all are close to fp64 attention."""
+    """Ouro's shape (16 heads of 128, MHA) over an FP8 cache, 256 decode rows: a full launch of
+    4,096 (token, KV head) programs of one warp. Each row has the bits it gets alone (a split-rule
+    small launch), among 64 rows (unsplit) and in a shuffled crowd; all are close to fp64 attention."""
     device, gen = torch.device("cuda"), seeded(21, torch.device("cuda"))
     seqs, heads, dim, bs, most = 256, 16, 128, 16, 256
-    assert attention.decode_register_cap(True, False, seqs * heads, attention._sm_count(device), 1) is not None
+    assert attention._decode_shape(heads, heads, dim, kv_fp8=True)["num_warps"] == 1
     blocks = most // bs
     kc, vc = (randn((seqs * blocks + 1, bs, heads, dim), torch.float32, device, gen, scale=3.0).to(FP8_DTYPE)
               for _ in range(2))
