@@ -37,14 +37,10 @@ _CALLS = {
     # Ouro's weights at the middle and prefill tiles (bf16), and down over FP8 weights at the prefill tile.
     "tma_linear": "{f'{name} {w} {rows}': s.linear_report(n, k, a, rows, w)[1] for name, n, k, a in s.OURO_WEIGHTS[:4] "
                   "for w in ('bf16', 'fp8') for rows in (256, 2048) if w == 'bf16' or (name, rows) == ('down', 2048)}",
-    # The unsplit FP8 decode kernel's key loop (the SASS read by docs/perf/fp8.md's instruction counts).
-    "decode_key_loop": "s.decode_attention_report('fp8', split=False, key_loop=True)['key_loop']",
     # The unsplit FP8 decode kernel of one query head per KV head (one warp, uncapped), with and without RoPE
-    # and key depths.
+    # and key depths (the key loop fixtures below read two of them).
     "decode_unsplit": "{f'rope {r} key depth {kd}': s.decode_attention_report('fp8', split=False, rope=r, key_depth=kd, "
                       "key_loop=True) for r in (False, True) for kd in (False, True)}",
-    # The key loop of the FP8 decode kernel as full engine launches compile it (no key depths).
-    "decode_engine_loop": "s.decode_attention_report('fp8', split=False, key_depth=False, key_loop=True)['key_loop']",
     # Ouro's four layer weights at the 16- and 64-row transposed decode tiles, bf16 and FP8.
     "decode_linear": "{f'{name} {w} {rows}': s.linear_report(n, k, a, rows, w)[1] for name, n, k, a in "
                      "s.OURO_WEIGHTS[:4] for w in ('bf16', 'fp8') for rows in (1, 64)}",
@@ -109,8 +105,9 @@ def decode_linear(compiled) -> dict:
 
 
 @pytest.fixture(scope="module")
-def decode_key_loop(compiled) -> dict:
-    return compiled("decode_key_loop")
+def decode_key_loop(decode_unsplit) -> dict:
+    """The unsplit FP8 decode kernel's key loop (the SASS read by docs/perf/fp8.md's instruction counts)."""
+    return decode_unsplit["rope False key depth True"]["key_loop"]
 
 
 @pytest.fixture(scope="module")
@@ -141,8 +138,9 @@ def test_decode_key_loop_is_found_in_the_sass(decode_key_loop):
 
 
 @pytest.fixture(scope="module")
-def decode_engine_loop(compiled) -> dict:
-    return compiled("decode_engine_loop")
+def decode_engine_loop(decode_unsplit) -> dict:
+    """The key loop of the FP8 decode kernel as full engine launches compile it (no key depths)."""
+    return decode_unsplit["rope False key depth False"]["key_loop"]
 
 
 def test_fp8_decode_key_loop_stays_short(decode_engine_loop):
