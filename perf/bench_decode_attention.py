@@ -11,6 +11,10 @@ scattered at random. For each (batch, keys) case it times, in CUDA graphs:
 
 * rlt's decode arithmetic (``decode_from=0``, what decode, speculative drafts and verification run)
   and the tile arithmetic (``decode_from=None``, prompt rows; what decode ran before);
+* the engine's decode call, ``rope_paged_attention``, over the bf16 and the FP8 cache: the same
+  attention with each row's new token (position keys - 1) rotated and written into its slot of the
+  query's plane, and q rotated, in the same launch where the engine fuses them (every FP8 launch,
+  small bf16 ones) or as RoPE + scatter then attention where it does not;
 * torch SDPA over a dense [B, H, keys, D] cache with the cuDNN and the FlashAttention backends
   (reads only K/V, no page table: a library's best case);
 * cuDNN's paged SDPA through ``nvidia-cudnn-frontend`` on rlt's own cache (one plane, no
@@ -42,34 +46,36 @@ from perf.roofline import measure
 from rlt_kernels import attention
 from rlt_kernels.attention import new_attention_workspace, paged_attention
 from rlt_kernels.fp8 import FP8_MAX, quantize_fp8
+from rlt_kernels.norms import rope_cos_sin
 
 HEADS, HEAD_DIM, PLANES, BLOCK = 16, 128, 4, 16
+ROPE_THETA = 1e6  # Ouro's
 CONTEXT_LIMIT = 65536  # Ouro-1.4B's max_position_embeddings: the engine's block tables are this wide
 CASES = [(1, 192), (16, 192), (64, 192), (256, 192), (64, 1024), (256, 1024), (64, 4096), (16, 32768), (64, 32768)]
 
 
 def engine_case(batch: int, keys: int, seed: int = 0, context_limit: int = CONTEXT_LIMIT,
-                key_depth: bool = True) -> dict:
+                key_depth: bool = True, device: str = "cuda") -> dict:
     """Inputs of one engine-shaped decode call (see the module docstring); block tables cover
     `context_limit` keys. key_depth=False: no key-depth table, as the engine's fixed-depth steps
     (no request may leave early) launch the kernel."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     per_seq = -(-keys // BLOCK)
     width = max(per_seq, context_limit // BLOCK)
     num_blocks = batch * per_seq  # every plane's table scatters the same blocks (only the query's plane is read)
-    k = torch.randn(num_blocks, BLOCK, HEADS, HEAD_DIM, device="cuda", generator=gen).bfloat16()
-    v = torch.randn(num_blocks, BLOCK, HEADS, HEAD_DIM, device="cuda", generator=gen).bfloat16()
-    tables = torch.full((PLANES, batch, width), -1, dtype=torch.int32, device="cuda")
+    k = torch.randn(num_blocks, BLOCK, HEADS, HEAD_DIM, device=device, generator=gen).bfloat16()
+    v = torch.randn(num_blocks, BLOCK, HEADS, HEAD_DIM, device=device, generator=gen).bfloat16()
+    tables = torch.full((PLANES, batch, width), -1, dtype=torch.int32, device=device)
     for p in range(PLANES):
-        tables[p, :, :per_seq] = torch.randperm(num_blocks, device="cuda", generator=gen).int().view(batch, per_seq)
+        tables[p, :, :per_seq] = torch.randperm(num_blocks, device=device, generator=gen).int().view(batch, per_seq)
     return dict(
-        q=torch.randn(batch, HEADS, HEAD_DIM, device="cuda", generator=gen).bfloat16(), k=k, v=v, tables=tables,
-        seq_lens=torch.full((batch,), keys, dtype=torch.int32, device="cuda"),
-        qsl=torch.arange(batch + 1, dtype=torch.int32, device="cuda"),
-        kw=dict(query_depth=torch.full((batch,), PLANES - 1, dtype=torch.int32, device="cuda"),
-                **({"key_depth": torch.full((num_blocks, BLOCK), PLANES - 1, dtype=torch.int8, device="cuda")}
+        q=torch.randn(batch, HEADS, HEAD_DIM, device=device, generator=gen).bfloat16(), k=k, v=v, tables=tables,
+        seq_lens=torch.full((batch,), keys, dtype=torch.int32, device=device),
+        qsl=torch.arange(batch + 1, dtype=torch.int32, device=device),
+        kw=dict(query_depth=torch.full((batch,), PLANES - 1, dtype=torch.int32, device=device),
+                **({"key_depth": torch.full((num_blocks, BLOCK), PLANES - 1, dtype=torch.int8, device=device)}
                    if key_depth else {})),
-        workspace=new_attention_workspace(batch, HEADS, HEAD_DIM, width * BLOCK, device="cuda"),
+        workspace=new_attention_workspace(batch, HEADS, HEAD_DIM, width * BLOCK, device=device),
     )
 
 
@@ -87,6 +93,26 @@ def fp8_case(c: dict) -> dict:
 def rlt_call(c: dict, out: torch.Tensor, decode_from):
     return lambda: paged_attention(c["q"], c["k"], c["v"], c["tables"], c["seq_lens"], c["qsl"], out=out,
                                    workspace=c["workspace"], decode_from=decode_from, **c["kw"])
+
+
+def new_tokens(c: dict, keys: int, seed: int = 1) -> dict:
+    """The engine call's own inputs: each row's new token, unrotated k and v [B, H, D] at position
+    keys - 1 (the last key the call reads), its slot in the query's plane, and the RoPE table."""
+    q = c["q"]
+    gen = torch.Generator(device=q.device).manual_seed(seed)
+    pos = keys - 1
+    block = c["tables"][PLANES - 1, :, pos // BLOCK].long()
+    return dict(k=torch.randn(q.shape, device=q.device, generator=gen).to(q.dtype),
+                v=torch.randn(q.shape, device=q.device, generator=gen).to(q.dtype),
+                positions=torch.full((q.shape[0],), pos, dtype=torch.int32, device=q.device),
+                cos_sin=rope_cos_sin(keys, HEAD_DIM, ROPE_THETA, device=q.device), slots=block * BLOCK + pos % BLOCK)
+
+
+def engine_call(c: dict, new: dict, out: torch.Tensor):
+    """The engine's decode call on case c (or its FP8 form): writes the new tokens' K/V into c's cache."""
+    return lambda: attention.rope_paged_attention(
+        c["q"], new["k"], new["v"], new["positions"], new["cos_sin"], c["k"], c["v"], new["slots"], c["tables"],
+        c["seq_lens"], c["qsl"], out=out, workspace=c["workspace"], **c["kw"])
 
 
 def dense_kv(c: dict, keys: int):
@@ -236,6 +262,10 @@ def measure_case(batch: int, keys: int, roof: dict, context_limit: int = CONTEXT
         row.update({f"{name}_us": ms * 1e3, f"{name}_frac": frac(ms) / (2 if fp8 else 1),
                     f"{name}_max_err": (got.float() - ref).abs().max().item()})
         del paged, fn, got
+    new = new_tokens(c, keys)  # last: the engine call writes each row's last key
+    for name, case in (("engine_call", c), ("fp8_engine_call", fp8_case(c))):
+        ms = cuda_time_ms(engine_call(case, new, torch.empty_like(c["q"])))
+        row.update({f"{name}_us": ms * 1e3, f"{name}_frac": frac(ms) / (2 if name.startswith("fp8") else 1)})
     return row
 
 
@@ -279,8 +309,9 @@ def markdown(res: dict) -> str:
     lines = [f"{res['date']}, {roof['gpu']}, torch {roof['torch']}, Triton {roof['triton']}; copy "
              f"{roof['copy_gbps']:.0f} GB/s. µs per call (share of the copy bandwidth reading K/V once).", "",
              "| tables cover | batch | keys | K/V MB | rlt decode | rlt tile (prompt rows) | SDPA cuDNN, dense | SDPA FA2, dense | cuDNN paged "
-             "| FlashInfer paged | rlt decode, FP8 cache (words) | FP8, per-byte cast | FlashInfer paged, FP8 |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| FlashInfer paged | rlt decode, FP8 cache (words) | FP8, per-byte cast | FlashInfer paged, FP8 "
+             "| engine call (RoPE + K/V write + decode) | engine call, FP8 cache |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["cases"]:
         lines.append(f"| {r['context_limit']} | {r['batch']} | {r['keys']} | {r['kv_mb']:.1f} | "
                      f"{us(r['decode_us'])} ({pct(r['decode_frac'])}) | "
@@ -290,7 +321,9 @@ def markdown(res: dict) -> str:
                      f"{us(r.get('flashinfer_us'))} ({pct(r.get('flashinfer_frac'))}) | "
                      f"{us(r['fp8_decode_us'])} ({pct(r['fp8_decode_frac'])}) | "
                      f"{us(r['fp8_byte_path_us'])} ({pct(r['fp8_byte_path_frac'])}) | "
-                     f"{us(r.get('flashinfer_fp8_us'))} ({pct(r.get('flashinfer_fp8_frac'))}) |")
+                     f"{us(r.get('flashinfer_fp8_us'))} ({pct(r.get('flashinfer_fp8_frac'))}) | "
+                     f"{us(r.get('engine_call_us'))} ({pct(r.get('engine_call_frac'))}) | "
+                     f"{us(r.get('fp8_engine_call_us'))} ({pct(r.get('fp8_engine_call_frac'))}) |")
     return "\n".join(lines)
 
 

@@ -725,6 +725,13 @@ MUTANTS = (
         "GQA FP8 decode programs run one warp too (GP accumulators a lane in one warp's registers)",
     ),
     Mutant(
+        "bench-engine-call-writes-another-planes-slot", "perf/bench_decode_attention.py",
+        'block = c["tables"][PLANES - 1, :, pos // BLOCK].long()',
+        'block = c["tables"][0, :, pos // BLOCK].long()',
+        ("tests/runtime/test_bench_decode_attention.py::test_engine_call_rotates_writes_and_attends_like_the_two_launches[False]",),
+        "the decode-attention benchmark's engine call writes each new token into a slot its query's plane does not read last",
+    ),
+    Mutant(
         "fp8-pair-second-tile-masked-as-first", "rlt_kernels/attention.py",
         "s_b = _lane_scores(q, k_b, start + BLOCK_N, range_end, offs_n, WIDEN_INLINE)",
         "s_b = _lane_scores(q, k_b, start, range_end, offs_n, WIDEN_INLINE)",
