@@ -21,6 +21,10 @@ the same shape (`vs_bf16`). Its bandwidth fraction counts FP8 weight bytes.
     RLT_GEMM_SWEEP=1 pytest perf/test_bench_gemm.py -k sweep   # candidate configs, for tuning
     RLT_GEMM_SWEEP=1 pytest perf/test_bench_gemm.py -k skinny_sweep   # the transposed decode tiles
     RLT_GEMM_SWEEP=1 pytest perf/test_bench_gemm.py -k mid_sweep      # the TMA tiles of launches > 64 rows
+    RLT_GEMM_SWEEP=1 pytest perf/test_bench_gemm.py -k w8a8_mid_sweep # the same for W8A8 (FP8 rows and weights)
+
+The sweeps check every candidate's bits at M = 256 against the tile in use and, row 0, against
+`linear` of that row alone (batch invariance).
 """
 
 import concurrent.futures
@@ -36,7 +40,7 @@ from triton.runtime.errors import OutOfResources
 
 from perf.conftest import cuda_time_ms, record, requires_cuda
 from rlt_kernels import gemm
-from rlt_kernels.fp8 import dequantize_weight_fp8, quantize_weight_fp8
+from rlt_kernels.fp8 import FP8_DTYPE, dequantize_weight_fp8, quantize_weight_fp8
 from rlt_kernels.fp8_rows import quantize_rows
 
 pytestmark = requires_cuda
@@ -202,29 +206,46 @@ def _candidates(n: int, k: int, activation) -> list:
     return found
 
 
-def _compile_one(n: int, k: int, activation, cfg) -> bool:
+def _operands(n: int, k: int, w8a8: bool) -> tuple:
+    """(weight, weight_scale) of every rotated copy: bf16 with no scale, or (W8A8) FP8 with channel scales."""
+    return _fp8_weights(n, k) if w8a8 else tuple((w, None) for w in _weights(n, k))
+
+
+def _rows(m: int, k: int, w8a8: bool, fill=torch.randn) -> tuple:
+    """Activation rows [m, k] and their scales: bf16 (no scale), or (W8A8) FP8 rows from `quantize_rows`."""
+    x = fill(m, k, dtype=DTYPE, device="cuda")
+    return quantize_rows(x) if w8a8 else (x, None)
+
+
+def _run(x, x_scale, w, w_scale, activation, cfg, out=None):
+    """One launch of ``cfg`` (bf16 out)."""
+    n_out = w.shape[0] // 2 if activation == "swiglu" else w.shape[0]
+    out = torch.empty(x.shape[0], n_out, dtype=DTYPE, device="cuda") if out is None else out
+    return gemm._launch(x, w, out, None, activation, cfg, weight_scale=w_scale, x_scale=x_scale)
+
+
+def _compile_one(n: int, k: int, activation, w8a8: bool, cfg) -> bool:
     """Compile one candidate for the sweep's launch specialisations (M = 1 and M % 16 == 0);
     False when it needs more shared memory than the GPU has."""
-    w = torch.empty(n, k, dtype=DTYPE, device="cuda")
-    n_out = n // 2 if activation == "swiglu" else n
+    w = torch.zeros(n, k, dtype=FP8_DTYPE if w8a8 else DTYPE, device="cuda")
+    w_scale = torch.ones(n, dtype=torch.float32, device="cuda") if w8a8 else None
     try:
         for m in (1, 16):
-            gemm._launch(torch.zeros(m, k, dtype=DTYPE, device="cuda"), w,
-                         torch.empty(m, n_out, dtype=DTYPE, device="cuda"), None, activation, cfg)
+            _run(*_rows(m, k, w8a8, torch.zeros), w, w_scale, activation, cfg)
     except OutOfResources:
         return False
     torch.cuda.synchronize()
     return True
 
 
-def _warm_compile_cache(n: int, k: int, activation, candidates) -> list:
+def _warm_compile_cache(n: int, k: int, activation, candidates, w8a8: bool = False) -> list:
     """Compile every candidate in parallel worker processes first (Triton's on-disk cache is
     shared), so the timed loop below is not serialised behind one compiler per candidate;
     returns the candidates that fit the GPU."""
     workers = min(len(candidates), max(1, (os.cpu_count() or 2) - 2), 12)
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        fits = list(pool.map(functools.partial(_compile_one, n, k, activation), candidates))
+        fits = list(pool.map(functools.partial(_compile_one, n, k, activation, w8a8), candidates))
     return [cfg for cfg, ok in zip(candidates, fits) if ok]
 
 
@@ -246,6 +267,32 @@ def _mid_candidates(n: int, k: int, activation) -> list:
         if block_m * accumulators * block_n // (warps * 32) > 128 or (block_m == 128 and warps == 4):
             continue  # fp32 accumulators per thread; 128 rows take two warp groups
         cfg = gemm.LinearConfig(block_m, block_n, block_k, warps, stages, split_k=plan.split_k, tma=True)
+        if cfg.k_bounds(k) == plan.k_bounds(k):
+            found.append(cfg)
+    return found
+
+
+W8A8_MID_SWEEP_ROWS = (128, 256, 512)
+
+
+def _w8a8_mid_candidates(n: int, k: int, activation) -> list:
+    """TMA tiles for W8A8 launches of more than 64 rows (FP8 rows and weights, one byte an element):
+    64/128 rows, 64-256 columns, 128-512-element K steps, 4/8 warps, 3-6 stages, with the weight's
+    K ranges (a split weight adds them in the tile, as `_tma_tile` makes it at these rows)."""
+    accumulators = 2 if activation == "swiglu" else 1
+    plan = gemm.linear_config(n, k, FP8_DTYPE, activation)
+    in_tile = plan.split_k > 1
+    found = []
+    for block_m, block_n, block_k, warps, stages in itertools.product(
+            (64, 128), (64, 128, 256), (128, 256, 512), (4, 8), (3, 4, 5, 6)):
+        if stages * (block_m + accumulators * block_n) * block_k > 220 * 1024:
+            continue
+        if block_m * accumulators * block_n * (2 if in_tile else 1) // (warps * 32) > 128:
+            continue  # fp32 accumulators (and the ranges' sums) per thread
+        if warps == 8 and block_m * accumulators * block_n < 64 * 128:
+            continue
+        cfg = gemm.LinearConfig(block_m, block_n, block_k, warps, stages, split_k=plan.split_k, tma=True,
+                                reduce_in_tile=in_tile)
         if cfg.k_bounds(k) == plan.k_bounds(k):
             found.append(cfg)
     return found
@@ -293,31 +340,45 @@ def test_bench_linear_mid_sweep(benchmark, roofline, name, n, k, activation):
            in_use=in_use)
 
 
-def _sweep(benchmark, roofline, name, n, k, activation, candidates, sweep_rows, kind, in_use=None):
+@pytest.mark.skipif(os.environ.get("RLT_GEMM_SWEEP") != "1", reason="tuning sweep: set RLT_GEMM_SWEEP=1")
+@pytest.mark.parametrize("name,n,k,activation", WEIGHTS[:4], ids=[w[0] for w in WEIGHTS[:4]])
+def test_bench_linear_w8a8_mid_sweep(benchmark, roofline, name, n, k, activation):
+    """W8A8 launches of more than 64 rows over the TMA tiles (the batch-256 decode step's linear
+    layers); `chosen` marks the tile the rule takes at M = 256, and each M's tile in use is timed too."""
+    in_use = [gemm.linear_config(n, k, FP8_DTYPE, activation, m) for m in W8A8_MID_SWEEP_ROWS]
+    candidates = _w8a8_mid_candidates(n, k, activation)
+    candidates += [c for c in dict.fromkeys(in_use) if c not in candidates]
+    _sweep(benchmark, roofline, name, n, k, activation, candidates, W8A8_MID_SWEEP_ROWS, "w8a8 mid",
+           in_use=in_use[1], w8a8=True)
+
+
+def _sweep(benchmark, roofline, name, n, k, activation, candidates, sweep_rows, kind, in_use=None, w8a8=False):
     """Times every candidate config at decode and prefill sizes; the JSON lists them so the
     `linear_config` table can be re-tuned from one GPU run (a config is used for all M; `chosen`
-    marks the table's config, or `in_use` when given).
+    marks the table's config, or `in_use` when given). ``w8a8``: FP8 rows and weights.
     `same_bits_as_chosen`: whether the candidate's M=256 output equals the chosen config's bit
-    for bit (tells which tile shapes share one reduction order on this GPU)."""
-    weights = _weights(n, k)
-    n_out = n // 2 if activation == "swiglu" else n
-    table = gemm.linear_config(n, k, DTYPE, activation)
+    for bit (tells which tile shapes share one reduction order on this GPU); `same_bits_as_one_row`:
+    whether its row 0 equals `linear` of that row alone (batch invariance)."""
+    operands = _operands(n, k, w8a8)
+    dtype = FP8_DTYPE if w8a8 else DTYPE
+    table = gemm.linear_config(n, k, dtype, activation)
     in_use = in_use or table
-    probe = torch.randn(256, k, dtype=DTYPE, device="cuda")
-    chosen_bits = gemm._launch(probe, weights[0], torch.empty(256, n_out, dtype=DTYPE, device="cuda"), None,
-                               activation, in_use).view(torch.int16)
-    candidates = _warm_compile_cache(n, k, activation, candidates)
+    probe, probe_scale = _rows(256, k, w8a8)
+    chosen_bits = _run(probe, probe_scale, *operands[0], activation, in_use).view(torch.int16)
+    one_row = gemm.linear(probe[:1], operands[0][0], activation=activation, weight_scale=operands[0][1],
+                          x_scale=None if probe_scale is None else probe_scale[:1]).view(torch.int16)
+    candidates = _warm_compile_cache(n, k, activation, candidates, w8a8)
     results = []
     for cfg in candidates:
         row = {"config": dataclasses.asdict(cfg), "chosen": cfg == in_use}
         for m in sweep_rows:
-            x = torch.randn(m, k, dtype=DTYPE, device="cuda")
-            out = torch.empty(m, n_out, dtype=DTYPE, device="cuda")
-            run = _cycling([functools.partial(gemm._launch, x, w, out, None, activation, cfg) for w in weights])
+            x, x_scale = _rows(m, k, w8a8)
+            out = torch.empty(m, n // 2 if activation == "swiglu" else n, dtype=DTYPE, device="cuda")
+            run = _cycling([functools.partial(_run, x, x_scale, w, s, activation, cfg, out) for w, s in operands])
             row[f"ms_M{m}"] = cuda_time_ms(run, iters=20)
-        bits = gemm._launch(probe, weights[0], torch.empty(256, n_out, dtype=DTYPE, device="cuda"), None,
-                            activation, cfg).view(torch.int16)
+        bits = _run(probe, probe_scale, *operands[0], activation, cfg).view(torch.int16)
         row["same_bits_as_chosen"] = bool(torch.equal(bits, chosen_bits))
+        row["same_bits_as_one_row"] = bool(torch.equal(bits[:1], one_row))
         results.append(row)
     first, last = f"ms_M{sweep_rows[0]}", f"ms_M{sweep_rows[-1]}"
     best_small = min(results, key=lambda r: r[first])
@@ -328,12 +389,15 @@ def _sweep(benchmark, roofline, name, n, k, activation, candidates, sweep_rows, 
         print(f" best at {key}:")
         for r in sorted(results, key=lambda r: r[key])[:4]:
             print(f"  {r['config']} " + " ".join(f"{k}={r[k]:.4f}" for k in r if k.startswith("ms"))
-                  + f" bits={r['same_bits_as_chosen']}")
-    matmul = _cycling([functools.partial(torch.matmul, probe, w.T) for w in weights])
+                  + f" bits={r['same_bits_as_chosen']} one_row={r['same_bits_as_one_row']}")
+    matmul = _cycling([functools.partial(torch.matmul, torch.randn(256, k, dtype=DTYPE, device="cuda"), w.T)
+                       for w in _weights(n, k)])
     record(benchmark, roofline, name=f"linear {kind} sweep {name}", ms=best_small[first], candidates=results,
            best_small=best_small, best_large=best_large, chosen=chosen, matmul_ms_M256=cuda_time_ms(matmul))
-    x = torch.randn(1, k, dtype=DTYPE, device="cuda")
-    benchmark.pedantic(_sync(lambda: gemm.linear(x, weights[0], activation=activation)), rounds=5, warmup_rounds=1)
+    x, x_scale = _rows(1, k, w8a8)
+    w, s = operands[0]
+    benchmark.pedantic(_sync(lambda: gemm.linear(x, w, activation=activation, weight_scale=s, x_scale=x_scale)),
+                       rounds=5, warmup_rounds=1)
 
 
 @pytest.mark.parametrize("m", [1, 16, 64, 256])
