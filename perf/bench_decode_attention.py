@@ -45,7 +45,7 @@ from perf.conftest import cuda_time_ms
 from perf.roofline import measure
 from rlt_kernels import attention
 from rlt_kernels.attention import new_attention_workspace, paged_attention
-from rlt_kernels.fp8 import FP8_MAX, quantize_fp8
+from rlt_kernels.fp8 import FP8_DTYPE, FP8_MAX, quantize_fp8
 from rlt_kernels.norms import rope_cos_sin
 
 HEADS, HEAD_DIM, PLANES, BLOCK = 16, 128, 4, 16
@@ -83,11 +83,22 @@ def kv_bytes(batch: int, keys: int) -> int:
     return 2 * batch * keys * HEADS * HEAD_DIM * 2
 
 
+def fp8_plane(t: torch.Tensor, blocks_per_chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 K or V [blocks, BLOCK, H, D] -> (its FP8 copy, fp32 scales [H] = per-head amax / 448), taken a
+    chunk of blocks at a time so the temporaries stay small beside a cache of many GB (a whole-tensor
+    fp32 copy is what made 64 x 32768 run out of memory on an 80 GB card)."""
+    chunks = t.split(blocks_per_chunk)
+    scale = torch.stack([x.abs().amax(dim=(0, 1, 3)) for x in chunks]).amax(0).float() / FP8_MAX
+    out = torch.empty(t.shape, dtype=FP8_DTYPE, device=t.device)
+    for x, o in zip(chunks, out.split(blocks_per_chunk)):
+        o.copy_(quantize_fp8(x, scale[None, None, :, None]))
+    return out, scale
+
+
 def fp8_case(c: dict) -> dict:
     """The case over an FP8 cache: K and V quantized with one scale per KV head (amax / 448)."""
-    scales = [t.float().abs().amax(dim=(0, 1, 3)) / FP8_MAX for t in (c["k"], c["v"])]
-    k, v = (quantize_fp8(t, s[None, None, :, None]) for t, s in zip((c["k"], c["v"]), scales))
-    return dict(c, k=k, v=v, kw=dict(c["kw"], k_scale=scales[0], v_scale=scales[1]))
+    (k, k_scale), (v, v_scale) = fp8_plane(c["k"]), fp8_plane(c["v"])
+    return dict(c, k=k, v=v, kw=dict(c["kw"], k_scale=k_scale, v_scale=v_scale))
 
 
 def rlt_call(c: dict, out: torch.Tensor, decode_from):

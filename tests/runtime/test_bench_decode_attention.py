@@ -51,3 +51,17 @@ def test_engine_call_rotates_writes_and_attends_like_the_two_launches(monkeypatc
         k_rot = k_rot / c["kw"]["k_scale"][None, :, None]
     torch.testing.assert_close(last_k, k_rot, rtol=7e-2 if fp8 else 1e-2, atol=1e-2)
     assert torch.equal(out, two)
+
+
+def test_fp8_plane_chunked_is_the_whole_tensor_quantization():
+    """The chunked FP8 copy of a cache plane (bounded temporaries) gives the bits and the per-head
+    scales of quantizing the whole tensor at once, chunks of uneven size included."""
+    from rlt_kernels.fp8 import FP8_MAX, quantize_fp8
+
+    t = torch.randn(7, 4, 3, 8).bfloat16() * torch.tensor([1.0, 5.0, 0.1]).bfloat16()[:, None]
+    t[5, 2, 1, 3] = 900.0  # one head's amax in a late chunk
+    scale = t.float().abs().amax(dim=(0, 1, 3)) / FP8_MAX
+    whole = quantize_fp8(t, scale[None, None, :, None])
+    got, got_scale = bench.fp8_plane(t, blocks_per_chunk=3)
+    assert torch.equal(got_scale, scale)
+    assert torch.equal(got.view(torch.uint8), whole.view(torch.uint8))
