@@ -29,6 +29,7 @@ import os
 
 import torch
 
+from perf.conftest import graph_replay_ms
 from perf.roofline import measure
 from rlt_kernels import attention, gemm, kv_cache, linear_norm, norms
 from rlt_kernels.fp8 import quantize_weight_fp8
@@ -151,27 +152,7 @@ def time_variant(chain: Chain, variant: tuple, replays: int = 20) -> tuple[float
         os.environ.pop(key, None)
     os.environ.update(env)
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            chain.step()  # compile outside the capture
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = chain.step()
-        graph.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(replays):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        result = out.clone()
-        del graph
-        return sorted(times)[len(times) // 2], result
+        return graph_replay_ms(chain.step, replays)
     finally:
         for key in KNOBS:
             os.environ.pop(key, None)

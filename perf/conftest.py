@@ -48,6 +48,32 @@ def cuda_time_ms(fn, warmup: int = 5, iters: int = 50, reps: int = 20) -> float:
     return _time_ms(graph.replay, warmup=2, iters=max(3, iters // reps)) / reps
 
 
+def graph_replay_ms(fn, replays: int = 20):
+    """(median ms of one replay of fn() captured in a CUDA graph, a copy of the tensor the captured
+    fn() returned, as the replays left it, or None). fn runs once before the capture (it compiles
+    there); a capture that fails raises: no eager fallback as in `cuda_time_ms`, whose launch
+    overhead would hide what schedules of the same kernels differ by."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2], out.clone() if isinstance(out, torch.Tensor) else None
+
+
 def record(benchmark, roofline, *, name, ms, bytes_moved=0, flops=0, baseline_ms=None, **extra):
     """Attach achieved rates and roofline fractions to the benchmark's JSON entry."""
     info = {"name": name, "ms": ms, "bytes": bytes_moved, "flops": flops}

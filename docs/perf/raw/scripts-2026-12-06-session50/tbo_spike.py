@@ -137,31 +137,6 @@ def schedules(full: Rows, a: Rows, b: Rows, weights: list[dict], streams) -> dic
             "linears alone, 128 rows": lambda: [a.linears(w) for w in weights]}
 
 
-def graph_ms(fn, replays: int = 10) -> float:
-    """Median ms of one replay of fn captured in a CUDA graph (a capture that fails raises: no eager
-    fallback, whose launch overhead would hide what the schedules differ by)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()  # compile outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
@@ -204,7 +179,9 @@ def main() -> None:
     for name, fn in runs.items():
         row = {}
         if device == "cuda":
-            row["us_per_layer_loop"] = graph_ms(fn) * 1e3 / args.layers
+            from perf.conftest import graph_replay_ms  # a failed capture raises: no eager timing
+
+            row["us_per_layer_loop"] = graph_replay_ms(fn, replays=10)[0] * 1e3 / args.layers
         if not name.startswith(("attention alone", "linears alone")):
             for h in (full, a, b):
                 for t in (h.attn_out, h.qkv, h.o, h.act, h.down):
