@@ -1,6 +1,7 @@
 """FP8 against bf16 on one GPU, in one run: decode speed and fidelity (JSON + markdown).
 
     python -m perf.bench_fp8 --out out/fp8 [--parts speed fidelity] [--configs bf16 "w8a8 + KV"]
+    python -m perf.bench_fp8 --out out/fp8 --parts speed --batches 256 --graph-sizes 256  # one graph an engine
     python -m perf.bench_fp8 --out /tmp/fp8 --model ouro-tiny --batches 1 2 --output-len 8 --prompts 2  # CPU smoke
     python -m perf.bench_fp8 --out out/fp8-fidelity --parts fidelity  # fidelity alone (a few minutes on the H200)
     python -m perf.bench_fp8 --out out/fp8-sensitivity --parts sensitivity  # the fp32 reference alone (CPU: ~10 min)
@@ -104,10 +105,13 @@ def median_run(runs: list[dict]) -> dict:
     return mid
 
 
-def speed(model, options, batches, input_len, output_len, roof, repeats: int = REPEATS) -> dict:
+def speed(model, options, batches, input_len, output_len, roof, repeats: int = REPEATS, graph_sizes=None) -> dict:
+    """Each batch's decode steps on an engine of `options` (graph_sizes: its decode graphs'
+    `cuda_graph_sizes`; None, the engine's ladder)."""
     from perf.bench_engine import engine, floor_ms
 
-    llm, _ = engine(model, max_num_seqs=max(batches), **options)
+    graphs = {} if graph_sizes is None else {"cuda_graph_sizes": list(graph_sizes)}
+    llm, _ = engine(model, max_num_seqs=max(batches), **graphs, **options)
     cfg, depth = llm.engine.model_config, llm.engine.depth
     decode_benchmark(llm, min(4, max(batches)), 32, 8, prefix="warm")
     out = {"block_bytes": llm.engine.memory_plan.block_bytes, "num_blocks": llm.engine.memory_plan.num_blocks,
@@ -239,13 +243,14 @@ def run(args) -> dict:
         roof = measure()
         print("roofline", roof, flush=True)
     res = {"model": args.model, "date": time.strftime("%Y-%m-%d"), "roofline": roof, "dtype": dtype,
-           "input_len": args.input_len, "output_len": args.output_len, "repeats": args.repeats, "speed": {}, "fidelity": {},
+           "input_len": args.input_len, "output_len": args.output_len, "repeats": args.repeats,
+           "graph_sizes": args.graph_sizes, "speed": {}, "fidelity": {},
            "sensitivity": {}}
     configs = {name: CONFIGS[name] for name in args.configs}
     if "speed" in args.parts:
         for name, options in configs.items():
             res["speed"][name] = speed(args.model, options, args.batches, args.input_len, args.output_len, roof,
-                                       args.repeats)
+                                       args.repeats, args.graph_sizes)
     if "fidelity" in args.parts:
         prompts = random_prompts(args.prompts, args.fidelity_prompt_len, vocab_size(args.model), seed=11)
         reference = fidelity(args.model, CONFIGS["bf16"], prompts, args.fidelity_output_len, dtype)
@@ -328,6 +333,9 @@ def main(argv=None) -> None:
     ap.add_argument("--fidelity-output-len", type=int, default=32)
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=["speed", "fidelity"], help="what to measure")
     ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS), help="engines to run")
+    ap.add_argument("--graph-sizes", type=int, nargs="+", default=None,
+                    help="the speed engines' decode graph sizes (default: the engine's ladder); the timed batches' "
+                         "own sizes capture only the graphs those steps replay, for a short device budget")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         ap.error(f"--repeats must be at least 1, got {args.repeats}")

@@ -109,3 +109,27 @@ def test_speed_smoke_on_cpu_repeats_each_batch(tmp_path, monkeypatch):
     assert min(frozen) > 0 and gc.get_freeze_count() == 0
     with pytest.raises(SystemExit):
         bench.main(["--out", str(tmp_path), "--model", "ouro-tiny", "--parts", "speed", "--repeats", "0"])
+
+
+def test_speed_engines_take_the_graph_sizes(tmp_path, monkeypatch):
+    """--graph-sizes reaches every speed engine as cuda_graph_sizes and is recorded; without it the
+    engines keep their own ladder (no cuda_graph_sizes passed)."""
+    import perf.bench_engine as bench_engine
+    import perf.bench_fp8 as bench
+
+    seen = []
+    real = bench_engine.engine
+
+    def recorded(model, **kw):
+        seen.append(kw.get("cuda_graph_sizes"))
+        return real(model, **kw)
+
+    monkeypatch.setattr(bench_engine, "engine", recorded)
+    args = ["--out", str(tmp_path), "--model", "ouro-tiny", "--parts", "speed", "--configs", "bf16", "w8a8 + KV",
+            "--batches", "2", "--input-len", "4", "--output-len", "2", "--repeats", "1"]
+    bench.main(args + ["--graph-sizes", "2"])
+    assert seen == [[2], [2]]
+    assert json.loads((tmp_path / "fp8.json").read_text())["graph_sizes"] == [2]
+    bench.main(args)
+    assert seen[2:] == [None, None]
+    assert json.loads((tmp_path / "fp8.json").read_text())["graph_sizes"] is None
