@@ -110,8 +110,7 @@ def speed(model, options, batches, input_len, output_len, roof, repeats: int = R
     `cuda_graph_sizes`; None, the engine's ladder)."""
     from perf.bench_engine import engine, floor_ms
 
-    graphs = {} if graph_sizes is None else {"cuda_graph_sizes": list(graph_sizes)}
-    llm, _ = engine(model, max_num_seqs=max(batches), **graphs, **options)
+    llm, _ = engine(model, max_num_seqs=max(batches), cuda_graph_sizes=graph_sizes, **options)
     cfg, depth = llm.engine.model_config, llm.engine.depth
     decode_benchmark(llm, min(4, max(batches)), 32, 8, prefix="warm")
     out = {"block_bytes": llm.engine.memory_plan.block_bytes, "num_blocks": llm.engine.memory_plan.num_blocks,

@@ -113,7 +113,7 @@ def test_speed_smoke_on_cpu_repeats_each_batch(tmp_path, monkeypatch):
 
 def test_speed_engines_take_the_graph_sizes(tmp_path, monkeypatch):
     """--graph-sizes reaches every speed engine as cuda_graph_sizes and is recorded; without it the
-    engines keep their own ladder (no cuda_graph_sizes passed)."""
+    engines keep their own ladder (cuda_graph_sizes None)."""
     import perf.bench_engine as bench_engine
     import perf.bench_fp8 as bench
 
